@@ -1,0 +1,43 @@
+# bevcompile — set-up and everyday commands. Only Python 3.11 and make are needed.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP_RUN  := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+
+.PHONY: demo test lint typecheck bench clean
+
+$(BIN)/python:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP_RUN): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[plot]'
+	@touch $@
+
+$(STAMP_TEST): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@ $(STAMP_RUN)
+
+## make demo: install, then build the default nuScenes store into artifacts/ and print the summary
+demo: $(STAMP_RUN)
+	$(BIN)/bevcompile grid --force
+
+## make test: install with test extras (OpenCV, PyTorch 2.13.0 CPU, onnx), lint, type-check, run the suite
+test: $(STAMP_TEST)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/pytest -n 2 -q
+
+lint: $(STAMP_TEST)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP_TEST)
+	$(BIN)/mypy
+
+bench: $(STAMP_TEST)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf artifacts/*.zarr artifacts/.*.zarr.* .pytest_cache .mypy_cache .ruff_cache

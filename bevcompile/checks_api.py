@@ -1,0 +1,99 @@
+"""The plug-in contract between product groups and ``inspect`` / ``verify`` / ``--strict``.
+
+Each store group (``grid``, ``gather``, ``delta``, ``matrix``, ``interop``) is owned by one
+product module, which contributes up to three pure functions (no zarr, no printing) and
+registers them in :data:`GROUP_PLUGINS` by module path:
+
+* ``check(ctx, arrays, attrs) -> list[Check]`` — invariant checks of the group's arrays.
+  ``arrays`` holds only the arrays that could be read; a contract array absent from
+  ``arrays`` must yield a failed :class:`Check` (the runner has already reported *why* it
+  could not be read). Recompute, do not trust attributes.
+* ``verify(ctx, arrays, attrs) -> list[VerifyRow]`` — equivalence of the group's NPU forms
+  with the float reference on ``ctx.features`` (seeded random features).
+* ``rebuild(rig, attrs) -> dict[str, np.ndarray]`` — recompute the group's arrays from the
+  stored config and the group's ``attrs["build_options"]``, for ``inspect --strict`` (bit
+  equality).
+
+The runners (``bevcompile.checks``, ``bevcompile.verify``) catch every exception a plug-in
+raises and turn it into a failed check, so a damaged store never produces a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import RigConfig
+
+
+@dataclass(frozen=True)
+class Check:
+    """One invariant check. ``array`` is ``"group/name"`` (or ``"group/"``/``"/"`` for
+    attribute-level checks); ``reason`` is one line, stating the measured figure."""
+
+    name: str
+    array: str
+    passed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    """One line of the ``verify`` table: an NPU product against the float reference."""
+
+    product: str
+    camera: str  # camera name, or "all"
+    max_abs: float
+    mean_abs: float
+    psnr_db: float  # peak = feature value range; inf when identical
+    threshold: str  # human-readable criterion, e.g. "max_abs <= 1e-05"
+    passed: bool
+    note: str = ""
+
+
+@dataclass
+class CheckContext:
+    """What a plug-in may use besides its own group."""
+
+    rig: RigConfig
+    store_path: str
+    root_attrs: Mapping[str, Any]
+    grid_arrays: Mapping[str, np.ndarray] = field(default_factory=dict)  # readable grid/ arrays
+    grid_attrs: Mapping[str, Any] = field(default_factory=dict)
+    # verify only: seeded random features and (frustum mode) depth probabilities
+    features: np.ndarray | None = None  # (n_cam, C, H_f, W_f) float32, values in [0, 1)
+    depth_probs: np.ndarray | None = None  # (n_cam, D, H_f, W_f) float32, softmax over D
+    seed: int = 0
+
+
+CheckFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[Check]]
+VerifyFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[VerifyRow]]
+RebuildFn = Callable[[RigConfig, Mapping[str, Any]], dict[str, np.ndarray]]
+
+GROUP_PLUGINS: dict[str, str] = {
+    # group -> module exposing check_<group> / verify_<group> / rebuild_<group>
+    "grid": "bevcompile.checks_grid",
+    "gather": "bevcompile.npu_checks",
+    "delta": "bevcompile.npu_checks",
+    "matrix": "bevcompile.matrix_checks",
+    "interop": "bevcompile.interop_checks",
+}
+
+
+def psnr_db(max_abs_or_mse: float, peak: float, *, is_mse: bool = True) -> float:
+    """PSNR in dB for a mean squared error (or, with ``is_mse=False``, a max abs error)."""
+    mse = max_abs_or_mse if is_mse else max_abs_or_mse**2
+    if mse <= 0:
+        return float("inf")
+    return float(10.0 * np.log10(peak * peak / mse))
+
+
+def compare(product: str, camera: str, got: np.ndarray, ref: np.ndarray, peak: float) -> tuple[float, float, float]:
+    """(max abs, mean abs, PSNR dB) of ``got`` against ``ref``."""
+    diff = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
+    if diff.size == 0:
+        return 0.0, 0.0, float("inf")
+    return float(diff.max()), float(diff.mean()), psnr_db(float(np.mean(diff * diff)), peak)

@@ -1,0 +1,25 @@
+"""Options shared by several commands, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+ConfigArg = Annotated[
+    Path | None,
+    typer.Argument(
+        help="Rig config YAML. Default: the bundled nuScenes rig (real calibration, BEVDet-R50 settings).",
+        show_default=False,
+    ),
+]
+OutOption = Annotated[
+    Path, typer.Option("--out", "-o", help="Output folder; the store is <out>/<name>.zarr.")
+]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace a store that was built from a different config.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (for scripts).")]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary table.")]
+DEFAULT_OUT = Path("artifacts")

@@ -1,0 +1,69 @@
+"""Rich output helpers: progress bars on stderr, tables and JSON on stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+stdout_console = Console(soft_wrap=True)
+stderr_console = Console(stderr=True, soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """Yield an ``advance(n)`` callback drawing a transient rich bar on stderr."""
+    if not enabled or not stderr_console.is_terminal:
+        yield lambda n: None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, allow_nan=False, default=_default) + "\n")
+    sys.stdout.flush()
+
+
+def _default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def human_bytes(n: int | float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
+
+
+def print_table(table: Table) -> None:
+    stdout_console.print(table)

@@ -1,0 +1,3 @@
+"""CLI commands (placeholder: filled in by the owning issue)."""
+
+from __future__ import annotations

@@ -1,0 +1,21 @@
+"""The conventions every product follows, stated once.
+
+These exact sentences appear in the README ("Conventions") and in every store's root
+attribute ``conventions``; ``tests/test_conventions.py`` pins both.
+"""
+
+from __future__ import annotations
+
+CONVENTIONS: dict[str, str] = {
+    "ego_frame": "Ego frame: x forward, y left, z up, metres (nuScenes ego: origin at the rear axle centre on the ground).",
+    "camera_frame": "Camera frame: OpenCV, x right, y down, z along the optical axis; poses are camera -> ego: points_ego = R @ points_cam + t.",
+    "bev_cells": "BEV arrays are [..., ny, nx]; cell (iy, ix) has centre (x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy); nx = round((x_max - x_min) / dx); flattened cell index = iy * nx + ix.",
+    "pixel_centres": "Pixel coordinates are (u, v) = (column, row); integer values are pixel centres (OpenCV convention); grid coordinates are in FEATURE-map pixels.",
+    "image_aug": "Image augmentation (BEVDet post_rot/post_tran): calibrated pixel u becomes input pixel u * resize - crop_left, v becomes v * resize - crop_top.",
+    "feature_stride": "pixel_mapping stride: feature pixel j covers input pixels [j*s, (j+1)*s), so input u_in sits at feature (u_in - (s - 1) / 2) / s.",
+    "feature_linspace": "pixel_mapping linspace: feature pixel j sits at input j * (W_in - 1) / (W_f - 1) (BEVDet frustum).",
+    "valid_rule": "A cell is valid in a camera iff its centre is in front of the camera (z_cam > 1e-6 m), inside the lens's monotonic field of view, and its nearest feature pixel exists: -0.5 <= u < W_f - 0.5 and -0.5 <= v < H_f - 0.5.",
+    "invalid_cells": "Invalid cells hold coords (-2, -2), two pixels outside the map, so bilinear grid_sample with zeros padding returns exactly 0 there.",
+    "grid_sample": "norm follows torch.nn.functional.grid_sample: align_corners=False norm = (2 u + 1) / W_f - 1; align_corners=True norm = 2 u / (W_f - 1) - 1; bilinear, padding_mode zeros.",
+    "depth": "LSS depth bins are distances along the camera's optical axis (camera z), d_k = start + k * step for k < ceil((stop - start) / step).",
+}

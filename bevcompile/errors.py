@@ -1,0 +1,61 @@
+"""Typed error tree.
+
+Every error the library raises on purpose derives from :class:`BevcompileError` and
+also from the builtin exception it resembles, so callers may catch either. The CLI maps
+them to exit codes in exactly one place (``bevcompile.cli._app.cli_command``):
+
+================  =========  ==========================================================
+class             exit code  meaning
+================  =========  ==========================================================
+ConfigError       2          a rig config is missing, unreadable or invalid
+UsageError        2          a command-line value is invalid or inconsistent
+StoreError        2          a path is not a readable bevcompile store
+StoreConflictError 2         refusing to replace a store built from another config
+DependencyError   2          an optional extra (torch, onnx, matplotlib) is missing
+CheckFailed       1          an integrity/equivalence check failed (inspect/verify)
+================  =========  ==========================================================
+"""
+
+from __future__ import annotations
+
+
+class BevcompileError(Exception):
+    """Base class of every deliberate bevcompile error."""
+
+    exit_code: int = 2
+
+
+class ConfigError(BevcompileError, ValueError):
+    """Invalid rig configuration.
+
+    The message always reads ``<file>: <field path>: <what is wrong>`` on one line.
+    """
+
+    def __init__(self, source: str, field: str, message: str) -> None:
+        self.source = source
+        self.field = field
+        self.message = message
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {message}")
+
+
+class UsageError(BevcompileError, ValueError):
+    """A command-line or API argument is invalid (e.g. ``--frac-bits`` too large)."""
+
+
+class StoreError(BevcompileError, OSError):
+    """A path is not a readable bevcompile store, or a store could not be written."""
+
+
+class StoreConflictError(StoreError, FileExistsError):
+    """An existing store was built from a different config; ``--force`` replaces it."""
+
+
+class DependencyError(BevcompileError, ImportError):
+    """An optional extra is needed for this feature but is not installed."""
+
+
+class CheckFailed(BevcompileError, AssertionError):
+    """One or more integrity or equivalence checks failed."""
+
+    exit_code = 1

@@ -1,0 +1,387 @@
+"""Camera geometry: rigid transforms, lens models, image augmentation, feature-map pixels.
+
+Pure numpy; every function takes a config dataclass and arrays and returns new arrays.
+
+Frames and pixel chain (see README "Conventions")::
+
+    points_ego --(cam_from_ego)--> points_cam --(lens)--> uv_image_px
+        --(image_aug)--> uv_input_px --(feature.pixel_mapping)--> uv_feature_px
+
+* ego: x forward, y left, z up, metres.
+* camera: OpenCV (x right, y down, z = optical axis), metres.
+* pixels: ``(u, v)`` = (column, row); integer values are pixel centres (OpenCV).
+* image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``.
+* feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
+  ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``.
+
+Lens models follow OpenCV exactly: ``none`` (pinhole), ``opencv`` (radial-tangential with the
+rational extension, coefficients ``k1 k2 p1 p2 k3 k4 k5 k6``) and ``fisheye``
+(``cv2.fisheye``: equidistant ``theta_d = theta (1 + k1 theta^2 + ... + k4 theta^8)``).
+
+Validity: a point is projectable only if it lies in front of the camera
+(``z_cam > MIN_DEPTH_M``) and inside the lens model's *monotonic* field of view (the radius
+range on which the distortion polynomial is strictly increasing). Past that radius the
+polynomial folds back and a far-off-axis point would wrap around into the image; such points
+are reported invalid instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import Camera, Distortion, RigConfig
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+MIN_DEPTH_M = 1e-6
+"""Points with camera-frame depth ``z_cam <= MIN_DEPTH_M`` are behind (or on) the camera plane."""
+
+_FOV_SEARCH_MAX = 1e3  # largest undistorted radius tan(angle) searched for the fold-back (89.94 deg)
+
+
+# --------------------------------------------------------------------------------------
+# rigid transforms
+# --------------------------------------------------------------------------------------
+
+
+def ego_from_cam_matrix(camera: Camera) -> FloatArray:
+    """4x4 float64 rigid transform camera -> ego."""
+    return np.array(camera.ego_from_cam, dtype=np.float64)
+
+
+def cam_from_ego_matrix(camera: Camera) -> FloatArray:
+    """4x4 float64 rigid transform ego -> camera (exact inverse of a rigid transform)."""
+    ego_from_cam = ego_from_cam_matrix(camera)
+    rotation = ego_from_cam[:3, :3]
+    translation = ego_from_cam[:3, 3]
+    cam_from_ego = np.eye(4)
+    cam_from_ego[:3, :3] = rotation.T
+    cam_from_ego[:3, 3] = -rotation.T @ translation
+    return cam_from_ego
+
+
+def transform_points(matrix_4x4: FloatArray, points: FloatArray) -> FloatArray:
+    """Apply a 4x4 rigid transform.
+
+    Convention:
+        points: ``(..., 3)`` float64 metres ``(x, y, z)`` in the source frame.
+        returns: ``(..., 3)`` float64 metres in the target frame.
+    """
+    points = np.asarray(points, dtype=np.float64)
+    return points @ matrix_4x4[:3, :3].T + matrix_4x4[:3, 3]
+
+
+# --------------------------------------------------------------------------------------
+# lens models on normalised coordinates
+# --------------------------------------------------------------------------------------
+
+
+def _radial_factor(coeffs: tuple[float, ...], r2: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """OpenCV rational radial factor and its derivative w.r.t. r2."""
+    k1, k2, _p1, _p2, k3, k4, k5, k6 = coeffs
+    num = 1.0 + r2 * (k1 + r2 * (k2 + r2 * k3))
+    den = 1.0 + r2 * (k4 + r2 * (k5 + r2 * k6))
+    dnum = k1 + r2 * (2.0 * k2 + 3.0 * k3 * r2)
+    dden = k4 + r2 * (2.0 * k5 + 3.0 * k6 * r2)
+    factor = num / den
+    dfactor = (dnum * den - num * dden) / (den * den)
+    return factor, dfactor
+
+
+@dataclass(frozen=True)
+class LensLimits:
+    """Valid field of view of a lens model.
+
+    ``max_radius``: largest undistorted normalised radius ``r = tan(angle off axis)`` that is
+    valid (``inf`` for pinhole); ``max_distorted_radius``: its image under the model (for
+    fisheye both are expressed as ``tan(theta)`` / ``theta_d``).
+    """
+
+    max_radius: float
+    max_distorted_radius: float
+
+    @property
+    def max_angle_deg(self) -> float:
+        return float(np.degrees(np.arctan(self.max_radius)))
+
+
+def _distorted_radius(distortion: Distortion, r: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Radial part of the model: distorted radius and d/dr, for radius r = tan(theta)."""
+    if distortion.model == "opencv":
+        factor, dfactor = _radial_factor(distortion.coeffs, r * r)
+        return r * factor, factor + 2.0 * r * r * dfactor
+    if distortion.model == "fisheye":
+        k1, k2, k3, k4 = distortion.coeffs
+        theta = np.arctan(r)
+        t2 = theta * theta
+        poly = 1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4)))
+        dpoly = 1.0 + t2 * (3 * k1 + t2 * (5 * k2 + t2 * (7 * k3 + t2 * 9 * k4)))
+        return theta * poly, dpoly / (1.0 + r * r)
+    return r.copy(), np.ones_like(r)
+
+
+@lru_cache(maxsize=256)
+def lens_limits(distortion: Distortion) -> LensLimits:
+    """Monotonic field of view of ``distortion``: the radius where the radial mapping first
+    stops increasing (or its rational denominator reaches 0)."""
+    if distortion.model == "none":
+        return LensLimits(float("inf"), float("inf"))
+    # Log-spaced scan of r = tan(theta), then bisection on the derivative sign.
+    r = np.concatenate([[0.0], np.geomspace(1e-4, _FOV_SEARCH_MAX, 200_001)])
+    rd, drd = _distorted_radius(distortion, r)
+    bad = ~np.isfinite(rd) | ~np.isfinite(drd) | (drd <= 0)
+    if distortion.model == "opencv":
+        k4, k5, k6 = distortion.coeffs[5:8]
+        r2 = r * r
+        bad |= (1.0 + r2 * (k4 + r2 * (k5 + r2 * k6))) <= 0
+    if not bad.any():
+        return LensLimits(float("inf") if distortion.model == "opencv" else float(_FOV_SEARCH_MAX),
+                          float(rd[-1]) if distortion.model == "fisheye" else float("inf"))
+    first = int(np.argmax(bad))
+    if first == 0:
+        return LensLimits(0.0, 0.0)
+    lo, hi = float(r[first - 1]), float(r[first])
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        rd_mid, drd_mid = _distorted_radius(distortion, np.array([mid]))
+        ok = np.isfinite(rd_mid[0]) and drd_mid[0] > 0
+        if ok and distortion.model == "opencv":
+            k4, k5, k6 = distortion.coeffs[5:8]
+            m2 = mid * mid
+            ok = bool(1.0 + m2 * (k4 + m2 * (k5 + m2 * k6)) > 0)
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    rd_lo, _ = _distorted_radius(distortion, np.array([lo]))
+    return LensLimits(lo, float(rd_lo[0]))
+
+
+def distort_normalized(distortion: Distortion, xy: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Apply the lens model to undistorted normalised coordinates.
+
+    Convention:
+        xy: ``(..., 2)`` float64 ``(x, y) = (X/Z, Y/Z)`` in the camera frame (unitless).
+        returns: distorted normalised ``(x_d, y_d)`` ``(..., 2)`` float64, and a bool ``(...)``
+        mask, False where the point lies outside the model's monotonic field of view.
+        Matches OpenCV ``projectPoints`` / ``fisheye.projectPoints`` term for term.
+    """
+    xy = np.asarray(xy, dtype=np.float64)
+    x = xy[..., 0]
+    y = xy[..., 1]
+    r2 = x * x + y * y
+    limits = lens_limits(distortion)
+    inside = np.sqrt(r2) < limits.max_radius if np.isfinite(limits.max_radius) else np.isfinite(r2)
+    if distortion.model == "none":
+        return xy.copy(), inside
+    if distortion.model == "opencv":
+        p1, p2 = distortion.coeffs[2], distortion.coeffs[3]
+        factor, _ = _radial_factor(distortion.coeffs, r2)
+        xd = x * factor + 2.0 * p1 * x * y + p2 * (r2 + 2.0 * x * x)
+        yd = y * factor + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * x * y
+        return np.stack([xd, yd], axis=-1), inside & np.isfinite(xd) & np.isfinite(yd)
+    # fisheye (cv2.fisheye.projectPoints)
+    k1, k2, k3, k4 = distortion.coeffs
+    r = np.sqrt(r2)
+    theta = np.arctan(r)
+    t2 = theta * theta
+    theta_d = theta * (1.0 + t2 * (k1 + t2 * (k2 + t2 * (k3 + t2 * k4))))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(r > 1e-8, theta_d / np.where(r > 1e-8, r, 1.0), 1.0)
+    return np.stack([x * scale, y * scale], axis=-1), inside
+
+
+def undistort_normalized(distortion: Distortion, xy_distorted: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Invert :func:`distort_normalized` (exact to ~1e-12, not OpenCV's 5-iteration estimate).
+
+    Convention:
+        xy_distorted: ``(..., 2)`` float64 distorted normalised coordinates.
+        returns: undistorted ``(x, y)`` ``(..., 2)`` float64 and a bool mask, False where
+        the input lies outside the image of the monotonic field of view (no valid preimage)
+        or the solve did not converge; invalid entries hold NaN.
+    """
+    xy_distorted = np.asarray(xy_distorted, dtype=np.float64)
+    if distortion.model == "none":
+        return xy_distorted.copy(), np.all(np.isfinite(xy_distorted), axis=-1)
+    limits = lens_limits(distortion)
+    xd = xy_distorted[..., 0]
+    yd = xy_distorted[..., 1]
+    rd = np.hypot(xd, yd)
+    finite = np.isfinite(rd)
+    rd = np.where(finite, rd, 0.0)
+    # 1. Radial-only inverse by safeguarded bisection on [0, max_radius] (monotonic there).
+    hi_r = limits.max_radius if np.isfinite(limits.max_radius) else _FOV_SEARCH_MAX
+    lo = np.zeros_like(rd)
+    hi = np.full_like(rd, hi_r)
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        value, _ = _distorted_radius(distortion, mid)
+        greater = value > rd
+        hi = np.where(greater, mid, hi)
+        lo = np.where(greater, lo, mid)
+    r = 0.5 * (lo + hi)
+    rd_check, _ = _distorted_radius(distortion, r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(rd > 1e-15, r / np.where(rd > 1e-15, rd, 1.0), 1.0)
+    x = xd * scale
+    y = yd * scale
+    if distortion.model == "opencv":
+        # 2. Newton on the full radial-tangential model, from the radial estimate.
+        k_p1, k_p2 = distortion.coeffs[2], distortion.coeffs[3]
+        for _ in range(12):
+            r2 = x * x + y * y
+            factor, dfactor = _radial_factor(distortion.coeffs, r2)
+            fx = x * factor + 2 * k_p1 * x * y + k_p2 * (r2 + 2 * x * x) - xd
+            fy = y * factor + k_p1 * (r2 + 2 * y * y) + 2 * k_p2 * x * y - yd
+            j11 = factor + 2 * x * x * dfactor + 2 * k_p1 * y + 6 * k_p2 * x
+            j12 = 2 * x * y * dfactor + 2 * k_p1 * x + 2 * k_p2 * y
+            j21 = 2 * x * y * dfactor + 2 * k_p1 * x + 2 * k_p2 * y
+            j22 = factor + 2 * y * y * dfactor + 6 * k_p1 * y + 2 * k_p2 * x
+            det = j11 * j22 - j12 * j21
+            with np.errstate(divide="ignore", invalid="ignore"):
+                dx = (j22 * fx - j12 * fy) / det
+                dy = (j11 * fy - j21 * fx) / det
+            dx = np.where(np.isfinite(dx), dx, 0.0)
+            dy = np.where(np.isfinite(dy), dy, 0.0)
+            x = x - dx
+            y = y - dy
+    xy = np.stack([x, y], axis=-1)
+    redistorted, inside = distort_normalized(distortion, xy)
+    residual = np.max(np.abs(redistorted - xy_distorted), axis=-1) if xy.size else np.zeros(rd.shape)
+    ok = finite & inside & (rd <= limits.max_distorted_radius) & (residual < 1e-9)
+    ok &= np.abs(rd_check - rd) < 1e-6
+    xy = np.where(ok[..., None], xy, np.nan)
+    return xy, ok
+
+
+# --------------------------------------------------------------------------------------
+# pixel chain
+# --------------------------------------------------------------------------------------
+
+
+def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArray) -> FloatArray:
+    """Calibrated-image pixel -> feature-map pixel (augmentation, then stride/linspace).
+
+    Convention:
+        uv_image_px: ``(..., 2)`` float64 ``(u, v)`` calibrated image pixels, centres at integers.
+        returns: ``(..., 2)`` float64 ``(u, v)`` feature-map pixels, centres at integers.
+    """
+    aug = camera.image_aug
+    uv = np.asarray(uv_image_px, dtype=np.float64)
+    u_in = uv[..., 0] * aug.resize - aug.crop_left
+    v_in = uv[..., 1] * aug.resize - aug.crop_top
+    s = rig.feature.stride
+    if rig.feature.pixel_mapping == "stride":
+        u_f = (u_in - (s - 1) / 2.0) / s
+        v_f = (v_in - (s - 1) / 2.0) / s
+    else:
+        w_f, h_f = rig.feature_size
+        u_f = u_in * (w_f - 1) / (aug.input_width - 1)
+        v_f = v_in * (h_f - 1) / (aug.input_height - 1)
+    return np.stack([u_f, v_f], axis=-1)
+
+
+def feature_px_to_image_px(rig: RigConfig, camera: Camera, uv_feature_px: FloatArray) -> FloatArray:
+    """Inverse of :func:`image_px_to_feature_px` (same conventions, reversed)."""
+    aug = camera.image_aug
+    uv = np.asarray(uv_feature_px, dtype=np.float64)
+    s = rig.feature.stride
+    if rig.feature.pixel_mapping == "stride":
+        u_in = uv[..., 0] * s + (s - 1) / 2.0
+        v_in = uv[..., 1] * s + (s - 1) / 2.0
+    else:
+        w_f, h_f = rig.feature_size
+        u_in = uv[..., 0] * (aug.input_width - 1) / (w_f - 1)
+        v_in = uv[..., 1] * (aug.input_height - 1) / (h_f - 1)
+    return np.stack([(u_in + aug.crop_left) / aug.resize, (v_in + aug.crop_top) / aug.resize], axis=-1)
+
+
+def project_cam_to_image(camera: Camera, points_cam: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Project camera-frame points to calibrated-image pixels through the lens model.
+
+    Convention:
+        points_cam: ``(..., 3)`` float64 metres, OpenCV camera frame.
+        returns: ``uv_image_px`` ``(..., 2)`` float64 (NaN where invalid) and ``ok`` bool
+        ``(...)``: in front of the camera and inside the lens's monotonic field of view.
+    """
+    points_cam = np.asarray(points_cam, dtype=np.float64)
+    z = points_cam[..., 2]
+    in_front = z > MIN_DEPTH_M
+    safe_z = np.where(in_front, z, 1.0)
+    xy = points_cam[..., :2] / safe_z[..., None]
+    xy_d, in_fov = distort_normalized(camera.distortion, xy)
+    ok = in_front & in_fov
+    u = camera.fx * xy_d[..., 0] + camera.cx
+    v = camera.fy * xy_d[..., 1] + camera.cy
+    uv = np.stack([u, v], axis=-1)
+    uv = np.where(ok[..., None], uv, np.nan)
+    return uv, ok
+
+
+def project_ego_to_feature(rig: RigConfig, camera: Camera, points_ego: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Project ego points to feature-map pixels of one camera.
+
+    Convention:
+        points_ego: ``(..., 3)`` float64 metres, ego frame (x forward, y left, z up).
+        returns: ``uv_feature_px`` ``(..., 2)`` float64 ``(u, v)`` (NaN where not projectable)
+        and ``ok`` bool ``(...)`` (in front, inside the lens FOV; NOT yet tested against the
+        feature-map bounds, see :func:`bevcompile.grid.inside_feature_map`).
+    """
+    points_cam = transform_points(cam_from_ego_matrix(camera), points_ego)
+    uv_image_px, ok = project_cam_to_image(camera, points_cam)
+    return image_px_to_feature_px(rig, camera, uv_image_px), ok
+
+
+def unproject_image_to_cam(camera: Camera, uv_image_px: FloatArray, depth_m: FloatArray | float) -> tuple[FloatArray, BoolArray]:
+    """Lift calibrated-image pixels to camera-frame points at a depth along the optical axis.
+
+    Convention:
+        uv_image_px: ``(..., 2)`` float64 ``(u, v)``; depth_m: broadcastable to ``(...)``,
+        metres along camera z (LSS depth). returns ``points_cam`` ``(..., 3)`` float64 and
+        ``ok`` (False where the pixel has no valid preimage under the lens model).
+    """
+    uv = np.asarray(uv_image_px, dtype=np.float64)
+    xy_d = np.stack([(uv[..., 0] - camera.cx) / camera.fx, (uv[..., 1] - camera.cy) / camera.fy], axis=-1)
+    xy, ok = undistort_normalized(camera.distortion, xy_d)
+    depth = np.asarray(depth_m, dtype=np.float64)
+    depth_b = np.broadcast_to(depth, xy.shape[:-1])
+    points_cam = np.stack([xy[..., 0] * depth_b, xy[..., 1] * depth_b, depth_b], axis=-1)
+    return points_cam, ok
+
+
+def unproject_feature_to_ego(
+    rig: RigConfig, camera: Camera, uv_feature_px: FloatArray, depth_m: FloatArray | float
+) -> tuple[FloatArray, BoolArray]:
+    """Feature-map pixel + depth along the optical axis -> ego point (the LSS frustum lift).
+
+    Convention:
+        uv_feature_px: ``(..., 2)`` float64 ``(u, v)`` feature pixels; depth_m broadcastable
+        to ``(...)`` metres along camera z. returns ``points_ego`` ``(..., 3)`` float64 metres
+        (NaN where invalid) and ``ok`` bool ``(...)``.
+    """
+    uv_image_px = feature_px_to_image_px(rig, camera, uv_feature_px)
+    points_cam, ok = unproject_image_to_cam(camera, uv_image_px, depth_m)
+    return transform_points(ego_from_cam_matrix(camera), points_cam), ok
+
+
+def intersect_feature_rays_with_plane(
+    rig: RigConfig, camera: Camera, uv_feature_px: FloatArray, height_m: float
+) -> tuple[FloatArray, BoolArray]:
+    """Intersect the viewing rays of feature pixels with the ego plane ``z = height_m``.
+
+    Convention:
+        uv_feature_px: ``(..., 2)`` float64. returns ``points_ego`` ``(..., 3)`` float64
+        metres and ``ok``: False where the ray has no valid preimage, is parallel to the
+        plane, or meets it behind the camera.
+    """
+    points_ego_unit, ok = unproject_feature_to_ego(rig, camera, uv_feature_px, 1.0)
+    origin = ego_from_cam_matrix(camera)[:3, 3]
+    direction = points_ego_unit - origin
+    dz = direction[..., 2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        depth = (height_m - origin[2]) / dz
+    ok = ok & np.isfinite(depth) & (depth > MIN_DEPTH_M)
+    points = origin + direction * np.where(ok, depth, np.nan)[..., None]
+    return points, ok

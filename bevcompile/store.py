@@ -1,0 +1,450 @@
+"""The zarr (v3) store: the only module that touches zarr or the store's files.
+
+Layout: ``<out>/<rig name>.zarr`` is a zarr v3 group whose root attributes describe the
+store (``format``, ``tool_version``, ``name``, ``config``, ``config_sha256``,
+``conventions``) and whose sub-groups (``grid``, ``gather``, ``delta``, ``matrix``, ...)
+hold the products. Every array carries a ``sha256`` attribute: the SHA-256 of its
+dtype, shape and C-order little-endian bytes (see :func:`array_sha256`).
+
+Writes are atomic: a new store is built in a hidden temporary sibling
+(``.<name>.zarr.tmp-*``) and renamed into place; if a store already exists it is moved aside,
+the new one renamed in, and the old one deleted — a failure at any point leaves the earlier
+store as it was and no half-written store behind. Groups of an existing store that the
+writer does not replace are carried over only when the existing store was built from the
+same config (same ``config_sha256``); otherwise ``force=True`` is required and the old store
+is replaced as a whole.
+
+Reading never lets a zarr/OS/codec exception escape: every failure is a one-line
+:class:`~bevcompile.errors.StoreError` naming the store, the array and what is wrong.
+Missing chunks are detected (zarr would silently return the fill value).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import StoreConflictError, StoreError
+
+STORE_FORMAT = "bevcompile/1"
+READABLE_FORMATS = ("bevcompile/1",)
+STORE_SUFFIX = ".zarr"
+CHUNK_TARGET_BYTES = 4 << 20
+ZSTD_LEVEL = 3
+
+
+@dataclass
+class GroupData:
+    """Arrays and attributes of one group to write.
+
+    ``chunks`` may give an explicit chunk shape per array; the rest use :func:`default_chunks`.
+    """
+
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    chunks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    group: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    nbytes: int
+    nbytes_stored: int
+    nchunks: int
+    nchunks_initialized: int
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class WriteReport:
+    path: Path
+    replaced_existing: bool
+    kept_groups: tuple[str, ...]
+    bytes_per_array: dict[str, int]  # "group/name" -> bytes on disk
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_per_array.values())
+
+
+def store_path(out_dir: str | Path, name: str) -> Path:
+    """``<out_dir>/<name>.zarr``."""
+    return Path(out_dir) / f"{name}{STORE_SUFFIX}"
+
+
+def array_sha256(array: np.ndarray) -> str:
+    """SHA-256 of ``dtype.str`` (little-endian), shape and C-order bytes of ``array``."""
+    arr = np.ascontiguousarray(array)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    digest = hashlib.sha256()
+    digest.update(arr.dtype.str.encode())
+    digest.update(json.dumps(list(arr.shape)).encode())
+    digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def default_chunks(shape: tuple[int, ...], itemsize: int, target_bytes: int = CHUNK_TARGET_BYTES) -> tuple[int, ...]:
+    """Chunk shape: whole array if it fits ``target_bytes``; else split leading axes first."""
+    chunks = [max(1, int(s)) for s in shape]
+    for axis in range(len(chunks)):
+        rest = itemsize * math.prod(chunks[axis + 1 :])
+        if rest * chunks[axis] <= target_bytes:
+            break
+        chunks[axis] = max(1, target_bytes // rest) if rest <= target_bytes else 1
+    return tuple(chunks)
+
+
+def _json_safe(value: Any, where: str) -> Any:
+    """Reject NaN/inf and numpy scalars in attributes (they must be plain JSON)."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False, default=_to_builtin))
+    except ValueError as exc:
+        raise StoreError(f"attribute {where} is not finite JSON: {exc}") from None
+
+
+def _to_builtin(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+# --------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            if name != "zarr.json":
+                total += (Path(root) / name).stat().st_size
+    return total
+
+
+def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
+    from zarr.codecs import ZstdCodec
+
+    group = root.create_group(group_name, overwrite=True)
+    group.attrs.update(_json_safe(data.attrs, f"{group_name}/"))
+    sizes: dict[str, int] = {}
+    for name, array in data.arrays.items():
+        array = np.ascontiguousarray(array)
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise StoreError(f"refusing to write non-finite values into {group_name}/{name}")
+        if array.dtype.kind not in "biuf":
+            raise StoreError(f"unsupported dtype {array.dtype} for {group_name}/{name}")
+        chunks = data.chunks.get(name) or default_chunks(array.shape, array.dtype.itemsize)
+        zarray = group.create_array(
+            name,
+            shape=array.shape,
+            dtype=array.dtype,
+            chunks=tuple(min(max(1, c), max(1, s)) for c, s in zip(chunks, array.shape, strict=True)),
+            compressors=ZstdCodec(level=ZSTD_LEVEL, checksum=True),
+            fill_value=0,
+            attributes={"sha256": array_sha256(array)},
+            config={"write_empty_chunks": True},
+        )
+        if array.size:
+            zarray[...] = array
+        del zarray
+        sizes[f"{group_name}/{name}"] = 0
+    return sizes
+
+
+def write_groups(
+    path: str | Path,
+    *,
+    root_attrs: Mapping[str, Any],
+    groups: Mapping[str, GroupData],
+    force: bool = False,
+    replace_groups: Iterable[str] = (),
+) -> WriteReport:
+    """Atomically create or update the store at ``path``.
+
+    ``root_attrs`` must hold ``config_sha256``. Groups in ``groups`` and in
+    ``replace_groups`` are (re)written/removed; other groups of an existing store with the
+    same ``config_sha256`` are kept. An existing store of another config (or an unreadable
+    one) is replaced only with ``force=True``; otherwise :class:`StoreConflictError`.
+    """
+    import zarr
+
+    path = Path(path)
+    new_sha = root_attrs.get("config_sha256")
+    if not isinstance(new_sha, str):
+        raise StoreError("root_attrs must include config_sha256")
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"{parent}: cannot create output folder ({exc.strerror or exc})") from None
+    if path.exists() and not path.is_dir():
+        raise StoreError(f"{path}: exists and is not a directory")
+
+    carry_over = False
+    existed = path.exists()
+    if existed:
+        try:
+            old_attrs = open_store(path).root_attrs
+            old_sha = old_attrs.get("config_sha256")
+        except StoreError as exc:
+            if not force:
+                raise StoreConflictError(f"{path}: exists but is not a readable bevcompile store ({exc}); pass --force to replace it") from None
+            old_sha = None
+        if old_sha == new_sha:
+            carry_over = True
+        elif old_sha is not None and not force:
+            raise StoreConflictError(
+                f"{path}: was built from a different config (config_sha256 {str(old_sha)[:12]}…, "
+                f"new {new_sha[:12]}…); pass --force to replace it"
+            )
+
+    tmp = parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    sizes: dict[str, int] = {}
+    kept: list[str] = []
+    try:
+        if carry_over:
+            shutil.copytree(path, tmp)
+            root = zarr.open_group(str(tmp), mode="r+", zarr_format=3)
+            for name in sorted(set(groups) | set(replace_groups)):
+                if name in root:
+                    del root[name]
+            kept = sorted(k for k in root.group_keys())
+            root.attrs.clear()
+            root.attrs.update(_json_safe(dict(root_attrs), "root"))
+        else:
+            root = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
+            root.attrs.update(_json_safe(dict(root_attrs), "root"))
+        for name, data in groups.items():
+            sizes.update(_write_group(root, name, data))
+        del root
+        for key in sizes:
+            sizes[key] = _dir_bytes(tmp / key)
+        _swap_into_place(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return WriteReport(path, existed, tuple(kept), sizes)
+
+
+def _swap_into_place(tmp: Path, path: Path) -> None:
+    if not path.exists():
+        os.rename(tmp, path)
+        return
+    old = path.parent / f".{path.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        os.rename(old, path)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# reading
+# --------------------------------------------------------------------------------------
+
+
+def is_store(path: str | Path) -> bool:
+    """True if ``path`` is a directory with a zarr v3 group ``zarr.json`` at its root."""
+    path = Path(path)
+    return path.is_dir() and (path / "zarr.json").is_file()
+
+
+def find_stores(folder: str | Path) -> list[Path]:
+    """Stores directly inside ``folder`` (``*.zarr``, hidden temporaries skipped), sorted."""
+    folder = Path(folder)
+    return sorted(p for p in folder.iterdir() if p.suffix == STORE_SUFFIX and not p.name.startswith(".") and p.is_dir())
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{exc.__class__.__name__}: {first}" if first else exc.__class__.__name__
+
+
+class StoreReader:
+    """Read-only access to a store. Every method raises :class:`StoreError` (never a zarr
+    or codec exception) with a one-line message naming the store and the array."""
+
+    def __init__(self, path: str | Path) -> None:
+        import zarr
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"{self.path}: no such store")
+        if not self.path.is_dir():
+            raise StoreError(f"{self.path}: not a store (not a directory)")
+        if not (self.path / "zarr.json").is_file():
+            raise StoreError(f"{self.path}: not a zarr store (no zarr.json at its root)")
+        try:
+            self._root = zarr.open_group(str(self.path), mode="r", zarr_format=3)
+            attrs = dict(self._root.attrs)
+        except Exception as exc:
+            raise StoreError(f"{self.path}: root metadata unreadable ({_one_line(exc)})") from None
+        self.root_attrs: dict[str, Any] = attrs
+
+    # -- structure ---------------------------------------------------------------------
+
+    def groups(self) -> list[str]:
+        """Sub-group names, sorted (groups whose metadata is unreadable are skipped; see
+        :meth:`damaged_nodes`)."""
+        out = []
+        for entry in sorted(p.name for p in self.path.iterdir() if p.is_dir()):
+            try:
+                self._group(entry)
+            except StoreError:
+                continue
+            out.append(entry)
+        return out
+
+    def damaged_nodes(self) -> list[str]:
+        """Sub-directories (groups, arrays) whose ``zarr.json`` is missing or unreadable."""
+        bad: list[str] = []
+        for group_dir in sorted(p for p in self.path.iterdir() if p.is_dir()):
+            try:
+                group = self._group(group_dir.name)
+            except StoreError:
+                bad.append(group_dir.name)
+                continue
+            known = set(group.array_keys())
+            for array_dir in sorted(p for p in group_dir.iterdir() if p.is_dir()):
+                if array_dir.name not in known:
+                    bad.append(f"{group_dir.name}/{array_dir.name}")
+        return bad
+
+    def _group(self, group: str) -> Any:
+        try:
+            node = self._root[group]
+        except Exception as exc:
+            raise StoreError(f"{self.path}: group {group}/ is missing or unreadable ({_one_line(exc)})") from None
+        if node.__class__.__name__ != "Group":
+            raise StoreError(f"{self.path}: {group} is not a group")
+        return node
+
+    def has_group(self, group: str) -> bool:
+        try:
+            self._group(group)
+        except StoreError:
+            return False
+        return True
+
+    def group_attrs(self, group: str) -> dict[str, Any]:
+        node = self._group(group)
+        try:
+            return dict(node.attrs)
+        except Exception as exc:
+            raise StoreError(f"{self.path}: {group}/ attributes unreadable ({_one_line(exc)})") from None
+
+    def arrays(self, group: str) -> list[str]:
+        node = self._group(group)
+        try:
+            return sorted(node.array_keys())
+        except Exception as exc:
+            raise StoreError(f"{self.path}: cannot list arrays of {group}/ ({_one_line(exc)})") from None
+
+    def has_array(self, group: str, name: str) -> bool:
+        try:
+            return name in self.arrays(group)
+        except StoreError:
+            return False
+
+    def _array(self, group: str, name: str) -> Any:
+        node = self._group(group)
+        try:
+            arr = node[name]
+        except Exception as exc:
+            raise StoreError(f"{self.path}: {group}/{name} is missing or unreadable ({_one_line(exc)})") from None
+        if arr.__class__.__name__ != "Array":
+            raise StoreError(f"{self.path}: {group}/{name} is not an array")
+        return arr
+
+    def array_info(self, group: str, name: str) -> ArrayInfo:
+        arr = self._array(group, name)
+        try:
+            stored = arr.nbytes_stored() if callable(arr.nbytes_stored) else arr.nbytes_stored
+            return ArrayInfo(
+                group=group,
+                name=name,
+                shape=tuple(int(s) for s in arr.shape),
+                dtype=str(np.dtype(arr.dtype)),
+                chunks=tuple(int(c) for c in arr.chunks),
+                nbytes=int(arr.nbytes),
+                nbytes_stored=int(stored),
+                nchunks=int(arr.nchunks),
+                nchunks_initialized=int(arr.nchunks_initialized),
+                attrs=dict(arr.attrs),
+            )
+        except Exception as exc:
+            raise StoreError(f"{self.path}: {group}/{name} metadata unreadable ({_one_line(exc)})") from None
+
+    # -- data --------------------------------------------------------------------------
+
+    def read(self, group: str, name: str, *, verify_sha256: bool = False) -> np.ndarray:
+        """The whole array as numpy. Missing chunks, undecodable chunk files and (with
+        ``verify_sha256``) content that does not match the recorded ``sha256`` raise
+        :class:`StoreError`."""
+        arr = self._array(group, name)
+        where = f"{self.path}: {group}/{name}"
+        try:
+            nchunks, initialised = int(arr.nchunks), int(arr.nchunks_initialized)
+        except Exception as exc:
+            raise StoreError(f"{where}: cannot list chunks ({_one_line(exc)})") from None
+        if initialised < nchunks and math.prod(arr.shape) > 0:
+            raise StoreError(f"{where}: {nchunks - initialised} of {nchunks} chunk(s) missing")
+        try:
+            data = np.asarray(arr[...])
+        except Exception as exc:
+            raise StoreError(f"{where}: chunk data unreadable ({_one_line(exc)})") from None
+        if verify_sha256:
+            recorded = arr.attrs.get("sha256")
+            if recorded is None:
+                raise StoreError(f"{where}: no sha256 attribute")
+            actual = array_sha256(data)
+            if actual != recorded:
+                raise StoreError(f"{where}: content sha256 {actual[:12]}… does not match recorded {str(recorded)[:12]}…")
+        return data
+
+    def read_group(self, group: str, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        names = self.arrays(group) if names is None else list(names)
+        return {name: self.read(group, name) for name in names}
+
+    def disk_bytes(self, group: str | None = None) -> int:
+        """Bytes of chunk files on disk (metadata excluded), for a group or the whole store."""
+        base = self.path if group is None else self.path / group
+        return _dir_bytes(base) if base.exists() else 0
+
+
+def open_store(path: str | Path) -> StoreReader:
+    """Open a store read-only (raises :class:`StoreError` if it is not one)."""
+    return StoreReader(path)
+
+
+def read_root_attrs_file(path: str | Path) -> dict[str, Any]:
+    """Root attributes straight from ``zarr.json`` (for damaged stores zarr will not open)."""
+    try:
+        meta = json.loads((Path(path) / "zarr.json").read_text())
+        attrs = meta.get("attributes", {})
+        return attrs if isinstance(attrs, dict) else {}
+    except Exception as exc:
+        raise StoreError(f"{path}: zarr.json unreadable ({_one_line(exc)})") from None
