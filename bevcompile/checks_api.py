@@ -1,8 +1,8 @@
 """The plug-in contract between product groups and ``inspect`` / ``verify`` / ``--strict``.
 
-Each store group (``grid``, ``gather``, ``delta``, ``matrix``, ``interop``) is owned by one
-product module, which contributes up to three pure functions (no zarr, no printing) and
-registers them in :data:`GROUP_PLUGINS` by module path:
+Each store group (``grid``, ``gather``, ``delta``, ``matrix``, ``interop``) is served by one or
+more plug-in modules listed in :data:`GROUP_PLUGINS`; each contributes up to three pure
+functions (no zarr, no printing), looked up by name:
 
 * ``check(ctx, arrays, attrs) -> list[Check]`` — invariant checks of the group's arrays.
   ``arrays`` holds only the arrays that could be read; a contract array absent from
@@ -73,13 +73,15 @@ CheckFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], 
 VerifyFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[VerifyRow]]
 RebuildFn = Callable[[RigConfig, Mapping[str, Any]], dict[str, np.ndarray]]
 
-GROUP_PLUGINS: dict[str, str] = {
-    # group -> module exposing check_<group> / verify_<group> / rebuild_<group>
-    "grid": "bevcompile.checks_grid",
-    "gather": "bevcompile.npu_checks",
-    "delta": "bevcompile.npu_checks",
-    "matrix": "bevcompile.matrix_checks",
-    "interop": "bevcompile.interop_checks",
+GROUP_PLUGINS: dict[str, tuple[str, ...]] = {
+    # group -> modules exposing check_<group> / verify_<group> / rebuild_<group>.
+    # Every listed module that defines the function is called and the results merged
+    # (rebuild dicts are merged; each module handles the arrays it owns).
+    "grid": ("bevcompile.checks_grid", "bevcompile.npu_checks"),
+    "gather": ("bevcompile.npu_checks",),
+    "delta": ("bevcompile.npu_checks",),
+    "matrix": ("bevcompile.matrix_checks",),
+    "interop": ("bevcompile.interop_checks",),
 }
 
 
