@@ -1,0 +1,110 @@
+"""Small, fast rigs for tests (shared by every test module).
+
+``small_rig_data(...)`` returns plain config data (as YAML would give) for a 4-camera rig
+looking front/left/back/right from 1.5 m, with a small feature map and BEV grid so that
+exhaustive references stay fast. Options add lens distortion, several heights, the
+linspace pixel mapping or a BEV grid larger than what the cameras see (partial coverage).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bevcompile.config import RigConfig, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+NUSCENES_YAML = ROOT / "configs" / "nuscenes.yaml"
+DISTORTED_YAML = ROOT / "configs" / "nuscenes_scene0061_distorted.yaml"
+
+# camera -> ego rotations (columns = camera x, y, z axes in ego) for yaw 0, 90, 180, 270 deg
+_FORWARD = [[0.0, 0.0, 1.0], [-1.0, 0.0, 0.0], [0.0, -1.0, 0.0]]  # cam z -> ego +x, cam x -> ego -y
+
+
+def _yawed(yaw_quarter_turns: int) -> list[list[float]]:
+    import numpy as np
+
+    c, s = [(1, 0), (0, 1), (-1, 0), (0, -1)][yaw_quarter_turns % 4]
+    yaw = np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]], dtype=float)
+    return (yaw @ np.array(_FORWARD)).tolist()
+
+
+def small_rig_data(
+    *,
+    distortion: bool = False,
+    heights: tuple[float, ...] = (0.0,),
+    pixel_mapping: str = "stride",
+    bev_half_m: float = 12.0,
+    bev_step_m: float = 1.0,
+    n_cam: int = 4,
+    depth_bins: tuple[float, float, float] = (1.0, 17.0, 2.0),
+) -> dict[str, Any]:
+    """4 cameras (front, left, back, right) at 1.5 m, pitched 10 deg down; 96x64 input, stride 8
+    -> 12x8 feature map; BEV [-bev_half_m, bev_half_m] at bev_step_m."""
+    import math
+
+    import numpy as np
+
+    pitch = math.radians(10.0)
+    # pitch down about the camera x axis: rotate camera frame by +pitch around its x axis
+    pitch_cam = np.array(
+        [[1, 0, 0], [0, math.cos(pitch), -math.sin(pitch)], [0, math.sin(pitch), math.cos(pitch)]], dtype=float
+    )
+    names = ["FRONT", "LEFT", "BACK", "RIGHT"][:n_cam]
+    positions = [[1.5, 0.0, 1.5], [0.5, 0.8, 1.5], [-0.5, 0.0, 1.5], [0.5, -0.8, 1.5]]
+    lens = [
+        {"model": "opencv", "coeffs": [-0.2, 0.05, 0.001, -0.0005, -0.005]},
+        {"model": "fisheye", "coeffs": [0.05, -0.02, 0.004, -0.0008]},
+        {"model": "opencv", "coeffs": [0.1, -0.02, 0.0005, 0.0005, 0.002, 0.15, -0.01, 0.003]},
+        {"model": "opencv", "coeffs": [-0.15, 0.03, 0.0, 0.0]},
+    ]
+    cameras = []
+    for i, name in enumerate(names):
+        rotation = (np.array(_yawed(i)) @ pitch_cam.T).tolist()
+        sensor2ego = [rotation[r] + [positions[i][r]] for r in range(3)] + [[0.0, 0.0, 0.0, 1.0]]
+        cameras.append(
+            {
+                "name": name,
+                "image_size": [192, 128],
+                "intrinsic": [[110.0, 0.0, 95.5], [0.0, 110.0, 63.5], [0.0, 0.0, 1.0]],
+                "distortion": lens[i] if distortion else {"model": "none"},
+                "sensor2ego": sensor2ego,
+            }
+        )
+    return {
+        "name": "small",
+        "cameras": cameras,
+        "image_aug": {"resize": 0.5, "crop": [0, 0], "input_size": [96, 64]},
+        "feature": {"stride": 8, "pixel_mapping": pixel_mapping},
+        "bev": {
+            "x": [-bev_half_m, bev_half_m, bev_step_m],
+            "y": [-bev_half_m, bev_half_m, bev_step_m],
+            "z": [-3.0, 5.0],
+            "heights": list(heights),
+        },
+        "depth": {"bins": list(depth_bins)},
+    }
+
+
+def small_rig(**kwargs: Any) -> RigConfig:
+    return parse_config(small_rig_data(**kwargs), source="<small rig>")
+
+
+def nuscenes_data() -> dict[str, Any]:
+    return copy.deepcopy(yaml.safe_load(NUSCENES_YAML.read_text()))
+
+
+def nuscenes_rig() -> RigConfig:
+    return load_config(NUSCENES_YAML)
+
+
+def distorted_rig() -> RigConfig:
+    return load_config(DISTORTED_YAML)
+
+
+def write_yaml(path: Path, data: Any) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
