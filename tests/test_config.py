@@ -1,0 +1,273 @@
+"""Rig config: the shipped configs, the canonical form and hash, and every bad input."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from scipy.spatial.transform import Rotation
+
+from bevcompile.config import (
+    config_sha256,
+    config_to_dict,
+    default_config_path,
+    load_config,
+    parse_config,
+    rotation_from_quaternion_wxyz,
+)
+from bevcompile.errors import ConfigError
+
+from .rigs import DISTORTED_YAML, NUSCENES_YAML, ROOT, nuscenes_data, small_rig_data, write_yaml
+
+CALIB = Path(__file__).parent / "data" / "calib"
+
+
+# -- the shipped configs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config_path", "calib_name"),
+    [(NUSCENES_YAML, "nuscenes.yaml"), (DISTORTED_YAML, "nuscenes_scene0061.yaml")],
+)
+def test_shipped_configs_use_the_real_calibration_verbatim(config_path: Path, calib_name: str) -> None:
+    """Same numbers as the nuScenes calibrated_sensor records (copied from ../shared/calib), no rounding."""
+    calib = yaml.safe_load((CALIB / calib_name).read_text())
+    ours = yaml.safe_load(config_path.read_text())
+    assert [c["name"] for c in ours["cameras"]] == [c["name"] for c in calib["cameras"]]
+    for mine, real in zip(ours["cameras"], calib["cameras"], strict=True):
+        for key in ("image_size", "intrinsic", "rotation_wxyz", "translation"):
+            assert mine[key] == real[key], (mine["name"], key)
+        assert real["calibrated_sensor_token"] in mine["description"]
+
+
+def test_bundled_default_is_the_nuscenes_config() -> None:
+    assert default_config_path().read_bytes() == NUSCENES_YAML.read_bytes()
+    assert config_sha256(load_config(None)) == config_sha256(load_config(NUSCENES_YAML))
+
+
+def test_nuscenes_settings_are_bevdet_r50(nuscenes: Any) -> None:
+    assert nuscenes.n_cam == 6
+    assert nuscenes.input_size == (704, 256)
+    assert nuscenes.feature_size == (44, 16)
+    assert (nuscenes.bev.nx, nuscenes.bev.ny) == (128, 128)
+    assert nuscenes.depth.n_bins == 59
+    assert nuscenes.depth.values()[0] == 1.0 and nuscenes.depth.values()[-1] == 59.0
+
+
+def test_distorted_config_says_its_coefficients_are_illustrative(distorted: Any) -> None:
+    text = DISTORTED_YAML.read_text()
+    assert "ILLUSTRATIVE" in text
+    models = {c.distortion.model for c in distorted.cameras}
+    assert models == {"opencv", "fisheye"}
+    assert {c.distortion.n_coeffs_given for c in distorted.cameras if c.distortion.model == "opencv"} == {4, 5, 8}
+
+
+def test_quaternion_matches_scipy() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        q = rng.normal(size=4)
+        q /= np.linalg.norm(q)
+        ours = np.array(rotation_from_quaternion_wxyz(q))
+        ref = Rotation.from_quat([q[1], q[2], q[3], q[0]]).as_matrix()  # scipy: scalar-last
+        np.testing.assert_allclose(ours, ref, atol=1e-12)
+
+
+# -- canonical form ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [NUSCENES_YAML, DISTORTED_YAML])
+def test_resolved_config_reparses_to_the_same_config_and_hash(path: Path) -> None:
+    rig = load_config(path)
+    again = parse_config(config_to_dict(rig), source="<resolved>")
+    assert config_to_dict(again) == config_to_dict(rig)
+    assert config_sha256(again) == config_sha256(rig)
+
+
+def test_hash_ignores_descriptions_but_not_numbers() -> None:
+    data = small_rig_data()
+    base = config_sha256(parse_config(data))
+    described = copy.deepcopy(data)
+    described["description"] = "a comment"
+    described["cameras"][0]["description"] = "another"
+    assert config_sha256(parse_config(described)) == base
+    moved = copy.deepcopy(data)
+    moved["cameras"][0]["sensor2ego"][0][3] += 1e-9
+    assert config_sha256(parse_config(moved)) != base
+
+
+def test_per_camera_image_aug_override_merges_over_the_shared_one() -> None:
+    data = small_rig_data()
+    data["cameras"][1]["image_aug"] = {"resize": 0.6, "crop": [4, 2]}
+    rig = parse_config(data)
+    assert (rig.cameras[0].image_aug.resize, rig.cameras[0].image_aug.crop_left) == (0.5, 0.0)
+    aug = rig.cameras[1].image_aug
+    assert (aug.resize, aug.crop_left, aug.crop_top, aug.input_width) == (0.6, 4.0, 2.0, 96)
+
+
+def test_sensor2ego_and_quaternion_forms_agree() -> None:
+    data = nuscenes_data()
+    rig = parse_config(data)
+    as_matrix = copy.deepcopy(data)
+    for cam, parsed in zip(as_matrix["cameras"], rig.cameras, strict=True):
+        del cam["rotation_wxyz"], cam["translation"]
+        cam["sensor2ego"] = [list(row) for row in parsed.ego_from_cam]
+    rig2 = parse_config(as_matrix)
+    for a, b in zip(rig.cameras, rig2.cameras, strict=True):
+        assert a.ego_from_cam == b.ego_from_cam
+
+
+# -- bad input: one line naming the file, the field path and the problem -----------------------
+
+
+def _set(data: dict[str, Any], path: list[Any], value: Any) -> None:
+    node: Any = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is _DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+
+
+_DELETE = object()
+
+BAD_CASES: list[tuple[str, list[Any], Any, str, str]] = [
+    # id, path, new value, expected field path, expected phrase
+    ("missing-name", ["name"], _DELETE, "name", "missing required field"),
+    ("unknown-top", ["camras"], [], "camras", "unknown field"),
+    ("unknown-camera-key", ["cameras", 0, "intrinsics"], [[1]], "cameras[0].intrinsics", "unknown field"),
+    ("missing-intrinsic", ["cameras", 2, "intrinsic"], _DELETE, "cameras[2].intrinsic", "missing required field"),
+    ("wrong-type", ["cameras", 1, "image_size"], "1600x900", "cameras[1].image_size", "expected a list"),
+    ("wrong-length", ["cameras", 2, "rotation_wxyz"], [1.0, 0.0, 0.0], "cameras[2].rotation_wxyz", "expected 4 values"),
+    ("nan", ["cameras", 0, "translation", 1], float("nan"), "cameras[0].translation[1]", "must be finite"),
+    ("inf", ["bev", "x", 1], float("inf"), "bev.x[1]", "must be finite"),
+    ("bool-number", ["feature", "stride"], True, "feature.stride", "expected an integer"),
+    ("non-unit-quat", ["cameras", 2, "rotation_wxyz"], [0.7, 0.7, 0.1, 0.2], "cameras[2].rotation_wxyz", "its norm is 1.01488916"),
+    ("fx", ["cameras", 3, "intrinsic", 0, 0], 0.0, "cameras[3].intrinsic[0][0]", "fx must be > 0"),
+    ("fy", ["cameras", 3, "intrinsic", 1, 1], -5.0, "cameras[3].intrinsic[1][1]", "fy must be > 0"),
+    ("bottom-row", ["cameras", 0, "intrinsic", 2], [0.0, 0.1, 1.0], "cameras[0].intrinsic[2]", "bottom row must be [0, 0, 1]"),
+    ("image-size", ["cameras", 4, "image_size", 1], 0, "cameras[4].image_size[1]", "must be > 0"),
+    ("crop", ["image_aug", "crop"], [0, 141], "image_aug.crop", "outside the resized image"),
+    ("crop-negative", ["image_aug", "crop"], [-1, 0], "image_aug.crop", "outside the resized image"),
+    ("stride", ["feature", "stride"], 24, "image_aug.input_size", "not divisible by feature.stride 24"),
+    ("step", ["bev", "y", 2], 0.0, "bev.y[2]", "step must be > 0"),
+    ("min-max", ["bev", "x"], [10.0, -10.0, 0.5], "bev.x", "min must be < max"),
+    ("too-many-cells", ["bev", "x"], [-5000.0, 5000.0, 0.01], "bev", "exceeds the limit of 100,000,000"),
+    ("not-whole-steps", ["bev", "x"], [-51.2, 51.2, 0.7], "bev.x", "not a whole number of 0.7 m steps"),
+    ("distortion-model", ["cameras", 0, "distortion"], {"model": "kb8"}, "cameras[0].distortion.model", "unknown model"),
+    ("distortion-len", ["cameras", 0, "distortion"], {"model": "opencv", "coeffs": [0.1, 0.0, 0.0]}, "cameras[0].distortion.coeffs", "expected 4 or 5 or 8 values"),
+    ("fisheye-len", ["cameras", 0, "distortion"], {"model": "fisheye", "coeffs": [0.1]}, "cameras[0].distortion.coeffs", "expected 4 values"),
+    ("depth-step", ["depth", "bins"], [1.0, 60.0, -1.0], "depth.bins[2]", "step must be > 0"),
+    ("heights-empty", ["bev", "heights"], [], "bev.heights", "at least one height"),
+    ("name-unsafe", ["name"], "../evil", "name", "file-name-safe"),
+]
+
+
+@pytest.mark.parametrize(("case", "path", "value", "field", "phrase"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_field_is_named(tmp_path: Path, case: str, path: list[Any], value: Any, field: str, phrase: str) -> None:
+    data = nuscenes_data()
+    _set(data, path, value)
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    message = str(info.value)
+    assert message.startswith(f"{config}: {field}: "), message
+    assert phrase in message, message
+    assert "\n" not in message
+
+
+def test_duplicate_camera_names(tmp_path: Path) -> None:
+    data = nuscenes_data()
+    data["cameras"][3]["name"] = "CAM_FRONT"
+    with pytest.raises(ConfigError, match=r"cameras\[3\]\.name: duplicate camera name 'CAM_FRONT' \(also cameras\[0\]\)"):
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
+
+
+def _matrix_rig(tmp_path: Path, rotation: list[list[float]]) -> Path:
+    data = small_rig_data()
+    data["cameras"][1]["sensor2ego"] = [[*rotation[i], 0.0] for i in range(3)] + [[0.0, 0.0, 0.0, 1.0]]
+    return write_yaml(tmp_path / "rig.yaml", data)
+
+
+def test_non_orthonormal_rotation_matrix(tmp_path: Path) -> None:
+    config = _matrix_rig(tmp_path, [[1.0, 0.01, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    with pytest.raises(ConfigError, match=r"cameras\[1\]\.sensor2ego: rotation part is not orthonormal"):
+        load_config(config)
+
+
+def test_reflecting_rotation_matrix(tmp_path: Path) -> None:
+    config = _matrix_rig(tmp_path, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -1.0]])
+    with pytest.raises(ConfigError, match=r"cameras\[1\]\.sensor2ego: rotation part is a reflection \(det = -1\)"):
+        load_config(config)
+
+
+def test_pose_given_twice(tmp_path: Path) -> None:
+    data = small_rig_data()
+    data["cameras"][0]["translation"] = [0.0, 0.0, 1.0]
+    with pytest.raises(ConfigError, match=r"cameras\[0\]\.sensor2ego: give either sensor2ego or rotation_wxyz"):
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
+
+
+def test_cameras_must_share_the_input_size(tmp_path: Path) -> None:
+    data = small_rig_data()
+    data["cameras"][2]["image_aug"] = {"input_size": [88, 64]}
+    with pytest.raises(ConfigError, match=r"cameras\[2\]\.image_aug\.input_size: 88x64 differs from cameras\[0\]"):
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"),
+    [
+        ("", "file is empty"),
+        ("# only a comment\n", "file is empty"),
+        ("name: [unclosed\n", "invalid YAML: line 2"),
+        ("name: a\nname: b\n", "duplicate key 'name'"),
+        ("- just\n- a list\n", "expected a mapping, got list"),
+    ],
+)
+def test_unreadable_or_empty_yaml(tmp_path: Path, text: str, phrase: str) -> None:
+    config = tmp_path / "rig.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(info.value).startswith(str(config)) and phrase in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file_and_directory(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_numbers_written_without_a_dot_are_accepted(tmp_path: Path) -> None:
+    """PyYAML reads `1e-3` as a string; a deployment engineer means a number."""
+    text = NUSCENES_YAML.read_text().replace("bins: [1.0, 60.0, 1.0]", "bins: [1e0, 6e1, 1e0]")
+    config = tmp_path / "rig.yaml"
+    config.write_text(text)
+    assert load_config(config).depth.n_bins == 59
+
+
+def test_depth_bin_count_matches_torch_arange() -> None:
+    import torch
+
+    for bins in ([1.0, 60.0, 1.0], [2.0, 58.0, 0.5], [1.0, 65.0, 1.0], [4.0, 45.0, 1.0], [1.0, 60.0, 0.7]):
+        data = small_rig_data(depth_bins=tuple(bins))  # type: ignore[arg-type]
+        assert parse_config(data).depth.n_bins == len(torch.arange(*bins)), bins
+
+
+def test_every_field_of_the_example_is_documented_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for key in (
+        "name", "description", "cameras", "image_size", "intrinsic", "distortion", "rotation_wxyz", "translation",
+        "sensor2ego", "image_aug", "resize", "crop", "input_size", "feature", "stride", "pixel_mapping", "bev",
+        "heights", "depth", "bins",
+    ):
+        assert f"`{key}`" in readme, key
+    assert math.isfinite(1.0)

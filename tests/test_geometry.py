@@ -1,0 +1,245 @@
+"""Camera geometry against OpenCV, hand-placed points with known answers, and round trips."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bevcompile.config import Camera, Distortion, RigConfig, parse_config
+from bevcompile.geometry import (
+    cam_from_ego_matrix,
+    distort_normalized,
+    ego_from_cam_matrix,
+    feature_px_to_image_px,
+    image_px_to_feature_px,
+    intersect_feature_rays_with_plane,
+    lens_limits,
+    project_cam_to_image,
+    project_ego_to_feature,
+    undistort_normalized,
+    unproject_feature_to_ego,
+    unproject_image_to_cam,
+)
+
+from .rigs import distorted_rig, nuscenes_rig, small_rig, small_rig_data
+
+RIGS = {
+    "nuscenes": nuscenes_rig(),
+    "distorted": distorted_rig(),
+    "small-distorted": small_rig(distortion=True),
+    "small-linspace": small_rig(pixel_mapping="linspace"),
+}
+CAMERAS = [(name, i) for name, rig in RIGS.items() for i in range(rig.n_cam)]
+
+
+def _cv2_project(camera: Camera, points_ego: np.ndarray) -> np.ndarray:
+    """Independent projection: ego -> camera via cv2.Rodrigues rvec/tvec, then cv2's lens model."""
+    ego_from_cam = ego_from_cam_matrix(camera)
+    rotation_cam_from_ego = ego_from_cam[:3, :3].T
+    tvec = -rotation_cam_from_ego @ ego_from_cam[:3, 3]
+    rvec, _ = cv2.Rodrigues(rotation_cam_from_ego)
+    intrinsic = np.array(camera.intrinsic)
+    objects = points_ego.reshape(-1, 1, 3).astype(np.float64)
+    if camera.distortion.model == "fisheye":
+        image, _ = cv2.fisheye.projectPoints(objects, rvec, tvec, intrinsic, np.array(camera.distortion.coeffs))
+    else:
+        coeffs = (
+            np.array(camera.distortion.coeffs[: camera.distortion.n_coeffs_given])
+            if camera.distortion.model == "opencv"
+            else np.zeros(0)
+        )
+        image, _ = cv2.projectPoints(objects, rvec, tvec, intrinsic, coeffs)
+    return image.reshape(*points_ego.shape[:-1], 2)
+
+
+@pytest.mark.parametrize(("rig_name", "cam_index"), CAMERAS, ids=[f"{r}-{i}" for r, i in CAMERAS])
+def test_projection_matches_opencv(rig_name: str, cam_index: int) -> None:
+    rig = RIGS[rig_name]
+    camera = rig.cameras[cam_index]
+    rng = np.random.default_rng(cam_index)
+    # points spread over the camera's view: random pixels (inside the image) at random depths
+    uv = rng.uniform([0, 0], [camera.image_width - 1, camera.image_height - 1], size=(500, 2))
+    depth = rng.uniform(0.5, 80.0, size=500)
+    points_cam, ok = unproject_image_to_cam(camera, uv, depth)
+    assert ok.all()
+    points_ego = points_cam @ ego_from_cam_matrix(camera)[:3, :3].T + ego_from_cam_matrix(camera)[:3, 3]
+    ours, ok = project_cam_to_image(camera, points_cam)
+    assert ok.all()
+    reference = _cv2_project(camera, points_ego)
+    assert np.abs(ours - reference).max() < 1e-6
+    assert np.abs(ours - uv).max() < 1e-6  # and the lift is the exact inverse
+
+
+def test_optical_axis_lands_on_the_principal_point_after_aug_and_stride(nuscenes: RigConfig) -> None:
+    """Hand-placed point: 10 m along CAM_FRONT's optical axis -> (cx, cy) -> resize, crop, stride."""
+    camera = nuscenes.cameras[0]
+    ego_from_cam = ego_from_cam_matrix(camera)
+    point_ego = ego_from_cam[:3, 3] + 10.0 * ego_from_cam[:3, 2]
+    uv_f, ok = project_ego_to_feature(nuscenes, camera, point_ego)
+    assert ok
+    # written out by hand: u_in = cx * 0.44 - 0, v_in = cy * 0.44 - 140, feature = (in - 7.5) / 16
+    expected_u = (826.588114781398 * 0.44 - 0.0 - 7.5) / 16.0
+    expected_v = (469.9846626224581 * 0.44 - 140.0 - 7.5) / 16.0
+    assert uv_f[0] == pytest.approx(expected_u, abs=1e-9)
+    assert uv_f[1] == pytest.approx(expected_v, abs=1e-9)
+
+
+def test_nuscenes_camera_headings_are_what_their_names_say(nuscenes: RigConfig) -> None:
+    """Known answer: the optical axes point where the channel names say (ego x fwd, y left)."""
+    expected_yaw_deg = {
+        "CAM_FRONT": 0, "CAM_FRONT_LEFT": 55, "CAM_FRONT_RIGHT": -55,
+        "CAM_BACK": 180, "CAM_BACK_LEFT": 110, "CAM_BACK_RIGHT": -110,
+    }
+    for camera in nuscenes.cameras:
+        axis = ego_from_cam_matrix(camera)[:3, 2]
+        yaw = math.degrees(math.atan2(axis[1], axis[0]))
+        diff = (yaw - expected_yaw_deg[camera.name] + 180) % 360 - 180
+        assert abs(diff) < 5, (camera.name, yaw)
+        assert abs(axis[2]) < 0.05  # roughly horizontal
+
+
+def test_ground_point_ahead_lands_below_the_horizon(nuscenes: RigConfig) -> None:
+    """A ground point 10 m ahead of CAM_FRONT is below the principal point (larger v) and near cx."""
+    camera = nuscenes.cameras[0]
+    uv, ok = project_ego_to_feature(nuscenes, camera, np.array([11.7, 0.0, 0.0]))
+    centre, _ = project_ego_to_feature(nuscenes, camera, ego_from_cam_matrix(camera)[:3, 3] + [10.0, 0, 0])
+    assert ok and uv[1] > centre[1] + 3  # ~1.5 m below eye height at 10 m: ~8 deg -> ~11 feature rows? at least 3
+    assert abs(uv[0] - centre[0]) < 1.0
+
+
+def test_feature_mapping_conventions() -> None:
+    stride = small_rig()
+    camera = stride.cameras[0]
+    # stride 8, resize 0.5, crop 0: feature pixel j's centre is input 8 j + 3.5 -> image (8 j + 3.5) / 0.5
+    image = feature_px_to_image_px(stride, camera, np.array([[0.0, 0.0], [11.0, 7.0]]))
+    np.testing.assert_allclose(image, [[7.0, 7.0], [183.0, 119.0]])
+    linspace = small_rig(pixel_mapping="linspace")
+    # BEVDet frustum: feature j at input j * (W_in - 1) / (W_f - 1): last feature pixel -> last input pixel
+    image = feature_px_to_image_px(linspace, linspace.cameras[0], np.array([[0.0, 0.0], [11.0, 7.0]]))
+    np.testing.assert_allclose(image, [[0.0, 0.0], [95.0 / 0.5, 63.0 / 0.5]])
+    back = image_px_to_feature_px(linspace, linspace.cameras[0], image)
+    np.testing.assert_allclose(back, [[0.0, 0.0], [11.0, 7.0]], atol=1e-12)
+
+
+def test_behind_the_camera_is_never_valid(nuscenes: RigConfig) -> None:
+    camera = nuscenes.cameras[0]
+    ego_from_cam = ego_from_cam_matrix(camera)
+    # the mirror image of an on-axis point: would project onto (cx, cy) if z were not checked
+    behind = ego_from_cam[:3, 3] - 10.0 * ego_from_cam[:3, 2]
+    uv, ok = project_ego_to_feature(nuscenes, camera, behind)
+    assert not ok and np.isnan(uv).all()
+
+
+def test_points_past_the_lens_fov_do_not_wrap_into_the_image() -> None:
+    """k1 = -0.3 folds back at r = 1/sqrt(0.9): a point at r = 1.6 would land inside the image."""
+    distortion = Distortion("opencv", (-0.3, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 4)
+    limits = lens_limits(distortion)
+    assert limits.max_radius == pytest.approx(1 / math.sqrt(0.9), rel=1e-9)
+    xy = np.array([[1.6, 0.0], [1.0, 0.0]])
+    xy_d, ok = distort_normalized(distortion, xy)
+    assert xy_d[0, 0] == pytest.approx(1.6 * (1 - 0.3 * 1.6**2))  # 0.371: well inside a 1.0-wide image
+    assert ok.tolist() == [False, True]
+    # and the inverse refuses distorted radii past the fold
+    _, ok_inverse = undistort_normalized(distortion, np.array([[limits.max_distorted_radius * 1.01, 0.0]]))
+    assert not ok_inverse.any()
+
+
+def test_fisheye_limit_and_validity() -> None:
+    distortion = Distortion("fisheye", (0.0, 0.0, 0.0, 0.0), 4)
+    xy_d, ok = distort_normalized(distortion, np.array([[1.0, 0.0]]))
+    assert ok.all() and xy_d[0, 0] == pytest.approx(math.pi / 4)  # equidistant: theta_d = theta
+    folding = Distortion("fisheye", (-0.3, 0.0, 0.0, 0.0), 4)  # theta(1 - 0.3 theta^2) peaks at theta = 1.054
+    assert lens_limits(folding).max_radius == pytest.approx(math.tan(1 / math.sqrt(0.9)), rel=1e-6)
+
+
+# -- round trips (hypothesis) ---------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    camera_key=st.sampled_from(CAMERAS),
+    u=st.floats(0.0, 1.0),
+    v=st.floats(0.0, 1.0),
+    depth=st.floats(0.2, 200.0),
+)
+def test_project_unproject_round_trip(camera_key: tuple[str, int], u: float, v: float, depth: float) -> None:
+    rig = RIGS[camera_key[0]]
+    camera = rig.cameras[camera_key[1]]
+    w_f, h_f = rig.feature_size
+    uv = np.array([u * (w_f - 1), v * (h_f - 1)])  # anywhere across the feature map (and image)
+    points_ego, ok = unproject_feature_to_ego(rig, camera, uv, depth)
+    assert ok
+    back, ok = project_ego_to_feature(rig, camera, points_ego)
+    assert ok
+    assert np.abs(back - uv).max() < 1e-8
+    depth_cam = (cam_from_ego_matrix(camera)[:3, :3] @ points_ego + cam_from_ego_matrix(camera)[:3, 3])[2]
+    assert depth_cam == pytest.approx(depth, rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    coeffs=st.tuples(
+        st.floats(-0.25, 0.25), st.floats(-0.05, 0.05), st.floats(-0.002, 0.002), st.floats(-0.002, 0.002),
+        st.floats(-0.01, 0.01),
+    ),
+    x=st.floats(-0.8, 0.8),
+    y=st.floats(-0.6, 0.6),
+)
+def test_undistort_inverts_opencv_radtan(coeffs: tuple[float, ...], x: float, y: float) -> None:
+    distortion = Distortion("opencv", (*coeffs, 0.0, 0.0, 0.0), 5)
+    xy = np.array([x, y])
+    xy_d, ok = distort_normalized(distortion, xy)
+    if not ok:
+        return  # outside this model's monotonic FOV: nothing to invert
+    back, ok = undistort_normalized(distortion, xy_d)
+    assert ok
+    assert np.abs(back - xy).max() < 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    coeffs=st.tuples(st.floats(-0.05, 0.05), st.floats(-0.02, 0.02), st.floats(-0.005, 0.005), st.floats(-0.001, 0.001)),
+    angle=st.floats(0.0, 1.3),
+    azimuth=st.floats(-math.pi, math.pi),
+)
+def test_undistort_inverts_fisheye(coeffs: tuple[float, ...], angle: float, azimuth: float) -> None:
+    distortion = Distortion("fisheye", coeffs, 4)
+    r = math.tan(angle)
+    xy = np.array([r * math.cos(azimuth), r * math.sin(azimuth)])
+    xy_d, ok = distort_normalized(distortion, xy)
+    assert ok
+    back, ok = undistort_normalized(distortion, xy_d)
+    assert ok
+    assert np.abs(back - xy).max() < 1e-9 * max(1.0, r)
+
+
+def test_ray_plane_intersection_recovers_ground_points(nuscenes: RigConfig) -> None:
+    camera = nuscenes.cameras[0]
+    ground = np.array([[8.0, -2.0, 0.0], [25.0, 4.0, 0.0], [40.0, 0.5, 0.0]])
+    uv, ok = project_ego_to_feature(nuscenes, camera, ground)
+    assert ok.all()
+    back, ok = intersect_feature_rays_with_plane(nuscenes, camera, uv, 0.0)
+    assert ok.all()
+    assert np.abs(back - ground).max() < 1e-9
+
+
+def test_rotation_only_rig_matches_a_hand_built_camera() -> None:
+    """Independent check of the pose convention: sensor2ego maps camera axes to ego axes."""
+    data: dict[str, Any] = small_rig_data(n_cam=1)
+    data["cameras"][0]["sensor2ego"] = [
+        [0.0, 0.0, 1.0, 2.0], [-1.0, 0.0, 0.0, 0.0], [0.0, -1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0],
+    ]  # level camera at (2, 0, 1) looking along ego +x
+    rig = parse_config(data)
+    camera = rig.cameras[0]
+    # a point 10 m ahead, 1 m to the left (ego +y) and 1 m up: camera x = -1 (left), y = -1 (up), z = 10
+    uv, ok = project_cam_to_image(camera, np.array([-1.0, -1.0, 10.0]))
+    uv_ego, ok_ego = project_ego_to_feature(rig, camera, np.array([12.0, 1.0, 2.0]))
+    assert ok and ok_ego
+    assert uv[0] == pytest.approx(95.5 - 11.0) and uv[1] == pytest.approx(63.5 - 11.0)
+    np.testing.assert_allclose(uv_ego, image_px_to_feature_px(rig, camera, uv), atol=1e-12)

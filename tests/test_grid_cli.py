@@ -1,0 +1,90 @@
+"""`bevcompile grid` from the command line: outputs, summary, JSON, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bevcompile.cli import app
+from bevcompile.store import open_store
+
+from .rigs import nuscenes_data, small_rig_data, write_yaml
+
+runner = CliRunner()
+
+
+def test_bare_grid_uses_the_bundled_rig(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["grid", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "CAM_FRONT" in result.stdout and "coverage" in result.stdout
+    assert f"wrote {tmp_path / 'nuscenes.zarr'}" in " ".join(result.stdout.split())
+    reader = open_store(tmp_path / "nuscenes.zarr")
+    assert reader.array_info("grid", "coords").shape == (6, 1, 128, 128, 2)
+
+
+def test_json_summary(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data(heights=(0.0, 1.0)))
+    result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--json", "--align-corners"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["name"] == "small"
+    assert summary["align_corners"] is True
+    assert summary["feature_size"] == [12, 8]
+    assert [c["name"] for c in summary["cameras"]] == ["FRONT", "LEFT", "BACK", "RIGHT"]
+    assert all(len(c["coverage"]) == 2 for c in summary["cameras"])
+    assert summary["bytes_total"] > 0
+
+
+def test_quiet_prints_nothing(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert (tmp_path / "small.zarr").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: d["cameras"][2].update(rotation_wxyz=[0.5, 0.5, 0.5, 0.6]), "cameras[2].rotation_wxyz: quaternion must be unit length"),
+        (lambda d: d["cameras"][0].update(extra_key=1), "cameras[0].extra_key: unknown field"),
+        (lambda d: d["feature"].update(stride=48), "image_aug.input_size: input width 704 is not divisible by feature.stride 48"),
+        (lambda d: d["bev"].update(x=[-51.2, 51.2, -0.8]), "bev.x[2]: step must be > 0"),
+    ],
+)
+def test_config_errors_are_one_line_exit_2_and_write_nothing(tmp_path: Path, edit, expected: str) -> None:  # type: ignore[no-untyped-def]
+    data = nuscenes_data()
+    edit(data)
+    config = write_yaml(tmp_path / "bad.yaml", data)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {config}: {expected}" + result.stderr.split(expected, 1)[1]
+    assert expected in result.stderr and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["grid", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'nope.yaml'}: file not found"
+
+
+def test_conflicting_store_needs_force(tmp_path: Path) -> None:
+    first = write_yaml(tmp_path / "a.yaml", small_rig_data())
+    second = write_yaml(tmp_path / "b.yaml", small_rig_data(bev_step_m=2.0))
+    assert runner.invoke(app, ["grid", str(first), "--out", str(tmp_path), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["grid", str(second), "--out", str(tmp_path), "-q"])
+    assert result.exit_code == 2
+    assert "was built from a different config" in result.stderr and "--force" in result.stderr
+    assert runner.invoke(app, ["grid", str(second), "--out", str(tmp_path), "-q", "--force"]).exit_code == 0
+
+
+def test_version_and_help() -> None:
+    assert runner.invoke(app, ["--version"]).stdout.startswith("bevcompile ")
+    result = runner.invoke(app, ["grid", "--help"])
+    assert result.exit_code == 0 and "--align-corners" in result.stdout

@@ -1,0 +1,190 @@
+"""The zarr store: contract, determinism, atomic writes, conflicts, damage detection on read."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bevcompile.store as store_module
+from bevcompile.build import root_attributes, run_grid
+from bevcompile.config import config_sha256, config_to_dict, parse_config
+from bevcompile.conventions import CONVENTIONS
+from bevcompile.errors import StoreConflictError, StoreError
+from bevcompile.store import GroupData, array_sha256, default_chunks, open_store, write_groups
+
+from .rigs import small_rig, small_rig_data
+
+
+def _tree_digest(path: Path) -> dict[str, str]:
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = Path(root) / name
+            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
+    return out
+
+
+def test_store_contract(tmp_path: Path) -> None:
+    rig = small_rig(heights=(0.0, 1.0))
+    result = run_grid(rig, tmp_path)
+    reader = open_store(tmp_path / "small.zarr")
+    attrs = reader.root_attrs
+    assert attrs["format"] == "bevcompile/1"
+    assert attrs["name"] == "small"
+    assert attrs["config"] == config_to_dict(rig)
+    assert attrs["config_sha256"] == config_sha256(rig)
+    assert attrs["conventions"] == CONVENTIONS
+    assert isinstance(attrs["tool_version"], str)
+    assert reader.groups() == ["grid"]
+    shapes = {name: (reader.array_info("grid", name).shape, reader.array_info("grid", name).dtype) for name in reader.arrays("grid")}
+    assert shapes == {
+        "coords": ((4, 2, 24, 24, 2), "float32"),
+        "valid": ((4, 2, 24, 24), "bool"),
+        "norm": ((4, 2, 24, 24, 2), "float32"),
+        "norm_int16": ((4, 2, 24, 24, 2), "int16"),
+    }
+    grid_attrs = reader.group_attrs("grid")
+    assert grid_attrs["align_corners"] is False
+    assert grid_attrs["feature_size"] == [12, 8]
+    assert grid_attrs["build_options"] == {"align_corners": False}
+    assert grid_attrs["norm_int16"]["max_error_px"] == result.products.norm_int16_max_error_px
+    np.testing.assert_array_equal(reader.read("grid", "valid", verify_sha256=True), result.products.valid)
+    # the stored config re-parses to the same config
+    assert config_sha256(parse_config(attrs["config"])) == attrs["config_sha256"]
+
+
+def test_output_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    rig = small_rig(distortion=True, heights=(0.0, 0.5))
+    run_grid(rig, tmp_path / "a")
+    run_grid(rig, tmp_path / "b")
+    a = _tree_digest(tmp_path / "a" / "small.zarr")
+    b = _tree_digest(tmp_path / "b" / "small.zarr")
+    assert a == b and len(a) > 8
+
+
+def test_other_config_is_refused_without_force(tmp_path: Path) -> None:
+    run_grid(small_rig(), tmp_path)
+    before = _tree_digest(tmp_path / "small.zarr")
+    other = small_rig(bev_step_m=2.0)
+    with pytest.raises(StoreConflictError, match=r"small\.zarr: was built from a different config .* pass --force"):
+        run_grid(other, tmp_path)
+    assert _tree_digest(tmp_path / "small.zarr") == before
+    run_grid(other, tmp_path, force=True)
+    assert open_store(tmp_path / "small.zarr").root_attrs["config_sha256"] == config_sha256(other)
+
+
+def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> None:
+    rig = small_rig()
+    path = tmp_path / "small.zarr"
+    run_grid(rig, tmp_path)
+    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": GroupData({"x": np.arange(5)})})
+    run_grid(rig, tmp_path, align_corners=True)
+    reader = open_store(path)
+    assert reader.groups() == ["extra", "grid"]
+    assert reader.group_attrs("grid")["align_corners"] is True
+    np.testing.assert_array_equal(reader.read("extra", "x"), np.arange(5))
+
+
+def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = _tree_digest(tmp_path / "small.zarr")
+    calls = {"n": 0}
+    real = store_module._write_group
+
+    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        real(root, name, data)
+        raise RuntimeError("disk full (simulated)")
+
+    monkeypatch.setattr(store_module, "_write_group", exploding)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run_grid(rig, tmp_path, align_corners=True)
+    assert calls["n"] == 1
+    assert _tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_failed_first_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_module, "_write_group", exploding)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(small_rig(), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_non_store_directory_is_not_overwritten_without_force(tmp_path: Path) -> None:
+    (tmp_path / "small.zarr").mkdir()
+    (tmp_path / "small.zarr" / "precious.txt").write_text("keep me")
+    with pytest.raises(StoreConflictError, match="not a readable bevcompile store"):
+        run_grid(small_rig(), tmp_path)
+    assert (tmp_path / "small.zarr" / "precious.txt").read_text() == "keep me"
+
+
+def test_writer_refuses_non_finite_values(tmp_path: Path) -> None:
+    rig = small_rig()
+    with pytest.raises(StoreError, match="non-finite"):
+        write_groups(
+            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.array([1.0, np.nan])})}
+        )
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_reading_detects_missing_and_garbage_chunks(tmp_path: Path) -> None:
+    run_grid(small_rig(), tmp_path)
+    path = tmp_path / "small.zarr"
+    chunk_files = sorted((path / "grid" / "coords" / "c").rglob("*"))
+    chunk_files = [p for p in chunk_files if p.is_file()]
+    assert len(chunk_files) == 4  # one chunk per camera
+    chunk_files[1].unlink()
+    with pytest.raises(StoreError, match=r"grid/coords: 1 of 4 chunk\(s\) missing"):
+        open_store(path).read("grid", "coords")
+    norm_chunk = next(p for p in (path / "grid" / "norm" / "c").rglob("*") if p.is_file())
+    norm_chunk.write_bytes(norm_chunk.read_bytes()[:10])
+    with pytest.raises(StoreError, match=r"grid/norm: chunk data unreadable"):
+        open_store(path).read("grid", "norm")
+
+
+def test_reading_detects_content_edits(tmp_path: Path) -> None:
+    rig = small_rig()
+    path = tmp_path / "small.zarr"
+    run_grid(rig, tmp_path)
+    # rewrite one array through zarr with different values but the old sha256 attribute
+    import zarr
+
+    array = zarr.open_array(str(path / "grid" / "valid"), mode="r+")
+    array[0, 0, 0, 0] = ~array[0, 0, 0, 0]
+    with pytest.raises(StoreError, match=r"content sha256 .* does not match recorded"):
+        open_store(path).read("grid", "valid", verify_sha256=True)
+
+
+def test_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such store"):
+        open_store(tmp_path / "missing.zarr")
+    (tmp_path / "empty.zarr").mkdir()
+    with pytest.raises(StoreError, match=r"no zarr\.json at its root"):
+        open_store(tmp_path / "empty.zarr")
+
+
+def test_array_sha256_covers_dtype_and_shape() -> None:
+    a = np.arange(6, dtype=np.int16)
+    assert array_sha256(a) != array_sha256(a.reshape(2, 3))
+    assert array_sha256(a) != array_sha256(a.astype(np.uint16))
+    assert array_sha256(a) == array_sha256(a.astype(">i2"))
+
+
+def test_default_chunks_bound_the_chunk_size() -> None:
+    assert default_chunks((6, 1, 128, 128, 2), 4) == (6, 1, 128, 128, 2)
+    chunks = default_chunks((200000, 64), 4, target_bytes=1 << 20)
+    assert chunks == (4096, 64)
+    assert default_chunks((0, 4), 4) == (1, 4)
+
+
+def test_small_rig_data_is_valid_yaml_material() -> None:
+    assert parse_config(small_rig_data()).name == "small"
