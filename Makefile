@@ -29,6 +29,11 @@ test: $(STAMP_TEST)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -n 2 -q
+	@echo "== end-to-end: default store into a temporary folder, then bevcompile inspect"
+	@tmp=$$(mktemp -d) && \
+	  $(BIN)/bevcompile grid --out $$tmp --quiet && \
+	  $(BIN)/bevcompile matrix --out $$tmp --topk 24 --align 16 --quiet && \
+	  $(BIN)/bevcompile inspect $$tmp; rc=$$?; rm -rf $$tmp; exit $$rc
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check .
