@@ -333,6 +333,17 @@ class StoreReader:
                     bad.append(f"{group_dir.name}/{array_dir.name}")
         return bad
 
+    def child_dirs(self, group: str | None = None) -> list[str]:
+        """Names of the sub-folders of the root (or of ``group``), sorted, hidden ones skipped:
+        the nodes that *should* exist, whether or not their metadata is readable. Unlike
+        :meth:`groups`/:meth:`arrays` this never parses metadata, so one corrupt ``zarr.json``
+        cannot hide its healthy siblings. An unlistable folder raises :class:`StoreError`."""
+        base = self.path if group is None else self.path / group
+        try:
+            return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot list {group + '/' if group else 'the store root'} ({_one_line(exc)})") from None
+
     def _group(self, group: str) -> Any:
         try:
             node = self._root[group]

@@ -39,8 +39,11 @@ def test_store_contract(tmp_path: Path) -> None:
     assert attrs["config_sha256"] == config_sha256(rig)
     assert attrs["conventions"] == CONVENTIONS
     assert isinstance(attrs["tool_version"], str)
-    assert reader.groups() == ["grid"]
-    shapes = {name: (reader.array_info("grid", name).shape, reader.array_info("grid", name).dtype) for name in reader.arrays("grid")}
+    assert reader.groups() == ["delta", "gather", "grid"]
+    shapes = {
+        name: (reader.array_info("grid", name).shape, reader.array_info("grid", name).dtype)
+        for name in ("coords", "valid", "norm", "norm_int16")
+    }
     assert shapes == {
         "coords": ((4, 2, 24, 24, 2), "float32"),
         "valid": ((4, 2, 24, 24), "bool"),
@@ -84,7 +87,7 @@ def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> 
     write_groups(path, root_attrs=root_attributes(rig), groups={"extra": GroupData({"x": np.arange(5)})})
     run_grid(rig, tmp_path, align_corners=True)
     reader = open_store(path)
-    assert reader.groups() == ["extra", "grid"]
+    assert reader.groups() == ["delta", "extra", "gather", "grid"]
     assert reader.group_attrs("grid")["align_corners"] is True
     np.testing.assert_array_equal(reader.read("extra", "x"), np.arange(5))
 

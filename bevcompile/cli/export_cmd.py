@@ -1,3 +1,190 @@
-"""CLI commands (placeholder: filled in by the owning issue)."""
+"""``bevcompile export-onnx`` and ``bevcompile export-interop``: from a store to a deployment path."""
 
 from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import CheckFailed, UsageError
+from ._app import cli_command
+from ._options import JsonOption, QuietOption
+from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
+
+StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False)]
+
+
+@cli_command("export-onnx")
+def export_onnx_command(
+    store: StoreArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="The ONNX file to write.")] = Path("model.onnx"),
+    product: Annotated[
+        str, typer.Option("--product", help="gather (GridGather on gather/ or grid/), ell or tiles (MatrixLift on matrix/).")
+    ] = "gather",
+    opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 17,
+    channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph).")] = 64,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph).")] = 1,
+    reduce: Annotated[str, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell.")] = "sum",
+    exporter: Annotated[
+        str, typer.Option("--exporter", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
+    ] = "legacy",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random check inputs.")] = 0,
+    quiet: QuietOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Export the store's view transform as a static ONNX graph, then prove it: no GridSample/ScatterND/
+    OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference."""
+    from ..onnx_export import ExportOptions, ExportResult, export_onnx
+
+    options = ExportOptions(
+        product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=reduce.lower(),
+        seed=seed, exporter=exporter.lower(),
+    )
+    options.validate()
+    result: ExportResult | None = None
+    try:
+        with progress_bar(f"exporting {options.product}", 4, enabled=not (quiet or json_output)) as advance:
+            result = export_onnx(store, out, options, progress=advance)
+    except CheckFailed as exc:
+        failed = getattr(exc, "result", None)
+        if failed is not None and not quiet:
+            if json_output:
+                print_json(failed.to_json())
+            else:
+                _print_export(failed)
+        raise
+    if json_output:
+        print_json(result.to_json())
+        return
+    if not quiet:
+        _print_export(result)
+
+
+def _print_export(result: object) -> None:
+    from ..onnx_export import FORBIDDEN_OPS, ExportResult
+
+    assert isinstance(result, ExportResult)
+    scan = result.scan
+    table = new_table(
+        f"{result.path.name}: {result.product} via {result.module}, opset {scan.opset}, exporter {result.exporter}",
+        "op", "nodes", "status", right=("nodes",),
+    )
+    for op, count in scan.op_histogram.items():
+        status = "FORBIDDEN" if op in FORBIDDEN_OPS else ("ok" if op not in scan.unexpected else "unexpected")
+        table.add_row(op, str(count), status)
+    print_table(table)
+    checks = new_table("checks", "check", "result", "detail")
+    checks.add_row("forbidden ops", "FAIL" if scan.forbidden else "pass",
+                   "; ".join(scan.forbidden[:3]) or f"none of {', '.join(FORBIDDEN_OPS)}")
+    checks.add_row("static shapes", "FAIL" if scan.dynamic else "pass",
+                   "; ".join(scan.dynamic[:3]) or f"{scan.n_nodes} nodes, every tensor shape static")
+    ok = result.max_abs <= result.tolerance
+    checks.add_row("onnxruntime vs numpy reference", "pass" if ok else "FAIL",
+                   f"max abs {result.max_abs:.2e} (mean {result.mean_abs:.2e}) <= {result.tolerance:g}; torch module {result.torch_max_abs:.2e}")
+    print_table(checks)
+    shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in result.inputs.items())
+    stdout_console.print(f"inputs: {shapes} -> bev {'x'.join(map(str, result.output))}")
+    stdout_console.print(
+        f"{scan.n_initializers} initializers ({human_bytes(scan.initializer_bytes)}); file {human_bytes(result.file_bytes)}; "
+        f"export {result.export_seconds:.2f} s, onnxruntime {result.ort_seconds:.2f} s"
+    )
+    for note in result.notes:
+        stdout_console.print(f"note: {note}")
+    if result.passed:
+        stdout_console.print(f"wrote [bold]{result.path}[/bold]")
+
+
+@cli_command("export-interop")
+def export_interop_command(
+    store: StoreArg,
+    to: Annotated[
+        list[str], typer.Option("--to", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable).")
+    ],
+    npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
+    frustum_mapping: Annotated[
+        str, typer.Option("--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping).")
+    ] = "linspace",
+    rounding: Annotated[
+        str, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor.")
+    ] = "trunc",
+    z_bins: Annotated[
+        int | None, typer.Option("--z-bins", help="bevpoolv2: voxels along z over bev.z (default: the config's bins).")
+    ] = None,
+    overlap: Annotated[
+        str, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre.")
+    ] = "first",
+    quiet: QuietOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
+    from ..interop import (
+        INTEROP_TARGETS,
+        BevPoolOptions,
+        FastBevOptions,
+        frustum_shape,
+        run_export_interop,
+    )
+    from ..loader import load
+
+    targets: dict[str, dict[str, object]] = {}
+    for target in to:
+        name = target.lower()
+        if name not in INTEROP_TARGETS:
+            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+        if name == "bevpoolv2":
+            bev_options = BevPoolOptions(frustum_mapping.lower(), rounding.lower(), z_bins)
+            bev_options.validate()
+            targets[name] = bev_options.to_dict()
+        else:
+            lut_options = FastBevOptions(overlap.lower())
+            lut_options.validate()
+            targets[name] = lut_options.to_dict()
+    loaded = load(store, verify=False)
+    total = 0
+    if "bevpoolv2" in targets:
+        total += int(math.prod(frustum_shape(loaded.rig)))
+    if "fastbev-lut" in targets:
+        total += int(math.prod(loaded.bev_shape))
+    with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
+        result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance)
+    if json_output:
+        print_json(result.to_json())
+        return
+    if quiet:
+        return
+    rig = loaded.rig
+    if "bevpoolv2" in result.targets:
+        a = result.attrs["bevpoolv2"]
+        o = result.attrs["build_options"]["bevpoolv2"]
+        n_cam, n_d, h_f, w_f = a["depth_shape"]
+        x, y, z = a["grid_size"]
+        table = new_table(
+            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z})",
+            "figure", "value", right=("value",),
+        )
+        table.add_row("frustum points", f"{n_cam} x {n_d} x {h_f} x {w_f} = {a['n_points']:,}")
+        table.add_row("kept points", f"{a['n_kept']:,} ({100 * a['n_kept'] / max(1, a['n_points']):.1f} %)")
+        table.add_row("intervals (occupied voxels)", f"{a['n_intervals']:,} of {x * y * z:,}")
+        table.add_row("max interval length", f"{a['max_interval_length']:,}")
+        print_table(table)
+    if "fastbev-lut" in result.targets:
+        a = result.attrs["fastbev-lut"]
+        table = new_table(f"{rig.name}: Fast-BEV LUT (overlap {a['overlap']})", "figure", "value", right=("value",))
+        table.add_row("cells (heights x ny x nx)", f"{a['n_cells']:,}")
+        table.add_row("seen by a camera", f"{a['n_seen']:,} ({100 * a['n_seen'] / max(1, a['n_cells']):.1f} %)")
+        table.add_row("seen by more than one", f"{a['n_overlap']:,}")
+        print_table(table)
+    sizes = new_table("interop/ arrays", "array", "shape", "dtype", "on disk", right=("on disk",))
+    for name, array in result.arrays.items():
+        key = f"interop/{name}"
+        sizes.add_row(key, "x".join(map(str, array.shape)), str(array.dtype), human_bytes(result.bytes_written.get(key, 0)))
+    print_table(sizes)
+    for note in result.notes:
+        stdout_console.print(f"note: {note}")
+    if result.kept_targets:
+        stdout_console.print(f"kept (rebuilt from recorded options): {', '.join(result.kept_targets)}")
+    for path in result.npy_files:
+        stdout_console.print(f"wrote {path}")
+    stdout_console.print(f"wrote [bold]{result.store}[/bold] interop/")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..build import run_grid, total_grid_cells
 from ..config import load_config
+from ..delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
+from ..formats import FORMATS
+from ..gather import ORDERS
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
@@ -24,14 +27,58 @@ def grid(
             help="grid_sample align_corners the model uses (PyTorch default: no).",
         ),
     ] = False,
+    formats: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--format",
+            help=f"Also write this fixed-point grid format into grid/ (repeatable): {', '.join(FORMATS)}.",
+            show_default=False,
+        ),
+    ] = None,
+    frac_bits: Annotated[
+        int | None,
+        typer.Option(
+            "--frac-bits",
+            help="Fractional bits of the quantised sub-pixel position: gather weight LUT levels 2**F "
+            "(default 8) and pixel_q (default: J5 rule clamp(15 - ceil(log2(max(H_f, W_f, ny, nx) + 1)), 0, 8)).",
+            show_default=False,
+        ),
+    ] = None,
+    align: Annotated[
+        int,
+        typer.Option("--align", help="Pad the flattened gather rows to a multiple of N (N > 1 flattens gather/ tables)."),
+    ] = 1,
+    order: Annotated[
+        str,
+        typer.Option("--order", help=f"Gather row order: {' or '.join(ORDERS)} (cache: grouped by floor(v) // 8, then u)."),
+    ] = "row",
+    block: Annotated[int, typer.Option("--block", help="delta/ block size B (B x B BEV cells per block).")] = DEFAULT_BLOCK,
+    max_error_px: Annotated[
+        float,
+        typer.Option("--max-error-px", help="delta/ max decode error over valid cells, in feature pixels."),
+    ] = DEFAULT_MAX_ERROR_PX,
     force: ForceOption = False,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Compute every BEV cell's sampling position in every camera and write <out>/<name>.zarr."""
+    """Compute every BEV cell's sampling position in every camera and write <out>/<name>.zarr:
+    grid/ (float grid + fixed-point formats), gather/ (static gather tables), delta/ (delta-LUT)."""
     rig = load_config(config)
     with progress_bar("projecting BEV cells", total_grid_cells(rig), enabled=not (quiet or json_output)) as advance:
-        result = run_grid(rig, out, align_corners=align_corners, force=force, progress=advance)
+        result = run_grid(
+            rig,
+            out,
+            align_corners=align_corners,
+            force=force,
+            progress=advance,
+            npu=True,
+            formats=tuple(formats or ()),
+            frac_bits=frac_bits,
+            align=align,
+            order=order,
+            block=block,
+            max_error_px=max_error_px,
+        )
     if json_output:
         print_json(result.to_json())
         return
@@ -44,8 +91,8 @@ def grid(
         f" x {len(heights)} height(s), align_corners={align_corners}",
         "camera",
         *(f"coverage z={h:g} m" for h in heights),
-        "u range [px]",
-        "v range [px]",
+        "u range \\[px]",
+        "v range \\[px]",
         right=tuple(f"coverage z={h:g} m" for h in heights),
     )
     for cam in result.cameras:
@@ -54,19 +101,71 @@ def grid(
         table.add_row(cam.name, *(f"{100 * c:.1f} %" for c in cam.coverage), u, v)
     print_table(table)
     sizes = new_table("bytes written", "array", "shape", "dtype", "on disk", right=("on disk",))
-    arrays = {
-        "grid/coords": result.products.coords,
-        "grid/valid": result.products.valid,
-        "grid/norm": result.products.norm,
-        "grid/norm_int16": result.products.norm_int16,
-    }
+    arrays: dict[str, Any] = result.extra.get("arrays", {})
     for key, nbytes in result.write.bytes_per_array.items():
-        arr = arrays.get(key)
-        shape = "x".join(str(s) for s in arr.shape) if arr is not None else ""
-        dtype = str(arr.dtype) if arr is not None else ""
-        sizes.add_row(key, shape, dtype, human_bytes(nbytes))
+        info = arrays.get(key, {})
+        shape = "x".join(str(s) for s in info.get("shape", ())) if info else ""
+        sizes.add_row(key, shape, str(info.get("dtype", "")), human_bytes(nbytes))
     print_table(sizes)
+    _print_npu_summary(result.extra)
     stdout_console.print(
         f"norm_int16 max dequantisation error: {result.products.norm_int16_max_error_px:.2e} feature px"
     )
     stdout_console.print(f"wrote [bold]{result.store}[/bold] ({human_bytes(result.write.total_bytes)} on disk)")
+
+
+def _print_npu_summary(extra: dict[str, Any]) -> None:
+    formats = extra.get("formats") or []
+    if formats:
+        table = new_table(
+            "fixed-point formats (error measured after encoding, valid cells, vs float64 grid)",
+            "format",
+            "arrays",
+            "invalid cells",
+            "max error \\[px]",
+            "saturated valid",
+            right=("max error \\[px]", "saturated valid"),
+        )
+        for row in formats:
+            name = row["name"] + (f" (f={row['frac_bits']})" if "frac_bits" in row else "")
+            table.add_row(
+                name,
+                ", ".join(row["arrays"]),
+                "in-band" if row["invalid_in_band"] else "mask with grid/valid",
+                f"{row['max_error_px']:.3g}",
+                str(row.get("saturated_valid_cells", "-")),
+            )
+        print_table(table)
+    gather = extra.get("gather")
+    if gather:
+        table = new_table("gather/ tables", "figure", "value", right=("value",))
+        rows = f"{gather['n_cells']}" + (f" padded to {gather['n_cells_padded']}" if gather["n_cells_padded"] != gather["n_cells"] else "")
+        table.add_row("layout", f"{gather['layout']} (align {gather['align']}, order {gather['order']})")
+        table.add_row("cells (rows)", rows)
+        table.add_row("float32 weight max error", f"{gather['weight_float32_max_error']:.2e}")
+        table.add_row(f"LUT ({gather['lut_levels']} levels/axis) max weight error", f"{gather['lut_max_weight_error']:.2e}")
+        table.add_row("LUT worst-case sample error (unit features)", f"{gather['lut_max_sample_error_unit_features']:.2e}")
+        jump = f"{gather['mean_index_jump_row_order']:.1f}"
+        bands = f"{gather['band_switches_row_order']}"
+        if gather["order"] == "cache":
+            jump += f" -> {gather['mean_index_jump_gather_order']:.1f} (cache order)"
+            bands += f" -> {gather['band_switches_gather_order']} (cache order)"
+        table.add_row("mean index jump between valid rows", jump)
+        table.add_row("8-row feature band switches", bands)
+        print_table(table)
+    delta = extra.get("delta")
+    if delta:
+        table = new_table("delta/ LUT", "figure", "value", right=("value",))
+        table.add_row("block", f"{delta['block']} x {delta['block']}")
+        table.add_row(
+            "blocks (active / total)",
+            f"{delta['n_active_blocks']} / {delta['n_blocks']} (predictor-only {delta['n_predictor_only']}, "
+            f"residual {delta['n_residual']}, escape {delta['n_escape']})",
+        )
+        table.add_row("max error (bound)", f"{delta['max_error_px']:.4f} px ({delta['max_error_bound_px']:.4g} px)")
+        table.add_row(
+            "on-device size vs norm_int16",
+            f"{human_bytes(delta['on_device_bytes_total'])} vs {human_bytes(delta['norm_int16_bytes'])}"
+            f" = {100 * delta['ratio_vs_norm_int16']:.1f} %",
+        )
+        print_table(table)

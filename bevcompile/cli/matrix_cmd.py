@@ -1,3 +1,136 @@
-"""CLI commands (placeholder: filled in by the owning issue)."""
+"""``bevcompile matrix``: the sparse aggregation matrix ``F_bev = W @ F_img`` into the rig's store."""
 
 from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..config import load_config
+from ..errors import UsageError
+from ..matrix import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
+from ._app import cli_command
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
+from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
+
+
+@cli_command("matrix")
+def matrix(
+    config: ConfigArg = None,
+    out: OutOption = DEFAULT_OUT,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="frustum: columns (cam, depth bin, v, u) of the LSS depth x feature outer product; "
+            "grid: columns (cam, v, u), grid_sample weights of every cell.",
+        ),
+    ] = "frustum",
+    topk: Annotated[
+        int, typer.Option("--topk", help="Keep the K largest-weight entries per BEV row (0 = keep all).")
+    ] = 0,
+    align: Annotated[
+        int, typer.Option("--align", help="Pad rows, columns, ELL width and tile widths to multiples of N.")
+    ] = 16,
+    splat: Annotated[
+        str,
+        typer.Option(
+            "--splat",
+            help="bilinear: split each point over the 4 nearest cell centres (grid: bilinear grid_sample); "
+            "nearest: weight 1 to the containing cell (grid: nearest grid_sample).",
+        ),
+    ] = "bilinear",
+    normalize: Annotated[
+        str, typer.Option("--normalize", help="sum: raw weights; mean: every kept row sums to 1.")
+    ] = "sum",
+    tile_rows: Annotated[
+        int | None,
+        typer.Option("--tile-rows", help="Also write block-dense tiles of R rows (plain MatMul form).", show_default=False),
+    ] = None,
+    quantize: Annotated[
+        str | None,
+        typer.Option("--quantize", help="int8: also write symmetric per-row int8 ELL (and tiles) + row_scale.", show_default=False),
+    ] = None,
+    compact_rows: Annotated[
+        bool, typer.Option("--compact-rows", help="Keep only rows with entries; write row_ids (row -> BEV cell).")
+    ] = False,
+    rounding: Annotated[
+        str,
+        typer.Option(
+            "--rounding",
+            help="frustum cell of a point: floor (the cell containing it) or trunc (BEVDet .long(), bit-exact bev_pool_v2).",
+        ),
+    ] = "floor",
+    force: ForceOption = False,
+    quiet: QuietOption = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Build the sparse camera-to-BEV matrix (COO, ELL, optional tiles / int8 / compact rows) and
+    write the matrix/ group of <out>/<name>.zarr."""
+    quantize_value = None if quantize in (None, "none") else quantize
+    if quantize_value not in (None, "int8"):
+        raise UsageError(f"--quantize must be int8, got {quantize!r}")
+    options = MatrixOptions(
+        mode=mode,
+        topk=topk,
+        align=align,
+        splat=splat,
+        normalize=normalize,
+        tile_rows=tile_rows,
+        quantize=quantize_value,
+        compact_rows=compact_rows,
+        rounding=rounding,
+    ).validate()
+    rig = load_config(config)
+    label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
+    with progress_bar(label, matrix_work_units(rig, options), enabled=not (quiet or json_output)) as advance:
+        result = run_matrix(rig, out, options, force=force, progress=advance)
+    if json_output:
+        print_json(result.to_json())
+        return
+    if quiet:
+        return
+    _print_summary(result)
+
+
+def _print_summary(result: MatrixRunResult) -> None:
+    rig, p = result.rig, result.products
+    o, f = p.options, p.figures
+    w_f, h_f = rig.feature_size
+    detail = f"{rig.depth.n_bins} depth bins, splat {o.splat}, rounding {o.rounding}" if o.mode == "frustum" else f"splat {o.splat}"
+    table = new_table(
+        f"{rig.name}: matrix mode {o.mode} ({detail}), feature map {w_f}x{h_f}, BEV {rig.bev.nx}x{rig.bev.ny}, "
+        f"top-K {o.topk or 'all'}, normalize {o.normalize}, align {o.align}",
+        "figure",
+        "value",
+        right=("value",),
+    )
+    table.add_row("rows (logical / padded)", f"{p.n_rows:,} / {p.rows_pad:,}" + (" (compacted)" if o.compact_rows else ""))
+    table.add_row("cols (logical / padded)", f"{p.n_cols:,} / {p.cols_pad:,}")
+    table.add_row("nnz", f"{f.nnz:,}")
+    table.add_row("per-row nnz min / median / max", f"{f.row_nnz_min} / {f.row_nnz_median:g} / {f.row_nnz_max}")
+    table.add_row("empty BEV cells", f"{f.n_empty_rows:,}")
+    table.add_row("ELL shape (rows_pad x k_pad)", f"{p.rows_pad:,} x {p.k_pad}")
+    if o.topk:
+        table.add_row(
+            "Top-K kept weight (all rows / worst row)",
+            f"{100 * f.kept_weight_fraction_total:.2f} % / {100 * f.kept_weight_fraction_worst_row:.2f} %",
+        )
+    if o.mode == "frustum":
+        table.add_row("frustum points (total / in range)", f"{f.n_points:,} / {f.n_points_in_range:,}")
+    if f.tile_bytes is not None:
+        table.add_row(
+            f"tiles ({p.n_tiles} x {o.tile_rows} rows) vs dense",
+            f"{human_bytes(f.tile_bytes)} vs {human_bytes(f.dense_bytes)} ({100 * f.tile_bytes / max(1, f.dense_bytes):.3f} %)",
+        )
+    if f.int8_max_rel_error is not None:
+        table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
+    table.add_row("build time", f"{result.build_seconds:.2f} s")
+    table.add_row("peak memory (ru_maxrss)", human_bytes(result.peak_rss_bytes))
+    print_table(table)
+    sizes = new_table("bytes per product", "product", "in memory", right=("in memory",))
+    for name, nbytes in f.product_bytes.items():
+        sizes.add_row(name, human_bytes(nbytes))
+    sizes.add_row("dense (rows x cols float32)", human_bytes(f.dense_bytes))
+    print_table(sizes)
+    stdout_console.print(f"wrote [bold]{result.store}[/bold] matrix/ ({human_bytes(result.write.total_bytes)} on disk)")

@@ -1,0 +1,751 @@
+"""Interop arrays for the deployment paths people already run.
+
+The builders are pure numpy (config dataclasses in, arrays out); only
+:func:`run_export_interop` at the end does I/O (the ``interop/`` group through
+:func:`bevcompile.store.write_groups`, and ``.npy`` files on request).
+
+BEVDet BEVPoolv2 (``--to bevpoolv2``)
+-------------------------------------
+The five int32 arrays BEVDet's ``voxel_pooling_prepare_v2`` computes and that ``bev_pool_v2``
+(CUDA) and its TensorRT plug-in (``TRTBEVPoolv2``) take as inputs, for batch size 1:
+
+* ``ranks_depth[i] = ((cam * D + d) * H_f + v) * W_f + u`` — the kept frustum point's index
+  into the depth probabilities ``(n_cam, D, H_f, W_f)``;
+* ``ranks_feat[i] = (cam * H_f + v) * W_f + u`` — its row in the channels-last features
+  ``(n_cam, H_f, W_f, C)``;
+* ``ranks_bev[i] = z * (Y * X) + y * X + x`` — its voxel in the ``(Z, Y, X)`` output;
+* ``interval_starts``, ``interval_lengths`` — the runs of equal ``ranks_bev``.
+
+Points are enumerated in ``ranks_depth`` order, the ones outside the voxel grid dropped, and
+the rest sorted by ``ranks_bev`` with a STABLE sort, so inside a voxel the points stay in
+increasing ``ranks_depth`` order: the arrays are deterministic (BEVDet's ``argsort`` is not).
+Pooling: ``bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]``.
+
+Frustum point of ``(cam, d, v, u)``: the feature pixel ``(u, v)`` mapped to the network input
+(``linspace`` — BEVDet's ``torch.linspace(0, W_in - 1, W_f)`` — or the rig's ``stride``
+mapping), through the image augmentation and the lens model, at depth ``d_k`` along the
+optical axis, into the ego frame (:func:`bevcompile.geometry.unproject_feature_to_ego`).
+Voxel coordinate: ``c = (p - lower) / step`` per axis (x, y, z; float64), then ``trunc``
+(toward zero, BEVDet's ``.long()``: points up to one voxel *below* the lower bound land in
+voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
+
+Fast-BEV look-up table (``--to fastbev-lut``)
+---------------------------------------------
+``lut[ih, iy, ix]`` int32 = ``(cam * H_f + v) * W_f + u`` of the nearest feature pixel
+(``u = floor(u_f + 0.5)``, ``v = floor(v_f + 0.5)``, the VALID RULE's pixel) of the cell centre
+at height ``heights[ih]`` in the camera chosen by the overlap policy, ``-1`` where no camera sees
+the cell. Overlap policies (deterministic; Fast-BEV's own CUDA build is a write race):
+``first`` (lowest camera index), ``last`` (highest camera index: Fast-BEV's sequential
+PyTorch loop, where later cameras overwrite), ``nearest-centre`` (the camera whose sampling
+point is closest, in feature pixels, to its feature map's centre ``((W_f-1)/2, (H_f-1)/2)``;
+ties to the lower camera index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .config import FeatureSpec, RigConfig
+from .errors import StoreError, UsageError
+from .geometry import ego_from_cam_matrix, feature_px_to_image_px, transform_points, unproject_image_to_cam
+from .grid import SamplingGrid, compute_sampling_grid
+
+ProgressFn = Callable[[int], None]
+
+INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
+FRUSTUM_MAPPINGS = ("linspace", "stride", "rig")
+ROUNDINGS = ("trunc", "floor")
+OVERLAP_POLICIES = ("first", "last", "nearest-centre")
+BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
+BEVPOOL_PREFIX = "bevpoolv2_"
+FASTBEV_LUT_ARRAY = "fastbev_lut"
+INT32_MAX = np.iinfo(np.int32).max
+_POINTS_PER_STEP = 1 << 21  # frustum points unprojected per step (bounds peak memory)
+
+
+# --------------------------------------------------------------------------------------
+# BEVPoolv2
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BevPoolOptions:
+    """How the BEVPoolv2 arrays are built (recorded as ``build_options``).
+
+    ``frustum_mapping``: ``linspace`` (BEVDet's frustum), ``stride``, or ``rig`` (the rig's
+    ``feature.pixel_mapping``, as ``matrix/`` uses). ``rounding``: ``trunc`` (BEVDet's
+    ``.long()``) or ``floor``. ``z_bins``: voxels along z over the rig's ``bev.z`` range
+    (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one).
+    """
+
+    frustum_mapping: str = "linspace"
+    rounding: str = "trunc"
+    z_bins: int | None = None
+
+    def validate(self) -> None:
+        if self.frustum_mapping not in FRUSTUM_MAPPINGS:
+            raise UsageError(f"--frustum-mapping must be one of {', '.join(FRUSTUM_MAPPINGS)}, got {self.frustum_mapping!r}")
+        if self.rounding not in ROUNDINGS:
+            raise UsageError(f"--rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+        if self.z_bins is not None and not 1 <= self.z_bins <= 4096:
+            raise UsageError(f"--z-bins must be in [1, 4096], got {self.z_bins}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BevPoolOptions:
+        if not isinstance(data, dict):
+            raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins"}
+        if unknown:
+            raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
+        z_bins = data.get("z_bins")
+        options = cls(
+            frustum_mapping=str(data.get("frustum_mapping", "linspace")),
+            rounding=str(data.get("rounding", "trunc")),
+            z_bins=None if z_bins is None else int(z_bins),
+        )
+        options.validate()
+        return options
+
+
+@dataclass(frozen=True)
+class VoxelGrid:
+    """The voxel grid of the pooling: lower bounds, steps and counts per axis ``(x, y, z)``."""
+
+    lower: tuple[float, float, float]
+    step: tuple[float, float, float]
+    size: tuple[int, int, int]  # (X, Y, Z) = (nx, ny, nz)
+
+    @property
+    def n_voxels(self) -> int:
+        return self.size[0] * self.size[1] * self.size[2]
+
+
+def voxel_grid(rig: RigConfig, z_bins: int | None) -> VoxelGrid:
+    """The rig's BEV x/y cells and its ``bev.z`` range split into ``z_bins`` voxels."""
+    bev = rig.bev
+    nz = bev.z.n if z_bins is None else z_bins
+    z_step = bev.z.step if z_bins is None else (bev.z.max - bev.z.min) / z_bins
+    return VoxelGrid((bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, z_step), (bev.nx, bev.ny, nz))
+
+
+def frustum_rig(rig: RigConfig, mapping: str) -> RigConfig:
+    """``rig`` with its feature pixel mapping replaced (``rig`` keeps it)."""
+    if mapping == "rig" or mapping == rig.feature.pixel_mapping:
+        return rig
+    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping))
+
+
+def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
+    """``(n_cam, D, H_f, W_f)``: the shape of the depth probabilities (and of the frustum)."""
+    w_f, h_f = rig.feature_size
+    return rig.n_cam, rig.depth.n_bins, h_f, w_f
+
+
+def camera_unit_rays(rig: RigConfig, cam_index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Undistorted normalised rays of one camera's feature-pixel centres (depth independent).
+
+    Convention:
+        returns ``xy`` float64 ``(H_f, W_f, 2)`` ``(x/z, y/z)`` in the camera frame for pixel
+        ``(u, v)`` = feature pixel centre under ``rig.feature.pixel_mapping``, and ``ok`` bool
+        ``(H_f, W_f)`` (False where the pixel has no preimage under the lens model).
+    """
+    w_f, h_f = rig.feature_size
+    camera = rig.cameras[cam_index]
+    vv, uu = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")
+    uv_image = feature_px_to_image_px(rig, camera, np.stack([uu, vv], axis=-1))
+    points_cam_unit, ok = unproject_image_to_cam(camera, uv_image, 1.0)
+    return points_cam_unit[..., :2], ok
+
+
+def frustum_points_ego(
+    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ego coordinates of one camera's LSS frustum points.
+
+    Convention:
+        returns ``points_ego`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) ego frame, for
+        depth bins ``depth_slice`` (default all), pixel ``(u, v)`` = feature pixel centre under
+        ``rig.feature.pixel_mapping``, depth along the optical axis; and ``ok`` bool
+        ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model).
+        Same arithmetic as :func:`bevcompile.geometry.unproject_feature_to_ego`
+        (``points_cam = (x d, y d, d)``, then ``R @ points_cam + t``), with the rays
+        (``rays``, from :func:`camera_unit_rays`) undistorted once per camera.
+    """
+    xy, ok = rays if rays is not None else camera_unit_rays(rig, cam_index)
+    depths = np.asarray(rig.depth.values(), dtype=np.float64)
+    if depth_slice is not None:
+        depths = depths[depth_slice]
+    d = depths[:, None, None]
+    shape = (depths.size, *ok.shape)
+    points_cam = np.empty((*shape, 3), dtype=np.float64)
+    points_cam[..., 0] = xy[..., 0] * d
+    points_cam[..., 1] = xy[..., 1] * d
+    points_cam[..., 2] = d
+    points_ego = transform_points(ego_from_cam_matrix(rig.cameras[cam_index]), points_cam)
+    ok_b = np.broadcast_to(ok, shape)
+    return np.where(ok_b[..., None], points_ego, np.nan), ok_b
+
+
+def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
+
+    ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
+    fails every comparison, so unprojectable points are never kept.
+    """
+    lower = np.asarray(grid.lower, dtype=np.float64)
+    step = np.asarray(grid.step, dtype=np.float64)
+    scaled = (np.asarray(points_ego, dtype=np.float64) - lower) / step
+    kept = np.ones(scaled.shape[:-1], dtype=bool)
+    for axis, n in enumerate(grid.size):
+        f = scaled[..., axis]
+        kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
+        kept &= f < n
+    return scaled, kept
+
+
+def voxel_coords(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+    """Voxel coordinates of points.
+
+    Convention:
+        points_ego ``(..., 3)`` float64 metres (x, y, z); returns int64 ``(..., 3)`` voxel
+        ``(ix, iy, iz)`` = ``trunc`` or ``floor`` of ``(p - lower) / step`` and ``kept`` bool
+        ``(...)``: finite and ``0 <= i < size`` on every axis (index 0 where not kept).
+    """
+    scaled, kept = _voxel_scaled(points_ego, grid, rounding)
+    coords = np.zeros(scaled.shape, dtype=np.int64)
+    # kept values are > -1 (trunc) or >= 0 (floor): a cast truncates toward zero = the rounding
+    coords[kept] = scaled[kept].astype(np.int64)
+    return coords, kept
+
+
+@dataclass(frozen=True)
+class BevPoolV2Arrays:
+    """BEVDet BEVPoolv2 inputs (batch 1) and the facts needed to use them.
+
+    Convention:
+        all arrays int32, 1-D. ``ranks_*`` have one entry per kept frustum point, sorted by
+        ``ranks_bev`` (stable: ``ranks_depth`` ascending inside a voxel); ``interval_*`` one
+        entry per occupied voxel. ``depth_shape = (n_cam, D, H_f, W_f)``;
+        ``grid_size = (X, Y, Z)``; output ``(Z, Y, X, C)`` (BEVDet: ``(B, Z, Y, X, C)``).
+    """
+
+    ranks_bev: npt.NDArray[np.int32]
+    ranks_depth: npt.NDArray[np.int32]
+    ranks_feat: npt.NDArray[np.int32]
+    interval_starts: npt.NDArray[np.int32]
+    interval_lengths: npt.NDArray[np.int32]
+    depth_shape: tuple[int, int, int, int]
+    grid: VoxelGrid
+    options: BevPoolOptions
+
+    @property
+    def n_points(self) -> int:
+        n_cam, d, h, w = self.depth_shape
+        return n_cam * d * h * w
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.ranks_bev.size)
+
+    @property
+    def n_intervals(self) -> int:
+        return int(self.interval_starts.size)
+
+    @property
+    def max_interval_length(self) -> int:
+        return int(self.interval_lengths.max()) if self.interval_lengths.size else 0
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in BEVPOOL_ARRAYS}
+
+
+def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progress: ProgressFn | None = None) -> BevPoolV2Arrays:
+    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch 1), with a stable sort.
+
+    Streams the frustum in steps of at most ~2 M points; ``progress(n)`` is called with the
+    number of frustum points processed (total ``n_cam * D * H_f * W_f``).
+    """
+    options = options or BevPoolOptions()
+    options.validate()
+    frig = frustum_rig(rig, options.frustum_mapping)
+    grid = voxel_grid(rig, options.z_bins)
+    n_cam, n_d, h_f, w_f = frustum_shape(rig)
+    n_points = n_cam * n_d * h_f * w_f
+    if n_points > INT32_MAX or grid.n_voxels > INT32_MAX:
+        raise UsageError(
+            f"{n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
+        )
+    d_step = max(1, _POINTS_PER_STEP // (h_f * w_f))
+    plane = h_f * w_f
+    x_size, y_size, _ = grid.size
+    bev_parts: list[np.ndarray] = []
+    depth_parts: list[np.ndarray] = []
+    feat_parts: list[np.ndarray] = []
+    for cam in range(n_cam):
+        rays = camera_unit_rays(frig, cam)
+        for d0 in range(0, n_d, d_step):
+            d1 = min(n_d, d0 + d_step)
+            points, _ok = frustum_points_ego(frig, cam, slice(d0, d1), rays)  # NaN where not ok
+            scaled, kept = _voxel_scaled(points, grid, options.rounding)
+            flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
+            c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
+            bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
+            depth_parts.append((flat_kept + (cam * n_d + d0) * plane).astype(np.int32))
+            feat_parts.append((flat_kept % plane + cam * plane).astype(np.int32))
+            if progress is not None:
+                progress((d1 - d0) * plane)
+    ranks_bev = np.concatenate(bev_parts) if bev_parts else np.zeros(0, np.int32)
+    ranks_depth = np.concatenate(depth_parts) if depth_parts else np.zeros(0, np.int32)
+    # stable sort; voxel ranks < 2**16 sort as uint16 (numpy's radix sort, ~4x faster)
+    keys = ranks_bev.astype(np.uint16) if grid.n_voxels <= 1 << 16 else ranks_bev
+    order = np.argsort(keys, kind="stable")
+    ranks_bev = ranks_bev[order]
+    ranks_depth = ranks_depth[order]
+    ranks_feat = np.concatenate(feat_parts)[order] if feat_parts else np.zeros(0, np.int32)
+    starts, lengths = intervals_of(ranks_bev)
+    return BevPoolV2Arrays(
+        ranks_bev=np.ascontiguousarray(ranks_bev, dtype=np.int32),
+        ranks_depth=np.ascontiguousarray(ranks_depth, dtype=np.int32),
+        ranks_feat=ranks_feat,
+        interval_starts=starts,
+        interval_lengths=lengths,
+        depth_shape=(n_cam, n_d, h_f, w_f),
+        grid=grid,
+        options=options,
+    )
+
+
+def feat_rank_from_depth_rank(ranks_depth: np.ndarray, depth_shape: tuple[int, int, int, int]) -> npt.NDArray[np.int32]:
+    """``(cam, d, v, u)`` flat index -> ``(cam, v, u)`` flat index: ``cam*H*W + (r mod H*W)``."""
+    _n_cam, n_d, h_f, w_f = depth_shape
+    plane = h_f * w_f
+    r = np.asarray(ranks_depth, dtype=np.int64)
+    return ((r // (n_d * plane)) * plane + r % plane).astype(np.int32)
+
+
+def intervals_of(ranks_bev_sorted: np.ndarray) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Runs of equal values in a sorted array: ``(interval_starts, interval_lengths)`` int32."""
+    r = np.asarray(ranks_bev_sorted)
+    if r.size == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    change = np.ones(r.size, dtype=bool)
+    change[1:] = r[1:] != r[:-1]
+    starts = np.flatnonzero(change)
+    lengths = np.diff(np.append(starts, r.size))
+    return starts.astype(np.int32), lengths.astype(np.int32)
+
+
+def bev_pool_v2(
+    depth: np.ndarray,
+    features: np.ndarray,
+    arrays: BevPoolV2Arrays | dict[str, np.ndarray],
+    grid_size: tuple[int, int, int],
+) -> npt.NDArray[np.float64]:
+    """Sum pooling with the BEVPoolv2 arrays (what BEVDet's ``bev_pool_v2`` kernel computes).
+
+    Convention:
+        depth: ``(n_cam, D, H_f, W_f)`` depth probabilities; features: ``(n_cam, C, H_f, W_f)``
+        (channels-first, as everywhere in bevcompile; the kernel's channels-last rows are
+        ``(cam * H_f + v) * W_f + u``); grid_size ``(X, Y, Z)``.
+        returns float64 ``(C, Z, Y, X)``; voxels with no point are 0.
+    """
+    if isinstance(arrays, BevPoolV2Arrays):
+        arrays = arrays.arrays()
+    n_cam, c, h_f, w_f = features.shape
+    x_size, y_size, z_size = grid_size
+    feat_rows = np.moveaxis(np.asarray(features, dtype=np.float64), 1, -1).reshape(n_cam * h_f * w_f, c)
+    depth_flat = np.asarray(depth, dtype=np.float64).reshape(-1)
+    out = np.zeros((z_size * y_size * x_size, c), dtype=np.float64)
+    starts = np.asarray(arrays["interval_starts"], dtype=np.int64)
+    if starts.size:
+        products = depth_flat[arrays["ranks_depth"]][:, None] * feat_rows[arrays["ranks_feat"]]
+        sums = np.add.reduceat(products, starts, axis=0)
+        out[np.asarray(arrays["ranks_bev"])[starts]] = sums
+    return out.T.reshape(c, z_size, y_size, x_size)
+
+
+def reference_frustum_pool(
+    rig: RigConfig, options: BevPoolOptions, depth: np.ndarray, features: np.ndarray
+) -> npt.NDArray[np.float64]:
+    """Straightforward LSS sum pooling (every point scattered with ``np.add.at``): the
+    reference the BEVPoolv2 arrays are checked against. Same conventions as :func:`bev_pool_v2`."""
+    frig = frustum_rig(rig, options.frustum_mapping)
+    grid = voxel_grid(rig, options.z_bins)
+    n_cam, c, _h_f, _w_f = features.shape
+    x_size, y_size, z_size = grid.size
+    out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
+    for cam in range(n_cam):
+        points, ok = frustum_points_ego(frig, cam)
+        coords, kept = voxel_coords(points, grid, options.rounding)
+        kept &= ok
+        d_idx, v_idx, u_idx = np.nonzero(kept)
+        cell = (coords[kept][:, 2] * y_size + coords[kept][:, 1]) * x_size + coords[kept][:, 0]
+        values = depth[cam, d_idx, v_idx, u_idx].astype(np.float64)[None, :] * features[cam][:, v_idx, u_idx].astype(np.float64)
+        for ch in range(c):
+            np.add.at(out[ch], cell, values[ch])
+    return out.reshape(c, z_size, y_size, x_size)
+
+
+def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
+    """The ``interop/`` attributes describing the BEVPoolv2 arrays (formulas and figures)."""
+    n_cam, n_d, h_f, w_f = result.depth_shape
+    x_size, y_size, z_size = result.grid.size
+    return {
+        "batch": 1,
+        "depth_shape": [n_cam, n_d, h_f, w_f],
+        "depth_shape_order": "(n_cam, D, H_f, W_f)",
+        "feat_shape": [n_cam, h_f, w_f],
+        "feat_shape_order": "(n_cam, H_f, W_f, C) channels-last rows",
+        "grid_size": [x_size, y_size, z_size],
+        "grid_size_order": "(X, Y, Z) = (nx, ny, nz)",
+        "output_shape_order": "(Z, Y, X, C) per batch (BEVDet bev_feat_shape (B, Z, Y, X, C))",
+        "grid_lower": list(result.grid.lower),
+        "grid_step": list(result.grid.step),
+        "ranks_depth": "((cam * D + d) * H_f + v) * W_f + u",
+        "ranks_feat": "(cam * H_f + v) * W_f + u",
+        "ranks_bev": "z * (Y * X) + y * X + x",
+        "voxel_coordinate": (
+            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), float64; "
+            "kept iff 0 <= i < grid_size on every axis"
+        ),
+        "frustum": (
+            "feature pixel (u, v) centre under pixel mapping "
+            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> ego"
+        ),
+        "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
+        "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",
+        "n_points": result.n_points,
+        "n_kept": result.n_kept,
+        "n_intervals": result.n_intervals,
+        "max_interval_length": result.max_interval_length,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Fast-BEV LUT
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FastBevOptions:
+    """``overlap``: which camera a cell seen by several takes (see module docstring)."""
+
+    overlap: str = "first"
+
+    def validate(self) -> None:
+        if self.overlap not in OVERLAP_POLICIES:
+            raise UsageError(f"--overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {self.overlap!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"overlap": self.overlap}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FastBevOptions:
+        if not isinstance(data, dict):
+            raise UsageError(f"fastbev-lut build_options must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"overlap"}
+        if unknown:
+            raise UsageError(f"unknown fastbev-lut build option(s): {', '.join(sorted(unknown))}")
+        options = cls(overlap=str(data.get("overlap", "first")))
+        options.validate()
+        return options
+
+
+@dataclass(frozen=True)
+class FastBevLut:
+    """Convention: ``lut`` int32 ``(n_heights, ny, nx)``, value ``(cam * H_f + v) * W_f + u``
+    or -1; ``n_views`` uint8 ``(n_heights, ny, nx)`` is how many cameras see each cell."""
+
+    lut: npt.NDArray[np.int32]
+    n_views: npt.NDArray[np.uint8]
+    feature_size: tuple[int, int]
+    options: FastBevOptions
+
+    @property
+    def n_seen(self) -> int:
+        return int(np.count_nonzero(self.lut >= 0))
+
+    @property
+    def n_overlap(self) -> int:
+        return int(np.count_nonzero(self.n_views > 1))
+
+
+def nearest_pixel(uv_feature_px: np.ndarray) -> npt.NDArray[np.int64]:
+    """Nearest feature pixel ``floor(uv + 0.5)`` (the VALID RULE's pixel; round half up).
+
+    Convention: ``(..., 2)`` float ``(u, v)`` -> int64 ``(..., 2)`` ``(u, v)``.
+    """
+    uv = np.asarray(uv_feature_px, dtype=np.float64)
+    return np.floor(np.where(np.isfinite(uv), uv, -2.0) + 0.5).astype(np.int64)
+
+
+def choose_camera(
+    coords_feature_px: np.ndarray, valid: np.ndarray, feature_size: tuple[int, int], overlap: str
+) -> npt.NDArray[np.int64]:
+    """Camera index each cell takes under an overlap policy, -1 where no camera sees it.
+
+    Convention:
+        coords_feature_px ``(n_cam, ...,  2)`` float ``(u, v)``; valid bool ``(n_cam, ...)``.
+        returns int64 ``(...)``.
+    """
+    n_cam = valid.shape[0]
+    seen = valid.any(axis=0)
+    if overlap == "first":
+        cam = np.argmax(valid, axis=0)
+    elif overlap == "last":
+        cam = n_cam - 1 - np.argmax(valid[::-1], axis=0)
+    elif overlap == "nearest-centre":
+        w_f, h_f = feature_size
+        centre = np.array([(w_f - 1) / 2.0, (h_f - 1) / 2.0])
+        uv = np.asarray(coords_feature_px, dtype=np.float64)
+        dist2 = np.sum((uv - centre) ** 2, axis=-1)
+        dist2 = np.where(valid, dist2, np.inf)
+        cam = np.argmin(dist2, axis=0)  # first minimum: ties go to the lower camera index
+    else:
+        raise UsageError(f"--overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")
+    return np.where(seen, cam, -1).astype(np.int64)
+
+
+def fastbev_lut_from_grid(grid: SamplingGrid, options: FastBevOptions | None = None) -> FastBevLut:
+    """The Fast-BEV LUT from an IPM sampling grid (float64 coords and the VALID RULE)."""
+    options = options or FastBevOptions()
+    options.validate()
+    w_f, h_f = grid.feature_size
+    n_cam = grid.valid.shape[0]
+    if n_cam * h_f * w_f > INT32_MAX:
+        raise UsageError(f"{n_cam} x {h_f} x {w_f} feature pixels do not fit an int32 LUT")
+    cam = choose_camera(grid.coords_feature_px, grid.valid, grid.feature_size, options.overlap)
+    pick = np.clip(cam, 0, n_cam - 1)
+    uv = np.take_along_axis(grid.coords_feature_px, pick[None, ..., None], axis=0)[0]
+    iuv = nearest_pixel(uv)
+    lut = np.where(cam >= 0, (cam * h_f + iuv[..., 1]) * w_f + iuv[..., 0], -1).astype(np.int32)
+    n_views = grid.valid.sum(axis=0).astype(np.uint8)
+    return FastBevLut(lut, n_views, grid.feature_size, options)
+
+
+def build_fastbev_lut(rig: RigConfig, options: FastBevOptions | None = None) -> FastBevLut:
+    """The Fast-BEV LUT of ``rig`` (recomputes the float64 grid; deterministic)."""
+    return fastbev_lut_from_grid(compute_sampling_grid(rig), options)
+
+
+def fastbev_gather(lut: np.ndarray, features: np.ndarray) -> npt.NDArray[np.float64]:
+    """Apply a Fast-BEV LUT: ``out[c, cell] = features.flat_rows[lut[cell], c]``, 0 where -1.
+
+    Convention: lut int ``(...)``; features ``(n_cam, C, H_f, W_f)``; returns float64 ``(C, ...)``.
+    """
+    n_cam, c, h_f, w_f = features.shape
+    rows = np.moveaxis(np.asarray(features, dtype=np.float64), 1, 0).reshape(c, n_cam * h_f * w_f)
+    index = np.asarray(lut, dtype=np.int64)
+    return np.where(index >= 0, rows[:, np.clip(index, 0, None)], 0.0)
+
+
+def fastbev_attrs(result: FastBevLut, rig: RigConfig) -> dict[str, Any]:
+    w_f, h_f = result.feature_size
+    return {
+        "shape_order": "(n_heights, ny, nx)",
+        "heights": list(rig.bev.heights),
+        "feature_size": [w_f, h_f],
+        "value": "(cam * H_f + v) * W_f + u of the nearest feature pixel, -1 where no camera sees the cell",
+        "nearest_pixel": "u = floor(u_f + 0.5), v = floor(v_f + 0.5) of grid coords (the VALID RULE's pixel)",
+        "overlap": result.options.overlap,
+        "overlap_rule": {
+            "first": "lowest camera index that sees the cell",
+            "last": "highest camera index that sees the cell (Fast-BEV's sequential loop: later cameras overwrite)",
+            "nearest-centre": "camera whose sampling point is closest (feature px) to ((W_f-1)/2, (H_f-1)/2); ties to the lower index",
+        }[result.options.overlap],
+        "n_cells": int(result.lut.size),
+        "n_seen": result.n_seen,
+        "n_overlap": result.n_overlap,
+    }
+
+
+# --------------------------------------------------------------------------------------
+# the interop/ group
+# --------------------------------------------------------------------------------------
+
+
+def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
+    return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
+
+
+def build_target(
+    rig: RigConfig, target: str, build_options: Any, progress: ProgressFn | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays (named as in ``interop/``) and attributes of one target from its build options."""
+    if target == "bevpoolv2":
+        bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress)
+        return {BEVPOOL_PREFIX + k: v for k, v in bev.arrays().items()}, bevpoolv2_attrs(bev)
+    if target == "fastbev-lut":
+        lut = build_fastbev_lut(rig, FastBevOptions.from_dict(build_options))
+        if progress is not None:
+            progress(int(lut.lut.size))
+        return _fastbev_arrays(lut), fastbev_attrs(lut, rig)
+    raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+
+
+def target_arrays(target: str) -> tuple[str, ...]:
+    """Names of the ``interop/`` arrays a target owns."""
+    if target == "bevpoolv2":
+        return tuple(BEVPOOL_PREFIX + name for name in BEVPOOL_ARRAYS)
+    return (FASTBEV_LUT_ARRAY, "fastbev_n_views")
+
+
+def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_attrs: dict[str, Any]) -> dict[str, Any]:
+    """Group attributes: ``build_options`` per target (rebuilds the arrays bit-exactly) plus,
+    per target, the formulas and measured figures."""
+    w_f, h_f = rig.feature_size
+    attrs: dict[str, Any] = {
+        "build_options": {t: build_options[t] for t in INTEROP_TARGETS if t in build_options},
+        "targets": [t for t in INTEROP_TARGETS if t in build_options],
+        "cameras": list(rig.camera_names),
+        "feature_size": [w_f, h_f],
+        "feature_size_order": "[W_f, H_f]",
+    }
+    for target in attrs["targets"]:
+        attrs[target] = target_attrs[target]
+    return attrs
+
+
+@dataclass
+class InteropRunResult:
+    """What :func:`run_export_interop` wrote."""
+
+    store: Any  # pathlib.Path
+    targets: tuple[str, ...]  # targets built by this run
+    kept_targets: tuple[str, ...]  # other targets of the group, rebuilt from their recorded options
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+    bytes_written: dict[str, int]
+    npy_files: list[Any]  # pathlib.Path
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": str(self.store),
+            "targets": list(self.targets),
+            "kept_targets": list(self.kept_targets),
+            "build_options": self.attrs["build_options"],
+            **{t: self.attrs[t] for t in self.attrs["targets"]},
+            "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.arrays.items()},
+            "bytes_written": self.bytes_written,
+            "npy_files": [str(p) for p in self.npy_files],
+            "notes": self.notes,
+        }
+
+
+def npy_names(target: str) -> dict[str, str]:
+    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2)."""
+    if target == "bevpoolv2":
+        return {BEVPOOL_PREFIX + name: f"{name}.npy" for name in BEVPOOL_ARRAYS}
+    return {FASTBEV_LUT_ARRAY: "fastbev_lut.npy", "fastbev_n_views": "fastbev_n_views.npy"}
+
+
+def run_export_interop(
+    store_path: Any,
+    targets: dict[str, dict[str, Any]],
+    *,
+    npy_dir: Any = None,
+    progress: ProgressFn | None = None,
+) -> InteropRunResult:
+    """Build the requested interop targets for the store at ``store_path`` and write them into
+    its ``interop/`` group (atomically, see :func:`bevcompile.store.write_groups`); targets
+    already in the group and not requested are rebuilt from their recorded build options and
+    kept. With ``npy_dir``, the requested targets are also written as ``.npy`` files (BEVDet's
+    array names) plus ``interop.json`` (the group attributes).
+
+    ``targets`` maps target name -> build options (``BevPoolOptions.to_dict()`` /
+    ``FastBevOptions.to_dict()``).
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from .build import root_attributes
+    from .loader import load
+    from .store import GroupData, write_groups
+
+    for target in targets:
+        if target not in INTEROP_TARGETS:
+            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+    store = load(store_path, verify=False)
+    rig = store.rig
+    notes: list[str] = []
+    build_options: dict[str, Any] = {}
+    kept: list[str] = []
+    if store.has_group("interop"):
+        recorded = store["interop"].attrs.get("build_options")
+        if isinstance(recorded, Mapping):
+            for target, options in recorded.items():
+                if target in INTEROP_TARGETS and target not in targets:
+                    build_options[target] = _thaw(options)
+                    kept.append(target)
+    for target, options in targets.items():
+        build_options[target] = dict(options)
+    arrays: dict[str, np.ndarray] = {}
+    target_attrs: dict[str, Any] = {}
+    for target in [t for t in INTEROP_TARGETS if t in build_options]:
+        try:
+            target_arrays_, attrs_ = build_target(rig, target, build_options[target], progress if target in targets else None)
+        except UsageError as exc:
+            if target in targets:
+                raise
+            notes.append(f"dropped {target}: its recorded build_options do not rebuild ({exc})")
+            kept.remove(target)
+            del build_options[target]
+            continue
+        arrays.update(target_arrays_)
+        target_attrs[target] = attrs_
+    attrs = interop_group_attrs(rig, build_options, target_attrs)
+    report = write_groups(
+        store.path,
+        root_attrs=root_attributes(rig),
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs)},
+        replace_groups=("interop",),
+    )
+    npy_files: list[Path] = []
+    if npy_dir is not None:
+        folder = Path(npy_dir)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for target in [t for t in INTEROP_TARGETS if t in targets]:
+                for array_name, file_name in npy_names(target).items():
+                    path = folder / file_name
+                    tmp = folder / f".{file_name}.tmp-{os.getpid()}"
+                    with open(tmp, "wb") as fh:
+                        np.save(fh, arrays[array_name], allow_pickle=False)
+                    os.replace(tmp, path)
+                    npy_files.append(path)
+            meta = folder / "interop.json"
+            tmp = folder / f".interop.json.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(attrs, indent=2, sort_keys=True, allow_nan=False) + "\n")
+            os.replace(tmp, meta)
+            npy_files.append(meta)
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
+    return InteropRunResult(
+        store=store.path,
+        targets=tuple(t for t in INTEROP_TARGETS if t in targets),
+        kept_targets=tuple(kept),
+        arrays=arrays,
+        attrs=attrs,
+        bytes_written=report.bytes_per_array,
+        npy_files=npy_files,
+        notes=notes,
+    )
+
+
+def _thaw(value: Any) -> Any:
+    """Plain dict/list copy of a (possibly read-only) attribute value."""
+    if hasattr(value, "items"):
+        return {str(k): _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value

@@ -1,0 +1,252 @@
+"""``inspect`` / ``verify`` / ``inspect --strict`` plug-in for the ``interop/`` group.
+
+Implements the contract of :mod:`bevcompile.checks_api`: :func:`check_interop` (structural
+invariants, recomputed — attributes are not trusted), :func:`verify_interop` (BEVPoolv2 sum
+pooling against a straightforward scatter-add of the frustum; the Fast-BEV LUT against
+nearest ``grid_sample`` on ``grid/norm``) and :func:`rebuild_interop` (bit-exact rebuild
+from ``attrs["build_options"]``). Pure: no zarr, no printing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .checks_api import Check, CheckContext, VerifyRow, compare
+from .config import RigConfig
+from .interop import (
+    BEVPOOL_ARRAYS,
+    BEVPOOL_PREFIX,
+    FASTBEV_LUT_ARRAY,
+    INTEROP_TARGETS,
+    BevPoolOptions,
+    FastBevOptions,
+    bev_pool_v2,
+    build_target,
+    choose_camera,
+    fastbev_gather,
+    feat_rank_from_depth_rank,
+    frustum_shape,
+    intervals_of,
+    nearest_pixel,
+    reference_frustum_pool,
+    voxel_grid,
+)
+from .reference import grid_sample
+
+GROUP = "interop"
+VERIFY_MAX_ABS = 1e-5
+_TIE_MARGIN_PX = 1e-4  # float32 grid coords: a pixel choice this close to a .5 tie may differ
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _build_options(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    recorded = attrs.get("build_options")
+    return _thaw(recorded) if isinstance(recorded, Mapping) else {}
+
+
+def _targets(arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[str]:
+    """Targets the group claims (build_options) or visibly holds (arrays)."""
+    options = _build_options(attrs)
+    found = set(options)
+    if any(name.startswith(BEVPOOL_PREFIX) for name in arrays):
+        found.add("bevpoolv2")
+    if FASTBEV_LUT_ARRAY in arrays:
+        found.add("fastbev-lut")
+    return [t for t in INTEROP_TARGETS if t in found] + sorted(found - set(INTEROP_TARGETS))
+
+
+def check_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    options = _build_options(attrs)
+    targets = _targets(arrays, attrs)
+    if not targets:
+        return [Check("interop targets", f"{GROUP}/", False, "group holds no BEVPoolv2 arrays and no Fast-BEV LUT")]
+    for target in targets:
+        if target not in INTEROP_TARGETS:
+            checks.append(Check("known target", f"{GROUP}/", False, f"unknown interop target {target!r} in build_options"))
+        elif target not in options:
+            checks.append(Check("build_options", f"{GROUP}/", False, f"no build_options recorded for {target}"))
+        elif target == "bevpoolv2":
+            checks.extend(_check_bevpool(ctx, arrays, options[target]))
+        else:
+            checks.extend(_check_fastbev(ctx, arrays, options[target]))
+    return checks
+
+
+def _check_bevpool(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_options: Any) -> list[Check]:
+    name = {k: BEVPOOL_PREFIX + k for k in BEVPOOL_ARRAYS}
+    out: list[Check] = []
+    try:
+        options = BevPoolOptions.from_dict(build_options)
+    except Exception as exc:
+        return [Check("build_options", f"{GROUP}/", False, f"bevpoolv2 build_options invalid: {exc}")]
+    missing = [n for n in name.values() if n not in arrays]
+    for n in missing:
+        out.append(Check("present", f"{GROUP}/{n}", False, "array missing or unreadable"))
+    if missing:
+        return out
+    a = {k: np.asarray(arrays[v]) for k, v in name.items()}
+    bad_dtype = [k for k, v in a.items() if v.dtype != np.int32 or v.ndim != 1]
+    if bad_dtype:
+        for k in bad_dtype:
+            out.append(Check("dtype/shape", f"{GROUP}/{name[k]}", False, f"expected 1-D int32, got {a[k].dtype} {a[k].shape}"))
+        return out
+    n_kept = a["ranks_bev"].size
+    lengths_ok = a["ranks_depth"].size == n_kept and a["ranks_feat"].size == n_kept
+    out.append(Check("equal lengths", f"{GROUP}/{name['ranks_bev']}", lengths_ok,
+                     f"ranks_bev/depth/feat lengths {n_kept}/{a['ranks_depth'].size}/{a['ranks_feat'].size}"))
+    if not lengths_ok:
+        return out
+    depth_shape = frustum_shape(ctx.rig)
+    n_points = int(np.prod(depth_shape))
+    grid = voxel_grid(ctx.rig, options.z_bins)
+    n_cam, _d, h_f, w_f = depth_shape
+    for key, limit in (("ranks_depth", n_points), ("ranks_feat", n_cam * h_f * w_f), ("ranks_bev", grid.n_voxels)):
+        v = a[key]
+        ok = bool(v.size == 0 or (v.min() >= 0 and v.max() < limit))
+        lo_hi = f"[{v.min()}, {v.max()}]" if v.size else "empty"
+        out.append(Check("index range", f"{GROUP}/{name[key]}", ok, f"values {lo_hi} within [0, {limit})"))
+    feat_ok = bool(np.array_equal(feat_rank_from_depth_rank(a["ranks_depth"], depth_shape), a["ranks_feat"]))
+    out.append(Check("ranks_feat = cam*H*W + ranks_depth mod H*W", f"{GROUP}/{name['ranks_feat']}", feat_ok,
+                     "consistent with ranks_depth" if feat_ok else "ranks_feat does not match ranks_depth"))
+    rb = a["ranks_bev"].astype(np.int64)
+    rd = a["ranks_depth"].astype(np.int64)
+    unsorted = int(np.count_nonzero(rb[1:] < rb[:-1]))
+    out.append(Check("sorted by ranks_bev", f"{GROUP}/{name['ranks_bev']}", unsorted == 0,
+                     f"{unsorted} descending step(s)"))
+    same = rb[1:] == rb[:-1]
+    unstable = int(np.count_nonzero(same & (rd[1:] <= rd[:-1])))
+    out.append(Check("stable (ranks_depth ascending within a voxel)", f"{GROUP}/{name['ranks_depth']}", unstable == 0,
+                     f"{unstable} out-of-order pair(s) within voxels"))
+    starts, lengths = intervals_of(a["ranks_bev"])
+    ok = bool(np.array_equal(starts, a["interval_starts"]) and np.array_equal(lengths, a["interval_lengths"]))
+    out.append(Check("intervals = runs of ranks_bev", f"{GROUP}/{name['interval_starts']}", ok,
+                     f"{a['interval_starts'].size} intervals, lengths sum {int(a['interval_lengths'].astype(np.int64).sum())} "
+                     f"of {n_kept} points" + ("" if ok else f"; expected {starts.size} intervals")))
+    return out
+
+
+def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_options: Any) -> list[Check]:
+    out: list[Check] = []
+    try:
+        options = FastBevOptions.from_dict(build_options)
+    except Exception as exc:
+        return [Check("build_options", f"{GROUP}/", False, f"fastbev-lut build_options invalid: {exc}")]
+    where = f"{GROUP}/{FASTBEV_LUT_ARRAY}"
+    if FASTBEV_LUT_ARRAY not in arrays:
+        return [Check("present", where, False, "array missing or unreadable")]
+    lut = np.asarray(arrays[FASTBEV_LUT_ARRAY])
+    rig = ctx.rig
+    w_f, h_f = rig.feature_size
+    shape = (len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    if lut.dtype != np.int32 or lut.shape != shape:
+        return [Check("dtype/shape", where, False, f"expected int32 {shape}, got {lut.dtype} {lut.shape}")]
+    n_flat = rig.n_cam * h_f * w_f
+    ok = bool(lut.min() >= -1 and lut.max() < n_flat) if lut.size else True
+    out.append(Check("index range", where, ok, f"values [{lut.min()}, {lut.max()}] within [-1, {n_flat})"))
+    if not ok:
+        return out
+    valid = ctx.grid_arrays.get("valid")
+    coords = ctx.grid_arrays.get("coords")
+    if valid is None or coords is None:
+        out.append(Check("matches grid/", where, False, "grid/valid or grid/coords unavailable: cannot check the LUT"))
+        return out
+    valid = np.asarray(valid, dtype=bool)
+    coords64 = np.asarray(coords, dtype=np.float64)
+    seen = valid.any(axis=0)
+    unseen_bad = int(np.count_nonzero((lut >= 0) != seen))
+    out.append(Check("-1 exactly where no camera sees the cell", where, unseen_bad == 0,
+                     f"{unseen_bad} cell(s) disagree with grid/valid ({int(seen.sum())} seen of {seen.size})"))
+    cam = np.where(lut >= 0, lut // (h_f * w_f), -1)
+    expected_cam = choose_camera(coords64, valid, rig.feature_size, options.overlap)
+    cam_bad = (cam != expected_cam) & (lut >= 0)
+    if options.overlap == "nearest-centre" and cam_bad.any():
+        # float32 coords: accept a camera whose distance ties the best within the margin
+        centre = np.array([(w_f - 1) / 2.0, (h_f - 1) / 2.0])
+        dist = np.sqrt(np.sum((coords64 - centre) ** 2, axis=-1))
+        dist = np.where(valid, dist, np.inf)
+        pick = np.clip(cam, 0, rig.n_cam - 1)
+        chosen = np.take_along_axis(dist, pick[None], axis=0)[0]
+        cam_bad &= chosen > dist.min(axis=0) + _TIE_MARGIN_PX
+    n_cam_bad = int(np.count_nonzero(cam_bad))
+    out.append(Check(f"overlap policy {options.overlap}", where, n_cam_bad == 0,
+                     f"{n_cam_bad} cell(s) take another camera than the policy gives"))
+    pick = np.clip(cam, 0, rig.n_cam - 1)
+    uv = np.take_along_axis(coords64, pick[None, ..., None], axis=0)[0]
+    cam_valid = np.take_along_axis(valid, pick[None], axis=0)[0]
+    iuv = nearest_pixel(uv)
+    expected = (pick * h_f + iuv[..., 1]) * w_f + iuv[..., 0]
+    near_tie = np.any(np.abs(np.abs(uv - np.round(uv)) - 0.5) < _TIE_MARGIN_PX, axis=-1)
+    pix_bad = (lut >= 0) & ((expected != lut) & ~near_tie | ~cam_valid)
+    n_pix_bad = int(np.count_nonzero(pix_bad))
+    out.append(Check("nearest feature pixel of grid/coords", where, n_pix_bad == 0,
+                     f"{n_pix_bad} cell(s) point at another pixel (or at a camera that does not see them)"))
+    n_views = arrays.get("fastbev_n_views")
+    if n_views is not None:
+        ok = bool(np.array_equal(np.asarray(n_views, dtype=np.int64), valid.sum(axis=0)))
+        out.append(Check("n_views = cameras seeing the cell", f"{GROUP}/fastbev_n_views", ok,
+                         "matches grid/valid" if ok else "differs from grid/valid"))
+    return out
+
+
+def _features(ctx: CheckContext) -> tuple[np.ndarray, np.ndarray]:
+    """Context features and depth probabilities (seeded fallbacks of the right shapes)."""
+    n_cam, n_d, h_f, w_f = frustum_shape(ctx.rig)
+    rng = np.random.default_rng(ctx.seed)
+    feats = ctx.features
+    if feats is None or feats.shape[0] != n_cam or feats.shape[2:] != (h_f, w_f):
+        feats = rng.random((n_cam, 8, h_f, w_f), dtype=np.float32)
+    depth = ctx.depth_probs
+    if depth is None or depth.shape != (n_cam, n_d, h_f, w_f):
+        logits = rng.standard_normal((n_cam, n_d, h_f, w_f))
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        depth = (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+    return np.asarray(feats), np.asarray(depth)
+
+
+def verify_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
+    rows: list[VerifyRow] = []
+    options = _build_options(attrs)
+    feats, depth = _features(ctx)
+    peak = float(feats.max() - feats.min()) or 1.0
+    if "bevpoolv2" in options and all(BEVPOOL_PREFIX + k in arrays for k in BEVPOOL_ARRAYS):
+        bev_options = BevPoolOptions.from_dict(options["bevpoolv2"])
+        grid = voxel_grid(ctx.rig, bev_options.z_bins)
+        got = bev_pool_v2(depth, feats, {k: arrays[BEVPOOL_PREFIX + k] for k in BEVPOOL_ARRAYS}, grid.size)
+        ref = reference_frustum_pool(ctx.rig, bev_options, depth, feats)
+        max_abs, mean_abs, psnr = compare("interop/bevpoolv2", "all", got, ref, peak)
+        rows.append(VerifyRow("interop/bevpoolv2", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
+                              max_abs <= VERIFY_MAX_ABS, "sum pooling vs scatter-add of the recomputed frustum"))
+    if "fastbev-lut" in options and FASTBEV_LUT_ARRAY in arrays and "norm" in ctx.grid_arrays:
+        lut = np.asarray(arrays[FASTBEV_LUT_ARRAY])
+        got = fastbev_gather(lut, feats)
+        norm = np.asarray(ctx.grid_arrays["norm"], dtype=np.float64)  # (n_cam, n_h, ny, nx, 2)
+        align = bool(ctx.grid_attrs.get("align_corners", False))
+        n_cam, n_h, ny, nx, _ = norm.shape
+        sampled = grid_sample(feats, norm.reshape(n_cam, n_h * ny, nx, 2), mode="nearest", align_corners=align)
+        sampled = sampled.reshape(n_cam, feats.shape[1], n_h, ny, nx)
+        cam = np.where(lut >= 0, lut // (feats.shape[2] * feats.shape[3]), 0)
+        ref = np.take_along_axis(sampled, cam[None, None], axis=0)[0]
+        ref = np.where(lut >= 0, ref, 0.0)
+        max_abs, mean_abs, psnr = compare("interop/fastbev_lut", "all", got, ref, peak)
+        rows.append(VerifyRow("interop/fastbev_lut", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
+                              max_abs <= VERIFY_MAX_ABS, "LUT gather vs grid_sample(nearest) of the chosen camera"))
+    return rows
+
+
+def rebuild_interop(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for target, options in _build_options(attrs).items():
+        arrays, _ = build_target(rig, target, options)
+        out.update(arrays)
+    return out

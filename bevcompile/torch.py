@@ -1,0 +1,402 @@
+"""PyTorch modules that run a store's tables (the ``[torch]`` extra).
+
+Both modules register the store's arrays as ``persistent=True`` buffers (so they travel in
+``state_dict`` and become initializers of an exported ONNX graph) and compute with Gather
+(``index_select``), Mul, ReduceSum, MatMul and static-shape Reshape/Transpose only: no
+GridSample, ScatterND/ScatterElements, OneHot, NonZero, Loop or If, and no data-dependent
+shape. Shapes are fixed by the store; only the batch ``N`` and channels ``C`` come from the
+input.
+
+* :class:`GridGather` — ``(N, n_cam, C, H_f, W_f)`` camera features -> ``(N, C, n_heights, ny, nx)``
+  BEV features, equal to ``grid_sample(bilinear, zeros, align_corners)`` on ``grid/norm``
+  per camera, summed (``reduce="sum"``) or averaged (``reduce="mean"``) over the cameras that
+  see the cell; cells no camera sees are 0.
+* :class:`MatrixLift` — ``(N, n_cam, C, H_f, W_f)`` features (and, in frustum mode,
+  ``(N, n_cam, D, H_f, W_f)`` depth probabilities) -> ``(N, C, ny, nx)`` = ``W @ (depth x feat)``
+  with the ``matrix/`` group's ELL or tile form.
+
+Importing this module without PyTorch raises :class:`~bevcompile.errors.DependencyError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DependencyError, StoreError, UsageError
+from .grid import norm_to_feature_px
+from .loader import LoadedStore, load
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # pragma: no cover - exercised by a subprocess test without torch
+    raise DependencyError(
+        "bevcompile.torch needs PyTorch: pip install 'bevcompile[torch]' (torch==2.13.0)"
+    ) from None
+
+StoreLike = str | Path | LoadedStore
+REDUCTIONS = ("sum", "mean")
+GRID_SOURCES = ("auto", "gather", "grid")
+MATRIX_FORMS = ("ell", "tiles")
+
+
+def _buffer(array: np.ndarray, dtype: Any = None) -> torch.Tensor:
+    """A torch tensor that owns a writable copy of ``array`` (store arrays are read-only)."""
+    return torch.from_numpy(np.array(array, dtype=dtype, copy=True, order="C"))
+
+
+# --------------------------------------------------------------------------------------
+# gather tables
+# --------------------------------------------------------------------------------------
+
+
+def bilinear_tables_from_norm(
+    norm: np.ndarray, feature_size: tuple[int, int], align_corners: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bilinear gather tables from a ``grid_sample`` grid (used when a store has no ``gather/``).
+
+    Convention:
+        norm: ``(n_cam, n_heights, ny, nx, 2)`` normalised ``(x, y)`` per camera.
+        returns ``index`` int32 and ``weight`` float32 ``(n_cam, n_heights, ny, nx, 4)``: corners
+        ``(v0,u0) (v0,u1) (v1,u0) (v1,u1)`` as flat indices ``cam*H_f*W_f + v*W_f + u`` into the
+        camera-stacked features; corners outside the map have weight 0 and an in-range index
+        (the clamped pixel), exactly as ``grid_sample(padding_mode="zeros")`` reads 0 there.
+    """
+    w_f, h_f = feature_size
+    px = norm_to_feature_px(np.asarray(norm, dtype=np.float64), feature_size, align_corners)
+    u = px[..., 0]
+    v = px[..., 1]
+    u0 = np.floor(u)
+    v0 = np.floor(v)
+    fu = u - u0
+    fv = v - v0
+    n_cam = norm.shape[0]
+    cam = np.arange(n_cam).reshape((n_cam,) + (1,) * (norm.ndim - 2))
+    index = np.empty((*norm.shape[:-1], 4), dtype=np.int32)
+    weight = np.empty((*norm.shape[:-1], 4), dtype=np.float32)
+    corners = ((0, 0), (0, 1), (1, 0), (1, 1))  # (dv, du): (v0,u0) (v0,u1) (v1,u0) (v1,u1)
+    for k, (dv, du) in enumerate(corners):
+        uu = u0 + du
+        vv = v0 + dv
+        w = (fu if du else 1.0 - fu) * (fv if dv else 1.0 - fv)
+        inside = (uu >= 0) & (uu < w_f) & (vv >= 0) & (vv < h_f)
+        iu = np.clip(uu, 0, w_f - 1).astype(np.int64)
+        iv = np.clip(vv, 0, h_f - 1).astype(np.int64)
+        index[..., k] = cam * (h_f * w_f) + iv * w_f + iu
+        weight[..., k] = np.where(inside, w, 0.0)
+    return index, weight
+
+
+def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
+    """``(index, weight, row_of_cell, source used, layout)``.
+
+    ``layout`` ``"bev"``: tables ``(n_cam, n_h, ny, nx, 4)``, ``row_of_cell`` None. ``"flat"`` /
+    ``"flat_cache"`` (``grid --align N`` / ``--order cache``): tables ``(n_cells_padded, 4)`` as
+    stored, ``row_of_cell[cell]`` = the table row of flat cell ``((cam*n_h + ih)*ny + iy)*nx + ix``
+    (``gather/perm_inverse``, or ``arange(n_cells)``).
+    """
+    n_h, ny, nx = store.bev_shape
+    logical = (store.rig.n_cam, n_h, ny, nx, 4)
+    n_cells = int(np.prod(logical[:-1]))
+    if source == "gather" or (source == "auto" and store.has_group("gather")):
+        group = store["gather"]
+        index = np.asarray(group["index"])
+        weight = np.asarray(group["weight"])
+        if index.shape != weight.shape:
+            raise StoreError(f"{store.path}: gather/index {index.shape} and gather/weight {weight.shape} differ in shape")
+        if index.shape == logical:
+            return index, weight, None, "gather", "bev"
+        layout = str(group.attrs.get("layout", "flat"))
+        if index.ndim != 2 or index.shape[1] != 4 or index.shape[0] < n_cells:
+            raise StoreError(
+                f"{store.path}: gather/index has shape {index.shape}; expected {logical} or a padded ({n_cells}+, 4) layout"
+            )
+        if layout == "flat_cache" or "perm_inverse" in group:
+            row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
+            if row_of_cell.shape != (n_cells,):
+                raise StoreError(f"{store.path}: gather/perm_inverse has shape {row_of_cell.shape}; expected ({n_cells},)")
+        else:
+            row_of_cell = np.arange(n_cells, dtype=np.int64)
+        return index, weight, row_of_cell, "gather", layout
+    if source not in ("auto", "grid"):
+        raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
+    grid = store["grid"]
+    align = bool(grid.attrs.get("align_corners", False))
+    index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.feature_size, align)
+    return index, weight, None, "grid", "bev"
+
+
+class GridGather(nn.Module):
+    """IPM grid sampling as Gather + Mul + ReduceSum with the store's static tables.
+
+    ``forward(features)``:
+        features ``(N, n_cam, C, H_f, W_f)`` float (cameras in the store's order).
+        returns ``(N, C, n_heights, ny, nx)`` (``collapse_heights=False``) or ``(N, C, ny, nx)``.
+
+    ``out[n, c, h, iy, ix] = sum_cam sum_k weight[cam, h, iy, ix, k] * feats_flat[n, c, index[cam, h, iy, ix, k]]``
+    with ``feats_flat = features.transpose(1, 2).reshape(N, C, n_cam * H_f * W_f)`` (flat index
+    ``cam * H_f * W_f + v * W_f + u``): per camera this is
+    ``grid_sample(features[:, cam], grid/norm[cam], bilinear, zeros, align_corners)``.
+
+    ``reduce="sum"`` adds the cameras; ``reduce="mean"`` divides by the number of cameras
+    that see the cell (``grid/valid``) at that height; with ``collapse_heights=True`` the
+    heights are added too and ``mean`` divides by the number of valid (camera, height) pairs.
+    Cells no camera sees are 0 either way.
+
+    Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
+    ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
+    (layouts ``flat``/``flat_cache`` of ``grid --align N [--order cache]``: the Gather keeps the
+    aligned length and the cache order, then ``row_of_cell`` int32 — ``gather/perm_inverse`` or
+    ``arange(n_cells)`` — brings the rows back to cell order with one more Gather) — or derived
+    from ``grid/norm`` by :func:`bilinear_tables_from_norm` when the store has no ``gather/``
+    group or ``source="grid"``; and ``inv_count`` float32 (mean only): ``1 / count`` or 0.
+    Peak extra memory: the gathered tensor, ``N * C * n_cam * n_heights * ny * nx * 4`` floats
+    (``N * C * n_cells_padded * 4`` for the flat layouts).
+    """
+
+    index: torch.Tensor
+    weight: torch.Tensor
+    row_of_cell: torch.Tensor
+    inv_count: torch.Tensor
+
+    def __init__(
+        self,
+        store: StoreLike,
+        *,
+        reduce: str = "sum",
+        collapse_heights: bool = False,
+        source: str = "auto",
+    ) -> None:
+        super().__init__()
+        if reduce not in REDUCTIONS:
+            raise UsageError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+        if source not in GRID_SOURCES:
+            raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
+        loaded = load(store)
+        self.n_cam = loaded.rig.n_cam
+        self.feature_size = loaded.feature_size
+        self.bev_shape = loaded.bev_shape
+        self.reduce = reduce
+        self.collapse_heights = collapse_heights
+        index, weight, row_of_cell, used, layout = _gather_tables(loaded, source)
+        self.source = used
+        self.layout = layout
+        self.register_buffer("index", _buffer(index, np.int32), persistent=True)
+        self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
+        if row_of_cell is not None:
+            self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
+        if reduce == "mean":
+            valid = np.asarray(loaded["grid"]["valid"], dtype=bool)
+            count = valid.sum(axis=(0, 1)) if collapse_heights else valid.sum(axis=0)
+            with np.errstate(divide="ignore"):
+                inv = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)
+            self.register_buffer("inv_count", _buffer(inv, np.float32), persistent=True)
+
+    def extra_repr(self) -> str:
+        n_h, ny, nx = self.bev_shape
+        w_f, h_f = self.feature_size
+        return (
+            f"n_cam={self.n_cam}, feature={w_f}x{h_f}, bev={n_h}x{ny}x{nx}, reduce={self.reduce}, "
+            f"collapse_heights={self.collapse_heights}, source={self.source}, layout={self.layout}"
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        n, n_cam, c, h_f, w_f = features.shape
+        if (n_cam, w_f, h_f) != (self.n_cam, *self.feature_size):
+            raise UsageError(
+                f"features {tuple(features.shape)} do not fit the store: expected (N, {self.n_cam}, C, "
+                f"{self.feature_size[1]}, {self.feature_size[0]})"
+            )
+        n_h, ny, nx = self.bev_shape
+        cells = n_h * ny * nx
+        flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
+        if self.layout == "bev":
+            gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, n_cam, cells, 4)
+            out = (gathered * self.weight.reshape(n_cam, cells, 4)).sum(dim=(2, 4))  # (N, C, cells)
+        else:
+            rows = self.index.shape[0]
+            gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, rows, 4)
+            per_row = (gathered * self.weight).sum(dim=3)  # (N, C, n_cells_padded), stored row order
+            per_cell = per_row.index_select(2, self.row_of_cell)  # (N, C, n_cam * cells)
+            out = per_cell.reshape(n, c, n_cam, cells).sum(dim=2)
+        if self.collapse_heights:
+            out = out.reshape(n, c, n_h, ny * nx).sum(dim=2)
+            if self.reduce == "mean":
+                out = out * self.inv_count.reshape(ny * nx)
+            return out.reshape(n, c, ny, nx)
+        if self.reduce == "mean":
+            out = out * self.inv_count.reshape(cells)
+        return out.reshape(n, c, n_h, ny, nx)
+
+
+# --------------------------------------------------------------------------------------
+# matrix lift
+# --------------------------------------------------------------------------------------
+
+
+class MatrixLift(nn.Module):
+    """The lift ``F_bev = W @ X`` with the ``matrix/`` group's ELL or tile form.
+
+    ``forward(features[, depth])``:
+        features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` (frustum mode
+        only: LSS depth probabilities). returns ``(N, C, ny, nx)``.
+
+    ``X`` is, in grid mode, the features with columns ``(cam*H_f + v)*W_f + u``; in frustum
+    mode the outer product ``X[col, c] = depth[cam, d, v, u] * features[cam, c, v, u]`` with
+    columns ``((cam*D + d)*H_f + v)*W_f + u`` (BEVDet's ``depth.unsqueeze(1) * feat.unsqueeze(2)``).
+    Rows are BEV cells ``iy*nx + ix`` (``row_ids`` with ``--compact-rows``; cells without a row
+    are 0).
+
+    ``form="ell"`` (buffers ``ell_index`` int32 / ``ell_weight`` float32 ``(rows_pad, k_pad)``,
+    as stored): one Gather of the K entries of every row, Mul by the weight, ReduceSum over K.
+    In frustum mode the outer product is NEVER materialised: for each ELL entry the module
+    gathers the feature column of its pixel (``feat_index = (col // (D*H_f*W_f))*H_f*W_f +
+    col % (H_f*W_f)``, a derived int32 buffer) and the depth probability ``depth.flat[col]``,
+    multiplies both by the weight and reduces over K. Peak extra memory:
+    ``N * C * rows_pad * k_pad`` floats (the gathered features) instead of the
+    ``N * C * n_cam * D * H_f * W_f`` of the outer product.
+
+    ``form="tiles"`` (buffers ``tile_cols`` int32, ``tile_col_offsets`` int64, ``tile_weight``
+    float32, as stored): per row tile ``t`` one Gather of the tile's columns (frustum: of the
+    feature columns and depth probabilities of those columns, multiplied — the outer product
+    restricted to the tile's columns), one MatMul with the dense ``(R, n_cols_t)`` block, then
+    a Concat of the tiles. Peak extra memory: ``N * C * max_t n_cols_t`` floats per tile.
+    """
+
+    ell_index: torch.Tensor
+    ell_weight: torch.Tensor
+    feat_index: torch.Tensor
+    tile_cols: torch.Tensor
+    tile_col_offsets: torch.Tensor
+    tile_weight: torch.Tensor
+    tile_feat_index: torch.Tensor
+    row_of_cell: torch.Tensor
+    cell_mask: torch.Tensor
+
+    def __init__(self, store: StoreLike, *, form: str = "ell") -> None:
+        super().__init__()
+        from .loader import matrix_layout
+
+        if form not in MATRIX_FORMS:
+            raise UsageError(f"form must be one of {', '.join(MATRIX_FORMS)}, got {form!r}")
+        loaded = load(store)
+        layout = matrix_layout(loaded)
+        group = loaded["matrix"]
+        rig = loaded.rig
+        self.form = form
+        self.mode = layout.mode
+        self.n_cam = rig.n_cam
+        self.n_depth = rig.depth.n_bins
+        self.feature_size = loaded.feature_size
+        _, self.ny, self.nx = loaded.bev_shape
+        self.n_rows = layout.n_rows
+        self.rows_pad = layout.rows_pad
+        self.k_pad = layout.k_pad
+        w_f, h_f = self.feature_size
+        plane = h_f * w_f
+
+        def feat_of(cols: np.ndarray) -> np.ndarray:
+            c = np.asarray(cols, dtype=np.int64)
+            return ((c // (self.n_depth * plane)) * plane + c % plane).astype(np.int32)
+
+        if form == "ell":
+            index = np.asarray(group["ell_index"])
+            self.register_buffer("ell_index", _buffer(index, np.int32), persistent=True)
+            self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
+            if self.mode == "frustum":
+                self.register_buffer("feat_index", _buffer(feat_of(index)), persistent=True)
+            out_rows = self.rows_pad
+            self.tiles: list[tuple[int, int]] = []
+        else:
+            if "tile_weight" not in group:
+                raise StoreError(f"{loaded.path}: matrix/ has no tiles; rebuild it with `bevcompile matrix --tile-rows R`")
+            if layout.tile_rows is None:
+                raise StoreError(f"{loaded.path}: matrix/ build_options have no tile_rows")
+            offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
+            cols = np.asarray(group["tile_cols"])
+            self.tile_rows = layout.tile_rows
+            self.register_buffer("tile_cols", _buffer(cols, np.int32), persistent=True)
+            self.register_buffer("tile_col_offsets", _buffer(offsets, np.int64), persistent=True)
+            self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
+            if self.mode == "frustum":
+                self.register_buffer("tile_feat_index", _buffer(feat_of(cols)), persistent=True)
+            self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(offsets.size - 1)]
+            # per-tile views of the stored buffers (shared memory, not in state_dict): each
+            # becomes its own initializer in an exported graph, so no Slice is left in it
+            r = self.tile_rows
+            for t, (a, b) in enumerate(self.tiles):
+                self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
+                self.register_buffer(f"tile{t}_block", self.tile_weight[r * a : r * b].view(r, b - a), persistent=False)
+                if self.mode == "frustum":
+                    self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
+            out_rows = len(self.tiles) * self.tile_rows
+        # rows -> BEV cells: reshape when the rows are the cells; else one Gather (+ Mul by a
+        # 0/1 mask for cells that have no row)
+        n_cells = self.ny * self.nx
+        self.row_mapping = "identity"
+        if not (layout.row_cells.size == n_cells and np.array_equal(layout.row_cells, np.arange(n_cells)) and out_rows == n_cells):
+            row_of_cell = np.zeros(n_cells, dtype=np.int64)
+            has_row = np.zeros(n_cells, dtype=bool)
+            row_of_cell[layout.row_cells] = np.arange(layout.row_cells.size)
+            has_row[layout.row_cells] = True
+            if layout.row_cells.size > out_rows:
+                raise StoreError(f"{loaded.path}: {layout.row_cells.size} matrix rows but the {form} form holds {out_rows}")
+            self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
+            self.row_mapping = "gather"
+            if not has_row.all():
+                self.register_buffer("cell_mask", _buffer(has_row, np.float32), persistent=True)
+                self.row_mapping = "gather+mask"
+
+    def extra_repr(self) -> str:
+        w_f, h_f = self.feature_size
+        shape = f"ell={self.rows_pad}x{self.k_pad}" if self.form == "ell" else f"tiles={len(self.tiles)}x{self.tile_rows}"
+        return (
+            f"mode={self.mode}, form={self.form}, n_cam={self.n_cam}, feature={w_f}x{h_f}, "
+            f"bev={self.ny}x{self.nx}, {shape}, rows={self.row_mapping}"
+        )
+
+    def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
+        n, n_cam, c, h_f, w_f = features.shape
+        if (n_cam, w_f, h_f) != (self.n_cam, *self.feature_size):
+            raise UsageError(
+                f"features {tuple(features.shape)} do not fit the store: expected (N, {self.n_cam}, C, "
+                f"{self.feature_size[1]}, {self.feature_size[0]})"
+            )
+        flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
+        depth_flat: torch.Tensor | None = None
+        if self.mode == "frustum":
+            if depth is None or tuple(depth.shape) != (n, n_cam, self.n_depth, h_f, w_f):
+                got = None if depth is None else tuple(depth.shape)
+                raise UsageError(f"frustum mode needs depth (N, {n_cam}, {self.n_depth}, {h_f}, {w_f}), got {got}")
+            depth_flat = depth.reshape(n, n_cam * self.n_depth * h_f * w_f)
+        if self.form == "ell":
+            rows = self.rows_pad
+            entries = rows * self.k_pad
+            if depth_flat is None:
+                gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
+                coeff = self.ell_weight.reshape(1, 1, entries)
+            else:
+                gathered = flat.index_select(2, self.feat_index.reshape(-1))
+                coeff = (depth_flat.index_select(1, self.ell_index.reshape(-1)) * self.ell_weight.reshape(1, entries)).reshape(n, 1, entries)
+            out = (gathered * coeff).reshape(n, c, rows, self.k_pad).sum(dim=3)  # (N, C, rows_pad)
+        else:
+            parts = []
+            for t, (a, b) in enumerate(self.tiles):
+                cols = getattr(self, f"tile{t}_cols")
+                block = getattr(self, f"tile{t}_block")  # (R, n_cols_t)
+                if depth_flat is None:
+                    x = flat.index_select(2, cols)  # (N, C, n_cols_t)
+                else:
+                    feat_cols = getattr(self, f"tile{t}_feat")
+                    x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
+                parts.append(torch.matmul(x, block.transpose(0, 1)))  # (N, C, R)
+            out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+        if self.row_mapping == "identity":
+            return out.reshape(n, c, self.ny, self.nx)
+        out = out.index_select(2, self.row_of_cell)
+        if self.row_mapping == "gather+mask":
+            out = out * self.cell_mask
+        return out.reshape(n, c, self.ny, self.nx)

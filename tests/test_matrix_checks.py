@@ -1,0 +1,175 @@
+"""The matrix/ plug-in of inspect / verify / --strict: clean groups pass, each kind of damage
+fails the check that names it, verify compares every form with the independent references."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import bevcompile.matrix_checks as mc
+from bevcompile.build import root_attributes
+from bevcompile.checks_api import CheckContext
+from bevcompile.cli import app
+from bevcompile.config import RigConfig
+from bevcompile.matrix import MatrixOptions, build_matrix, matrix_attributes, run_matrix
+from bevcompile.verify import make_features
+
+from .rigs import small_rig
+
+MULTI = small_rig(distortion=True, heights=(-0.5, 0.0, 1.0), bev_half_m=20.0)
+FULL = MatrixOptions(topk=6, align=8, tile_rows=64, quantize="int8", compact_rows=True, normalize="mean")
+
+
+def _group(rig: RigConfig, options: MatrixOptions) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    products = build_matrix(rig, options)
+    return {k: v.copy() for k, v in products.arrays().items()}, matrix_attributes(products, rig)
+
+
+def _ctx(rig: RigConfig, channels: int = 3, seed: int = 0) -> CheckContext:
+    feats, depth = make_features(rig, channels, seed)
+    return CheckContext(rig=rig, store_path="<test>", root_attrs=root_attributes(rig), features=feats, depth_probs=depth, seed=seed)
+
+
+def _failed(checks: list[Any]) -> set[tuple[str, str]]:
+    return {(c.name, c.array) for c in checks if not c.passed}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        FULL,
+        MatrixOptions(mode="grid", topk=0, align=1, tile_rows=5, quantize="int8"),
+        MatrixOptions(topk=0, splat="nearest", rounding="trunc", align=16),
+    ],
+)
+def test_clean_group_passes_every_check_and_rebuilds_bit_identically(options: MatrixOptions) -> None:
+    arrays, attrs = _group(MULTI, options)
+    checks = mc.check_matrix(_ctx(MULTI), arrays, attrs)
+    assert not _failed(checks), [c for c in checks if not c.passed]
+    names = {c.name for c in checks}
+    assert {"contract", "coo_sorted_unique", "ell_padding_zero", "ell_reconstructs_coo", "camera_mass"} <= names
+    rebuilt = mc.rebuild_matrix(MULTI, attrs)
+    assert rebuilt.keys() == arrays.keys()
+    for name, arr in arrays.items():
+        assert rebuilt[name].dtype == arr.dtype and rebuilt[name].tobytes() == arr.tobytes(), name
+
+
+def _swap_first_two(a: dict[str, np.ndarray]) -> None:
+    """Swap the first two entries of the first row that has two (columns now decrease)."""
+    i = int(np.flatnonzero(np.diff(a["coo_row"]) == 0)[0])
+    a["coo_col"][[i, i + 1]] = a["coo_col"][[i + 1, i]]
+
+
+def _row_over_k(a: dict[str, np.ndarray]) -> None:
+    """Give the first full row (K = 6 entries) a 7th by relabelling the next row's first entry."""
+    nnz = np.bincount(a["coo_row"])
+    r = int(np.flatnonzero(nnz == FULL.topk)[0])
+    start = int(nnz[:r].sum())
+    a["coo_row"][start + FULL.topk] = r
+
+
+DAMAGE: list[tuple[str, Callable[[dict[str, np.ndarray], dict[str, Any]], None], set[tuple[str, str]]]] = [
+    ("unsorted coo", lambda a, _: _swap_first_two(a), {("coo_sorted_unique", "matrix/coo_row"), ("ell_reconstructs_coo", "matrix/ell_weight")}),
+    ("col out of range", lambda a, _: a["coo_col"].__setitem__(0, 10**9), {("coo_in_range", "matrix/coo_row")}),
+    ("ell padding weight", lambda a, _: a["ell_weight"].__setitem__((0, -1), 0.5), {("ell_padding_zero", "matrix/ell_weight")}),
+    ("ell padding index", lambda a, _: a["ell_index"].__setitem__((0, -1), -1), {("ell_index_in_range", "matrix/ell_index")}),
+    ("row_scale", lambda a, _: a["row_scale"].__setitem__(0, a["row_scale"][0] * 2), {("int8_scale", "matrix/row_scale")}),
+    ("int8 value", lambda a, _: a["ell_weight_int8"].__setitem__((0, 0), 3), {("int8_values", "matrix/ell_weight_int8")}),
+    ("mean row", lambda a, _: a["coo_val"].__setitem__(0, a["coo_val"][0] * 1.5), {("mean_rows_sum_to_1", "matrix/coo_val")}),
+    ("camera mass", lambda a, _: a["camera_mass"].__setitem__((0, 10, 10), 7.0), {("camera_mass", "matrix/camera_mass")}),
+    ("tile weight", lambda a, _: a["tile_weight"].__setitem__(int(np.flatnonzero(a["tile_weight"])[0]), 0.25), {("tiles_reconstruct_coo", "matrix/tile_weight")}),
+    ("missing ell", lambda a, _: a.pop("ell_weight"), {("contract", "matrix/ell_weight")}),
+    ("row over K", lambda a, _: _row_over_k(a), {("row_nnz_le_k", "matrix/coo_row")}),
+    ("logical shape attr", lambda _, t: t.__setitem__("logical_shape", [1, 1]), {("attrs", "matrix/")}),
+    ("recorded int8 error", lambda _, t: t["int8"].__setitem__("max_rel_error", 1e-9), {("int8_recorded_error", "matrix/")}),
+    ("negative value", lambda a, _: a["coo_val"].__setitem__(3, -a["coo_val"][3]), {("coo_values", "matrix/coo_val")}),
+    ("row_ids", lambda a, _: a["row_ids"].__setitem__(1, a["row_ids"][0]), {("row_ids", "matrix/row_ids")}),
+    ("dtype", lambda a, _: a.__setitem__("coo_val", a["coo_val"].astype(np.float64)), {("contract", "matrix/coo_val")}),
+]
+
+
+@pytest.mark.parametrize(("label", "damage", "expected"), DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_each_damage_fails_the_check_that_names_it(label: str, damage: Callable[..., None], expected: set[tuple[str, str]]) -> None:
+    arrays, attrs = _group(MULTI, FULL)
+    damage(arrays, attrs)
+    failed = _failed(mc.check_matrix(_ctx(MULTI), arrays, attrs))
+    assert expected <= failed, (label, failed)
+
+
+def test_unusable_build_options_fail_one_check() -> None:
+    arrays, attrs = _group(MULTI, FULL)
+    attrs["build_options"] = {**attrs["build_options"], "topk": -3}
+    checks = mc.check_matrix(_ctx(MULTI), arrays, attrs)
+    assert [(c.name, c.passed) for c in checks] == [("build_options", False)]
+    assert "--topk must be an integer >= 0" in checks[0].reason
+
+
+# --------------------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "reference"),
+    [
+        (MatrixOptions(topk=0, splat="nearest", align=4), "BEVDet-style voxel pooling"),
+        (MatrixOptions(topk=0, splat="bilinear", rounding="trunc", normalize="mean", align=4, tile_rows=32, quantize="int8"), "BEVDet-style voxel pooling"),
+        (MatrixOptions(mode="grid", topk=0, align=4, tile_rows=50, quantize="int8"), "grid_sample"),
+        (FULL, "straightforward build"),
+    ],
+)
+def test_verify_every_form_against_the_reference(options: MatrixOptions, reference: str) -> None:
+    arrays, attrs = _group(MULTI, options)
+    rows = mc.verify_matrix(_ctx(MULTI), arrays, attrs)
+    products = {r.product for r in rows}
+    want = {"matrix/coo", "matrix/ell"} | ({"matrix/tiles"} if options.tile_rows else set())
+    if options.quantize:
+        want |= {"matrix/ell_int8"} | ({"matrix/tiles_int8"} if options.tile_rows else set())
+    assert products == want
+    assert {r.camera for r in rows if r.product == "matrix/coo"} == {*MULTI.camera_names, "all"}
+    assert all(r.passed for r in rows), [r for r in rows if not r.passed]
+    assert all(reference in r.note for r in rows)
+    for r in rows:
+        if r.product.endswith("int8"):
+            assert 40.0 <= r.psnr_db < 120 and "PSNR >= 40" in r.threshold
+        else:
+            assert r.psnr_db > 100
+
+
+def test_verify_fails_a_perturbed_weight_and_names_the_camera() -> None:
+    arrays, attrs = _group(MULTI, MatrixOptions(topk=4, align=4))
+    cols_per_cam = attrs["columns_per_camera"]
+    i = int(np.flatnonzero(arrays["coo_col"] // cols_per_cam == 2)[0])
+    arrays["coo_val"][i] *= 1.01
+    rows = mc.verify_matrix(_ctx(MULTI), arrays, attrs)
+    failed = {(r.product, r.camera) for r in rows if not r.passed}
+    assert ("matrix/coo", MULTI.camera_names[2]) in failed and ("matrix/coo", "all") in failed
+    assert ("matrix/coo", MULTI.camera_names[0]) not in failed
+    assert ("matrix/ell", "all") not in failed  # the ELL copy is intact
+
+
+def test_verify_samples_rows_on_big_rigs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mc, "VERIFY_FULL_POINTS", 1000)
+    monkeypatch.setattr(mc, "VERIFY_SAMPLED_ROWS", 40)
+    for options in (MatrixOptions(topk=5, align=4, quantize="int8"), MatrixOptions(topk=0, splat="nearest", align=4)):
+        arrays, attrs = _group(MULTI, options)
+        rows = mc.verify_matrix(_ctx(MULTI, seed=3), arrays, attrs)
+        assert all(r.passed for r in rows)
+        assert all("40 seeded sampled rows" in r.note for r in rows)
+        arrays["coo_val"] *= 1.001
+        assert not all(r.passed for r in mc.verify_matrix(_ctx(MULTI, seed=3), arrays, attrs))
+
+
+def test_inspect_strict_and_verify_cli_pass_on_a_fresh_store(tmp_path: Path) -> None:
+    run_matrix(MULTI, tmp_path, FULL)
+    store = str(tmp_path / "small.zarr")
+    runner = CliRunner()
+    result = runner.invoke(app, ["inspect", store, "--strict", "--quiet"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["verify", store, "--quiet"])
+    assert result.exit_code == 0, result.output

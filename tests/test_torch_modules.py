@@ -1,0 +1,287 @@
+"""bevcompile.torch: GridGather and MatrixLift against independent references.
+
+GridGather is compared with ``torch.nn.functional.grid_sample`` itself on ``grid/norm``;
+MatrixLift with ``W @ X`` from the stored COO (scipy, float64) and, for the frustum with
+``--topk 0 --splat nearest --normalize sum``, with a straightforward scatter-add LSS pooling
+(:func:`bevcompile.interop.reference_frustum_pool`, which never looks at the matrix).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bevcompile.build import run_grid
+from bevcompile.config import RigConfig
+from bevcompile.errors import StoreError, UsageError
+from bevcompile.gather import build_gather_tables
+from bevcompile.grid import compute_sampling_grid
+from bevcompile.interop import BevPoolOptions, reference_frustum_pool
+from bevcompile.loader import load, matrix_layout
+from bevcompile.matrix import MatrixOptions, run_matrix
+from bevcompile.onnx_export import make_inputs, reference_matrix_lift
+from bevcompile.torch import GridGather, MatrixLift, bilinear_tables_from_norm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------------------
+# store builders (shared with test_onnx_export / test_export_cli)
+# --------------------------------------------------------------------------------------
+
+
+def build_grid_store(rig: RigConfig, out: Path, *, align_corners: bool = False, npu: bool = False, align: int = 1, order: str = "row") -> Path:
+    """``bevcompile grid`` into ``out`` (``npu=True`` also writes gather/ with ``--align``/``--order``)."""
+    return run_grid(rig, out, align_corners=align_corners, npu=npu, align=align, order=order).store
+
+
+def add_matrix_group(store: Path, rig: RigConfig, options: MatrixOptions) -> None:
+    """``bevcompile matrix`` with ``options`` into the same store (``run_matrix``)."""
+    assert run_matrix(rig, store.parent, options).store == store
+
+
+def torch_grid_sample_reference(store: Path, features: torch.Tensor) -> torch.Tensor:
+    """Per camera ``F.grid_sample`` on ``grid/norm``: ``(N, n_cam, C, n_h, ny, nx)`` float64."""
+    loaded = load(store)
+    norm = torch.from_numpy(np.array(loaded["grid"]["norm"], dtype=np.float64))
+    align = bool(loaded["grid"].attrs["align_corners"])
+    n, n_cam, c = features.shape[:3]
+    _, n_h, ny, nx, _ = norm.shape
+    out = []
+    for cam in range(n_cam):
+        grid = norm[cam].reshape(1, n_h * ny, nx, 2).expand(n, -1, -1, -1)
+        sampled = F.grid_sample(features[:, cam].double(), grid, mode="bilinear", padding_mode="zeros", align_corners=align)
+        out.append(sampled.reshape(n, c, n_h, ny, nx))
+    return torch.stack(out, dim=1)
+
+
+# --------------------------------------------------------------------------------------
+# fixtures
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def multi_store(tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> Path:
+    """Distorted lenses, 3 heights, partial coverage; grid only (no gather/ group)."""
+    return build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("multi"))
+
+
+@pytest.fixture(scope="module")
+def features_multi(small_distorted_multi: RigConfig) -> torch.Tensor:
+    w_f, h_f = small_distorted_multi.feature_size
+    return torch.rand(2, small_distorted_multi.n_cam, 5, h_f, w_f, generator=torch.Generator().manual_seed(1))
+
+
+# --------------------------------------------------------------------------------------
+# GridGather
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize(
+    ("layout", "align", "order"), [("none", 1, "row"), ("bev", 1, "row"), ("flat", 32, "row"), ("flat_cache", 16, "cache")]
+)
+def test_grid_gather_equals_torch_grid_sample(
+    tmp_path: Path, small_distorted_multi: RigConfig, features_multi: torch.Tensor,
+    align_corners: bool, layout: str, align: int, order: str,
+) -> None:
+    """Sum over cameras of grid_sample on grid/norm, from gather/ in every stored layout and
+    from grid/norm alone ("none": the store has no gather/ group)."""
+    store = build_grid_store(small_distorted_multi, tmp_path, align_corners=align_corners, npu=layout != "none", align=align, order=order)
+    module = GridGather(store)
+    assert module.source == ("grid" if layout == "none" else "gather")
+    assert module.layout == ("bev" if layout == "none" else layout)
+    out = module(features_multi)
+    ref = torch_grid_sample_reference(store, features_multi).sum(dim=1)
+    assert out.shape == (2, 5, 3, 40, 40)
+    assert torch.max(torch.abs(out.double() - ref)).item() < 2e-6
+    # partial coverage: some cells seen by no camera at some height are exactly 0
+    valid = np.asarray(load(store)["grid"]["valid"])
+    unseen = torch.from_numpy(~valid.any(axis=0))
+    assert unseen.any() and (~unseen).any()
+    assert torch.all(out[:, :, unseen] == 0)
+
+
+def test_grid_gather_per_camera(multi_store: Path, features_multi: torch.Tensor) -> None:
+    """Features of one camera only: the output is exactly that camera's grid_sample."""
+    module = GridGather(multi_store)
+    ref = torch_grid_sample_reference(multi_store, features_multi)  # (N, n_cam, C, n_h, ny, nx)
+    for cam in range(features_multi.shape[1]):
+        only = torch.zeros_like(features_multi)
+        only[:, cam] = features_multi[:, cam]
+        out = module(only)
+        assert torch.max(torch.abs(out.double() - ref[:, cam])).item() < 2e-6
+        assert ref[:, cam].abs().max() > 0.5
+
+
+def test_grid_gather_mean_over_valid_cameras(multi_store: Path, features_multi: torch.Tensor) -> None:
+    """reduce="mean": the sum divided by the number of cameras that see the cell (per height)."""
+    valid = torch.from_numpy(np.array(load(multi_store)["grid"]["valid"]))
+    count = valid.sum(dim=0)  # (n_h, ny, nx)
+    assert (count > 1).any(), "the test rig must have overlapping cameras"
+    out = GridGather(multi_store, reduce="mean")(features_multi)
+    ref = torch_grid_sample_reference(multi_store, features_multi).sum(dim=1)
+    expected = torch.where(count > 0, ref / count.clamp(min=1), torch.zeros_like(ref))
+    assert torch.max(torch.abs(out.double() - expected)).item() < 2e-6
+    assert torch.all(out[:, :, count == 0] == 0)
+
+
+def test_grid_gather_collapse_heights(multi_store: Path, features_multi: torch.Tensor) -> None:
+    """collapse_heights: sum over cameras AND heights; mean divides by the valid (camera, height) pairs."""
+    valid = torch.from_numpy(np.array(load(multi_store)["grid"]["valid"]))
+    ref = torch_grid_sample_reference(multi_store, features_multi).sum(dim=(1, 3))  # (N, C, ny, nx)
+    out_sum = GridGather(multi_store, collapse_heights=True)(features_multi)
+    assert out_sum.shape == (2, 5, 40, 40)
+    assert torch.max(torch.abs(out_sum.double() - ref)).item() < 5e-6
+    count = valid.sum(dim=(0, 1))
+    out_mean = GridGather(multi_store, reduce="mean", collapse_heights=True)(features_multi)
+    expected = torch.where(count > 0, ref / count.clamp(min=1), torch.zeros_like(ref))
+    assert torch.max(torch.abs(out_mean.double() - expected)).item() < 2e-6
+
+
+def test_grid_gather_buffers_are_the_store_arrays(tmp_path: Path, small: RigConfig) -> None:
+    store = build_grid_store(small, tmp_path, npu=True)
+    module = GridGather(store, reduce="mean")
+    state = module.state_dict()
+    assert set(state) == {"index", "weight", "inv_count"}
+    loaded = load(store)
+    assert state["index"].dtype == torch.int32 and state["weight"].dtype == torch.float32
+    assert np.array_equal(state["index"].numpy(), loaded["gather"]["index"])
+    assert np.array_equal(state["weight"].numpy(), loaded["gather"]["weight"])
+
+
+def test_tables_from_norm_match_issue3_gather_tables(small_distorted_multi: RigConfig) -> None:
+    """The fallback tables (derived from grid/norm) agree with gather/ built from float64
+    coords: same indices wherever the weight is not ~0, weights within float32 rounding."""
+    grid = compute_sampling_grid(small_distorted_multi)
+    tables = build_gather_tables(grid)
+    from bevcompile.grid import build_grid_products
+
+    norm = build_grid_products(grid, align_corners=False).norm
+    index, weight = bilinear_tables_from_norm(norm, grid.feature_size, align_corners=False)
+    assert np.max(np.abs(weight - tables.weight)) < 1e-5
+    strong = tables.weight > 1e-4
+    assert np.array_equal(index[strong], tables.index[strong])
+    assert index.min() >= 0 and index.max() < small_distorted_multi.n_cam * 12 * 8
+
+
+def test_grid_gather_rejects_bad_inputs(multi_store: Path) -> None:
+    module = GridGather(multi_store)
+    with pytest.raises(UsageError, match=r"do not fit the store"):
+        module(torch.zeros(1, 3, 2, 8, 12))
+    with pytest.raises(UsageError, match="reduce"):
+        GridGather(multi_store, reduce="max")
+    with pytest.raises(StoreError, match=r"no group gather/"):
+        GridGather(multi_store, source="gather")
+
+
+def test_torch_module_import_without_torch_is_a_dependency_error() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torch"] = None  # simulate an environment without PyTorch
+        from bevcompile.errors import DependencyError
+        try:
+            import bevcompile.torch
+        except DependencyError as exc:
+            print("DEP:", exc)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert "DEP:" in result.stdout and "bevcompile[torch]" in result.stdout
+
+
+# --------------------------------------------------------------------------------------
+# MatrixLift
+# --------------------------------------------------------------------------------------
+
+MATRIX_CASES = [
+    MatrixOptions(mode="frustum", topk=8, align=4, tile_rows=32),
+    MatrixOptions(mode="frustum", topk=0, splat="nearest", align=1, tile_rows=40, compact_rows=True, rounding="trunc"),
+    MatrixOptions(mode="grid", topk=0, align=8, tile_rows=16, compact_rows=True),
+    MatrixOptions(mode="grid", topk=4, align=1, tile_rows=1600, normalize="mean"),
+]
+
+
+@pytest.fixture(scope="module", params=range(len(MATRIX_CASES)), ids=lambda i: f"{MATRIX_CASES[i].mode}-k{MATRIX_CASES[i].topk}")
+def matrix_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> tuple[Path, MatrixOptions]:
+    options = MATRIX_CASES[request.param]
+    store = build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("matrix"))
+    add_matrix_group(store, small_distorted_multi, options)
+    return store, options
+
+
+@pytest.mark.parametrize("form", ["ell", "tiles"])
+def test_matrix_lift_equals_coo_product(matrix_store: tuple[Path, MatrixOptions], form: str) -> None:
+    store, options = matrix_store
+    loaded = load(store)
+    inputs = make_inputs(loaded, channels=5, batch=2, seed=3, with_depth=options.mode == "frustum")
+    module = MatrixLift(store, form=form)
+    assert module.mode == options.mode
+    out = module(*(torch.from_numpy(v) for v in inputs.values())).numpy()
+    ref = reference_matrix_lift(loaded, inputs["features"], inputs.get("depth"))
+    assert out.shape == (2, 5, 40, 40)
+    assert np.abs(ref).max() > 0.1
+    assert np.max(np.abs(out - ref)) < 2e-6
+    if options.compact_rows:
+        cells = np.zeros(40 * 40, dtype=bool)
+        cells[np.asarray(loaded["matrix"]["row_ids"])] = True
+        assert np.all(out.reshape(2, 5, -1)[:, :, ~cells] == 0)
+
+
+@pytest.mark.parametrize("rounding", ["floor", "trunc"])
+@pytest.mark.parametrize("form", ["ell", "tiles"])
+def test_matrix_lift_frustum_equals_independent_lss_pooling(
+    tmp_path: Path, small_distorted_multi: RigConfig, rounding: str, form: str
+) -> None:
+    """topk 0, nearest, sum: MatrixLift == scatter-add of depth x feature over the frustum."""
+    rig = small_distorted_multi
+    store = build_grid_store(rig, tmp_path)
+    add_matrix_group(store, rig, MatrixOptions(mode="frustum", topk=0, splat="nearest", normalize="sum", align=8,
+                                               tile_rows=64, rounding=rounding))
+    inputs = make_inputs(load(store), channels=3, batch=1, seed=5, with_depth=True)
+    out = MatrixLift(store, form=form)(torch.from_numpy(inputs["features"]), torch.from_numpy(inputs["depth"])).numpy()
+    ref = reference_frustum_pool(rig, BevPoolOptions("rig", rounding), inputs["depth"][0], inputs["features"][0])
+    assert ref.shape == (3, 1, 40, 40)
+    assert np.abs(ref).max() > 0.1
+    assert np.max(np.abs(out[0] - ref[:, 0])) < 2e-6
+
+
+def test_matrix_lift_grid_mode_equals_grid_sample_sum(tmp_path: Path, small_distorted_multi: RigConfig, features_multi: torch.Tensor) -> None:
+    """grid mode, topk 0, sum: sum over cameras and heights of F.grid_sample on grid/norm."""
+    store = build_grid_store(small_distorted_multi, tmp_path)
+    add_matrix_group(store, small_distorted_multi, MatrixOptions(mode="grid", topk=0, align=16))
+    out = MatrixLift(store, form="ell")(features_multi)
+    ref = torch_grid_sample_reference(store, features_multi).sum(dim=(1, 3))
+    assert torch.max(torch.abs(out.double() - ref)).item() < 5e-6
+
+
+def test_matrix_lift_buffers_and_errors(tmp_path: Path, small: RigConfig) -> None:
+    store = build_grid_store(small, tmp_path)
+    with pytest.raises(StoreError, match=r"no group matrix/.*bevcompile matrix"):
+        MatrixLift(store)
+    add_matrix_group(store, small, MatrixOptions(mode="frustum", topk=6, align=8))
+    module = MatrixLift(store, form="ell")
+    state = module.state_dict()
+    loaded = load(store)
+    assert set(state) == {"ell_index", "ell_weight", "feat_index"}
+    assert np.array_equal(state["ell_index"].numpy(), loaded["matrix"]["ell_index"])
+    layout = matrix_layout(loaded)
+    assert (layout.mode, layout.rows_pad, layout.k_pad) == ("frustum", 24 * 24, 8)
+    # feat_index is the (cam, v, u) column of each (cam, d, v, u) entry
+    w_f, h_f = small.feature_size
+    col = state["ell_index"].numpy().astype(np.int64)
+    cam, rem = np.divmod(col, small.depth.n_bins * h_f * w_f)
+    assert np.array_equal(state["feat_index"].numpy(), cam * h_f * w_f + rem % (h_f * w_f))
+    with pytest.raises(StoreError, match="tile-rows"):
+        MatrixLift(store, form="tiles")
+    with pytest.raises(UsageError, match="frustum mode needs depth"):
+        module(torch.zeros(1, small.n_cam, 2, h_f, w_f))
+    with pytest.raises(UsageError, match="form"):
+        MatrixLift(store, form="dense")
