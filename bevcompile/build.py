@@ -102,6 +102,11 @@ def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatP
             "invalid_in_band": False,
             "invalid_note": "invalid cells saturate to -1.0, which samples in range: mask with grid/valid",
             "max_error_px": products.norm_int16_max_error_px,
+            "saturated_valid_cells": products.norm_int16_saturated_valid_cells,
+            "saturation_note": (
+                "under align_corners=True, valid cells with u < 0, u > W_f - 1, v < 0 or v > H_f - 1 lie "
+                "outside [-1, 1] and are clamped to the border pixel centre (up to 0.5 px); norm_q16 has headroom"
+            ),
         },
         "coverage": coverage_fraction(products.valid).round(6).tolist(),
     }
@@ -340,6 +345,7 @@ def _format_summary(products: GridProducts, formats: Sequence[FormatProduct]) ->
             "arrays": ["grid/norm_int16"],
             "max_error_px": products.norm_int16_max_error_px,
             "invalid_in_band": False,
+            "saturated_valid_cells": products.norm_int16_saturated_valid_cells,
         }
     ]
     for fmt in formats:

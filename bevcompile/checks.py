@@ -288,7 +288,7 @@ def plugin_functions(group: str, kind: str) -> PluginSet:
 
 
 @dataclass
-class LoadedStore:
+class InspectedStore:
     """A store read as far as damage allows. ``checks`` hold the root and read checks."""
 
     report: StoreReport
@@ -299,7 +299,7 @@ class LoadedStore:
     group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def load_store(path: str | Path, *, progress: Callable[[int], None] | None = None) -> LoadedStore:
+def load_store(path: str | Path, *, progress: Callable[[int], None] | None = None) -> InspectedStore:
     """Open ``path``, run the root checks and read every array (checking its sha256).
 
     Never raises for a damaged store: every problem becomes a failed check in
@@ -311,10 +311,10 @@ def load_store(path: str | Path, *, progress: Callable[[int], None] | None = Non
         return _load_store(Path(path), progress)
 
 
-def _load_store(path: Path, progress: Callable[[int], None] | None) -> LoadedStore:
+def _load_store(path: Path, progress: Callable[[int], None] | None) -> InspectedStore:
     path = Path(path)
     report = StoreReport(path=str(path))
-    loaded = LoadedStore(report)
+    loaded = InspectedStore(report)
     try:
         reader = open_store(path)
     except StoreError as exc:
@@ -410,7 +410,7 @@ def _strip_store(message: str, path: Path) -> str:
     return message[len(prefix) :] if message.startswith(prefix) else message
 
 
-def _root_checks(loaded: LoadedStore, attrs: Mapping[str, Any]) -> None:
+def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
     report = loaded.report
     fmt = attrs.get("format")
     report.format = fmt if isinstance(fmt, str) else None
@@ -499,7 +499,7 @@ def call_plugin(fn: Callable[..., Any], *args: Any, notes: list[str], label: str
     return result
 
 
-def check_context(loaded: LoadedStore, rig: RigConfig) -> CheckContext:
+def check_context(loaded: InspectedStore, rig: RigConfig) -> CheckContext:
     return CheckContext(
         rig=rig,
         store_path=loaded.report.path,
@@ -509,7 +509,7 @@ def check_context(loaded: LoadedStore, rig: RigConfig) -> CheckContext:
     )
 
 
-def _plugin_checks(loaded: LoadedStore) -> None:
+def _plugin_checks(loaded: InspectedStore) -> None:
     report = loaded.report
     for summary in report.groups:
         group = summary.name
@@ -541,7 +541,7 @@ def _plugin_checks(loaded: LoadedStore) -> None:
             report.checks.extend(Check(c.name, c.array, bool(c.passed), one_line(c.reason)) for c in checks)
 
 
-def _strict_checks(loaded: LoadedStore) -> None:
+def _strict_checks(loaded: InspectedStore) -> None:
     report = loaded.report
     for summary in report.groups:
         group = summary.name

@@ -165,6 +165,7 @@ class GridProducts:
     norm_int16_max_error_px: float
     align_corners: bool
     feature_size: tuple[int, int]
+    norm_int16_saturated_valid_cells: int = 0
 
 
 def build_grid_products(grid: SamplingGrid, align_corners: bool) -> GridProducts:
@@ -172,12 +173,16 @@ def build_grid_products(grid: SamplingGrid, align_corners: bool) -> GridProducts
 
     ``norm`` is computed from the float64 coords (not from the rounded float32 coords).
     ``norm_int16_max_error_px`` is the measured max ``|decode(norm_int16) - coords|`` in
-    feature pixels over valid cells (0 when no cell is valid).
+    feature pixels over valid cells (0 when no cell is valid). ``norm_int16_saturated_valid_cells``
+    counts valid cells whose ``|norm| > 1`` on an axis: under align_corners=True the valid rule
+    reaches half a pixel past the outer pixel centres, which ``[-1, 1]`` cannot represent, so
+    those cells are clamped by up to 0.5 px (included in the measured error).
     """
     norm64 = feature_px_to_norm(grid.coords_feature_px, grid.feature_size, align_corners)
     norm_int16 = encode_norm_int16(norm64)
     decoded_px = norm_to_feature_px(decode_norm_int16(norm_int16), grid.feature_size, align_corners)
     err = np.abs(decoded_px - grid.coords_feature_px)[grid.valid]
+    saturated = int(np.count_nonzero(np.any(np.abs(norm64) > 1.0, axis=-1) & grid.valid))
     return GridProducts(
         coords=grid.coords_feature_px.astype(np.float32),
         valid=grid.valid.copy(),
@@ -186,6 +191,7 @@ def build_grid_products(grid: SamplingGrid, align_corners: bool) -> GridProducts
         norm_int16_max_error_px=float(err.max()) if err.size else 0.0,
         align_corners=align_corners,
         feature_size=grid.feature_size,
+        norm_int16_saturated_valid_cells=saturated,
     )
 
 

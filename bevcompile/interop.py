@@ -52,8 +52,8 @@ import numpy.typing as npt
 
 from .config import FeatureSpec, RigConfig
 from .errors import StoreError, UsageError
-from .geometry import ego_from_cam_matrix, feature_px_to_image_px, transform_points, unproject_image_to_cam
 from .grid import SamplingGrid, compute_sampling_grid
+from .matrix_entries import CameraRays, camera_rays
 
 ProgressFn = Callable[[int], None]
 
@@ -149,24 +149,8 @@ def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
     return rig.n_cam, rig.depth.n_bins, h_f, w_f
 
 
-def camera_unit_rays(rig: RigConfig, cam_index: int) -> tuple[np.ndarray, np.ndarray]:
-    """Undistorted normalised rays of one camera's feature-pixel centres (depth independent).
-
-    Convention:
-        returns ``xy`` float64 ``(H_f, W_f, 2)`` ``(x/z, y/z)`` in the camera frame for pixel
-        ``(u, v)`` = feature pixel centre under ``rig.feature.pixel_mapping``, and ``ok`` bool
-        ``(H_f, W_f)`` (False where the pixel has no preimage under the lens model).
-    """
-    w_f, h_f = rig.feature_size
-    camera = rig.cameras[cam_index]
-    vv, uu = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")
-    uv_image = feature_px_to_image_px(rig, camera, np.stack([uu, vv], axis=-1))
-    points_cam_unit, ok = unproject_image_to_cam(camera, uv_image, 1.0)
-    return points_cam_unit[..., :2], ok
-
-
 def frustum_points_ego(
-    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: tuple[np.ndarray, np.ndarray] | None = None
+    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: CameraRays | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Ego coordinates of one camera's LSS frustum points.
 
@@ -174,24 +158,25 @@ def frustum_points_ego(
         returns ``points_ego`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) ego frame, for
         depth bins ``depth_slice`` (default all), pixel ``(u, v)`` = feature pixel centre under
         ``rig.feature.pixel_mapping``, depth along the optical axis; and ``ok`` bool
-        ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model).
-        Same arithmetic as :func:`bevcompile.geometry.unproject_feature_to_ego`
-        (``points_cam = (x d, y d, d)``, then ``R @ points_cam + t``), with the rays
-        (``rays``, from :func:`camera_unit_rays`) undistorted once per camera.
+        ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model; those
+        points are NaN). The arithmetic is the ``matrix/`` builder's, term for term
+        (``origin_ego + d * ray_ego`` with the rays of
+        :func:`bevcompile.matrix_entries.camera_rays`), so a point on a voxel boundary falls on
+        the same side in both products.
     """
-    xy, ok = rays if rays is not None else camera_unit_rays(rig, cam_index)
+    camera_rays_ = rays if rays is not None else camera_rays(rig, cam_index)
+    w_f, h_f = rig.feature_size
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
     if depth_slice is not None:
         depths = depths[depth_slice]
-    d = depths[:, None, None]
-    shape = (depths.size, *ok.shape)
-    points_cam = np.empty((*shape, 3), dtype=np.float64)
-    points_cam[..., 0] = xy[..., 0] * d
-    points_cam[..., 1] = xy[..., 1] * d
-    points_cam[..., 2] = d
-    points_ego = transform_points(ego_from_cam_matrix(rig.cameras[cam_index]), points_cam)
-    ok_b = np.broadcast_to(ok, shape)
-    return np.where(ok_b[..., None], points_ego, np.nan), ok_b
+    points_ego = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
+    pixels = camera_rays_.pixel_index
+    for axis in range(3):
+        points_ego[:, pixels, axis] = camera_rays_.origin_ego[axis] + depths[:, None] * camera_rays_.ray_ego[axis][None, :]
+    ok = np.zeros(h_f * w_f, dtype=bool)
+    ok[pixels] = True
+    shape = (depths.size, h_f, w_f)
+    return points_ego.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
 
 
 def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -290,7 +275,7 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
     depth_parts: list[np.ndarray] = []
     feat_parts: list[np.ndarray] = []
     for cam in range(n_cam):
-        rays = camera_unit_rays(frig, cam)
+        rays = camera_rays(frig, cam)
         for d0 in range(0, n_d, d_step):
             d1 = min(n_d, d0 + d_step)
             points, _ok = frustum_points_ego(frig, cam, slice(d0, d1), rays)  # NaN where not ok

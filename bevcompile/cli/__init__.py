@@ -5,12 +5,36 @@ Each command lives in its own module and registers itself with ``_app.cli_comman
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+
+import typer
+
 from . import export_cmd, grid_cmd, inspect_cmd, matrix_cmd  # noqa: F401  (register commands)
 from ._app import app
 
 
-def main() -> None:
-    app()
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point. Command-line usage errors (an option that is not an integer, an
+    unknown option, a missing argument) print ONE line ``error: ...`` and exit 2, like every
+    other bad input; library errors are mapped in ``_app.cli_command``."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=list(argv) if argv is not None else None, prog_name="bevcompile", standalone_mode=False)
+    except Exception as exc:
+        format_message = getattr(exc, "format_message", None)
+        exit_code = getattr(exc, "exit_code", None)
+        if callable(format_message) and isinstance(exit_code, int):  # click/typer usage error
+            ctx = getattr(exc, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""
+            message = " ".join(str(format_message()).split())
+            print(f"error: {where}{message} (see --help)", file=sys.stderr, flush=True)
+            raise SystemExit(exit_code) from None
+        if exc.__class__.__name__ == "Abort":
+            print("error: aborted", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+        raise
+    raise SystemExit(code if isinstance(code, int) else 0)
 
 
 __all__ = ["app", "main"]

@@ -111,6 +111,12 @@ def grid(
     stdout_console.print(
         f"norm_int16 max dequantisation error: {result.products.norm_int16_max_error_px:.2e} feature px"
     )
+    saturated = result.products.norm_int16_saturated_valid_cells
+    if saturated:
+        stdout_console.print(
+            f"[yellow]warning:[/yellow] with --align-corners, norm_int16 clamps {saturated} valid border cell(s) "
+            "by up to 0.5 px (the valid rule reaches past the outer pixel centres); use --format norm_q16, which has headroom"
+        )
     stdout_console.print(f"wrote [bold]{result.store}[/bold] ({human_bytes(result.write.total_bytes)} on disk)")
 
 

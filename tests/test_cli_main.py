@@ -1,0 +1,40 @@
+"""The console entry point: usage errors are one line and exit 2, like every other bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bevcompile.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["matrix", "--topk", "abc"], "error: bevcompile matrix: Invalid value for '--topk'"),
+        (["grid", "--no-such-option"], "error: bevcompile grid: No such option: --no-such-option"),
+        (["no-such-command"], "error: bevcompile: No such command 'no-such-command'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected), err
+    assert err.count("\n") == 1
+
+
+def test_library_errors_keep_their_exit_code(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["grid", str(tmp_path / "missing.yaml"), "--out", str(tmp_path)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing.yaml'}: file not found\n"
+
+
+def test_success_exits_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["grid", "--out", str(tmp_path), "--quiet"])
+    assert info.value.code == 0
+    assert (tmp_path / "nuscenes.zarr").is_dir()
