@@ -4,7 +4,7 @@ Pure numpy (no zarr, no printing). :func:`build_matrix` returns :class:`MatrixPr
 (COO, ELL, tiles, int8, camera mass and the measured figures); :func:`run_matrix` builds
 and writes the ``matrix/`` group (the store I/O lives in :mod:`bevcompile.store`).
 
-Conventions (README / docs/matrix.md; stored in the ``matrix/`` group attributes):
+Conventions (README "Sparse aggregation matrices"; stored in the ``matrix/`` group attributes):
 
 * Rows: BEV cells, row-major ``row = iy * nx + ix`` (``--compact-rows``: only non-empty
   rows, ``row_ids[r]`` is the BEV cell of row ``r``).
@@ -214,7 +214,7 @@ class MatrixFigures:
 
 @dataclass(frozen=True)
 class MatrixProducts:
-    """Arrays of the ``matrix/`` group and their figures (see docs/matrix.md for each array)."""
+    """Arrays of the ``matrix/`` group and their figures (see the README's matrix/ contract for each array)."""
 
     options: MatrixOptions
     n_cells: int

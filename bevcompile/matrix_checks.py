@@ -94,7 +94,7 @@ def _options(attrs: Mapping[str, Any]) -> MatrixOptions:
 
 
 def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
-    """Invariants of ``matrix/`` (see docs/matrix.md "What inspect checks")."""
+    """Invariants of ``matrix/`` (see README "What inspect, verify and inspect --strict do with matrix/")."""
     out = _Checks()
     rig = ctx.rig
     try:

@@ -1,5 +1,5 @@
 """Layouts of the sparse aggregation matrix: dense, ELL, row tiles, per-row int8. Pure numpy;
-re-exported by :mod:`bevcompile.matrix` (docs/matrix.md describes every array).
+re-exported by :mod:`bevcompile.matrix` (the README's matrix/ contract describes every array).
 """
 
 from __future__ import annotations
