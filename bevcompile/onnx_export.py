@@ -35,6 +35,7 @@ import numpy as np
 from ._version import __version__
 from .errors import CheckFailed, DependencyError, UsageError
 from .loader import LoadedStore, load, matrix_layout
+from .reference import random_depth_probs
 
 FORBIDDEN_OPS = ("GridSample", "ScatterND", "ScatterElements", "OneHot", "NonZero", "Loop", "If")
 EXPECTED_OPS = (
@@ -257,9 +258,7 @@ def make_inputs(store: LoadedStore, channels: int, batch: int, seed: int, with_d
     rng = np.random.default_rng(seed)
     inputs = {"features": rng.random((batch, store.rig.n_cam, channels, h_f, w_f), dtype=np.float32)}
     if with_depth:
-        logits = rng.standard_normal((batch, store.rig.n_cam, store.rig.depth.n_bins, h_f, w_f))
-        e = np.exp(logits - logits.max(axis=2, keepdims=True))
-        inputs["depth"] = (e / e.sum(axis=2, keepdims=True)).astype(np.float32)
+        inputs["depth"] = random_depth_probs(rng, (batch, store.rig.n_cam, store.rig.depth.n_bins, h_f, w_f), axis=2)
     return inputs
 
 

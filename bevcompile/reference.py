@@ -118,3 +118,14 @@ def bilinear_sample_px(
         index = np.where(inside, iy * w + ix, 0)
         out += np.where(inside, weight, 0.0) * flat[:, index]
     return out
+
+
+def random_depth_probs(rng: np.random.Generator, shape: tuple[int, ...], axis: int) -> npt.NDArray[np.float32]:
+    """Seeded LSS depth probabilities: softmax over ``axis`` of standard-normal logits.
+
+    Convention: ``shape`` e.g. ``(n_cam, D, H_f, W_f)`` with ``axis=1``; returns float32 of
+    ``shape`` summing to 1 over ``axis`` (within float32). Draws ``prod(shape)`` normals from ``rng``.
+    """
+    logits = rng.standard_normal(shape)
+    weights = np.exp(logits - logits.max(axis=axis, keepdims=True))
+    return (weights / weights.sum(axis=axis, keepdims=True)).astype(np.float32)

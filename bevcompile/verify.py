@@ -26,6 +26,7 @@ from .checks import call_plugin, check_context, load_store, plugin_functions
 from .checks_api import VerifyRow
 from .config import RigConfig, config_sha256, load_config
 from .errors import CheckFailed, StoreError, UsageError
+from .reference import random_depth_probs
 from .store import is_store, store_path
 
 DEFAULT_CHANNELS = 8
@@ -50,10 +51,7 @@ def make_features(
     w_f, h_f = rig.feature_size
     rng = np.random.default_rng(seed)
     features = rng.random((rig.n_cam, channels, h_f, w_f), dtype=np.float32)
-    logits = rng.standard_normal((rig.n_cam, rig.depth.n_bins, h_f, w_f))
-    logits -= logits.max(axis=1, keepdims=True)
-    weights = np.exp(logits)
-    depth_probs = (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
+    depth_probs = random_depth_probs(rng, (rig.n_cam, rig.depth.n_bins, h_f, w_f), axis=1)
     return features, depth_probs
 
 
