@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DependencyError, StoreError, UsageError
+from .gather import bilinear_corners
 from .grid import norm_to_feature_px
 from .loader import LoadedStore, load
 
@@ -66,28 +67,14 @@ def bilinear_tables_from_norm(
         (the clamped pixel), exactly as ``grid_sample(padding_mode="zeros")`` reads 0 there.
     """
     w_f, h_f = feature_size
-    px = norm_to_feature_px(np.asarray(norm, dtype=np.float64), feature_size, align_corners)
-    u = px[..., 0]
-    v = px[..., 1]
-    u0 = np.floor(u)
-    v0 = np.floor(v)
-    fu = u - u0
-    fv = v - v0
+    uv_feature_px = norm_to_feature_px(np.asarray(norm, dtype=np.float64), feature_size, align_corners)
+    # every cell is sampled as grid_sample would: invalid cells sit off the map, so all corners weigh 0
+    pixel_index, weight, _frac, _inside = bilinear_corners(
+        uv_feature_px, np.ones(uv_feature_px.shape[:-1], dtype=bool), feature_size
+    )
     n_cam = norm.shape[0]
-    cam = np.arange(n_cam).reshape((n_cam,) + (1,) * (norm.ndim - 2))
-    index = np.empty((*norm.shape[:-1], 4), dtype=np.int32)
-    weight = np.empty((*norm.shape[:-1], 4), dtype=np.float32)
-    corners = ((0, 0), (0, 1), (1, 0), (1, 1))  # (dv, du): (v0,u0) (v0,u1) (v1,u0) (v1,u1)
-    for k, (dv, du) in enumerate(corners):
-        uu = u0 + du
-        vv = v0 + dv
-        w = (fu if du else 1.0 - fu) * (fv if dv else 1.0 - fv)
-        inside = (uu >= 0) & (uu < w_f) & (vv >= 0) & (vv < h_f)
-        iu = np.clip(uu, 0, w_f - 1).astype(np.int64)
-        iv = np.clip(vv, 0, h_f - 1).astype(np.int64)
-        index[..., k] = cam * (h_f * w_f) + iv * w_f + iu
-        weight[..., k] = np.where(inside, w, 0.0)
-    return index, weight
+    cam_base = (np.arange(n_cam, dtype=np.int64) * (h_f * w_f)).reshape((n_cam,) + (1,) * (norm.ndim - 1))
+    return (cam_base + pixel_index).astype(np.int32), weight.astype(np.float32)
 
 
 def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
