@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .config import RigConfig
+from .gather import bilinear_corners
 from .geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
 from .grid import compute_sampling_grid
 
@@ -494,15 +495,11 @@ def grid_entries(rig: RigConfig, *, splat: str, progress: ProgressFn | None = No
             corners: list[tuple[F64, F64, F64]] = []  # (pixel u, pixel v, weight)
             if splat == "nearest":
                 corners.append((np.rint(u), np.rint(v), np.ones(u.size)))
-            else:
-                u0 = np.floor(u)
-                v0 = np.floor(v)
-                au = u - u0
-                av = v - v0
-                for ou in (0, 1):
-                    for ov in (0, 1):
-                        wgt = (au if ou else 1.0 - au) * (av if ov else 1.0 - av)
-                        corners.append((u0 + ou, v0 + ov, wgt))
+            else:  # the gather tables' corner rule: weight 0 outside the map (zeros padding)
+                pixel_index, corner_weight, _frac, _inside = bilinear_corners(uv, valid, (w_f, h_f))
+                for k in range(4):
+                    pixel = pixel_index[:, k]
+                    corners.append(((pixel % w_f).astype(np.float64), (pixel // w_f).astype(np.float64), corner_weight[:, k]))
             for pu, pv, wgt in corners:
                 keep = valid & (pu >= 0) & (pu < w_f) & (pv >= 0) & (pv < h_f) & (wgt > 0.0)
                 col = (cam_index * h_f + pv[keep].astype(np.int64)) * w_f + pu[keep].astype(np.int64)

@@ -103,7 +103,8 @@ def tile_layout(
 def quantize_rows_int8(
     weight: npt.NDArray[np.float32], rows_axis_scale: npt.NDArray[np.float32] | None = None
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
-    """Symmetric per-row int8: ``row_scale = float32(max|w_row| / 127)``,
+    """Symmetric per-row int8: ``row_scale = float32(max|w_row| / 127)`` (stepped up by float32
+    ulps in the rare case that this would be 0 or clip the peak: rows whose peak is subnormal-range),
     ``q = clip(round_half_even(w / row_scale), -127, 127)`` (0 for all-zero rows);
     dequantise ``w ~ float32(q) * row_scale``.
 
@@ -114,6 +115,14 @@ def quantize_rows_int8(
     if rows_axis_scale is None:
         peak = np.abs(w64).max(axis=1) if w64.shape[1] else np.zeros(w64.shape[0])
         scale = (peak / INT8_MAX).astype(np.float32)
+        # Tiny rows (peak below ~127 * 2^-126): float32 rounding of the scale is coarse there and
+        # may reach 0 or round down so far that the peak would clip. Step the scale up until the
+        # peak quantises within [-127.5, 127.5] (never happens for normal-range weights).
+        for _ in range(4):
+            short = (peak > 0) & ((scale == 0) | (peak > 127.5 * scale.astype(np.float64)))
+            if not short.any():
+                break
+            scale[short] = np.nextafter(scale[short], np.float32(np.inf))
     else:
         scale = np.asarray(rows_axis_scale, dtype=np.float32)
     s64 = scale.astype(np.float64)[:, None]

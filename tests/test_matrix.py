@@ -473,7 +473,23 @@ def test_int8_dequantises_within_its_recorded_bound() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(0, 1e3, allow_nan=False, width=32), min_size=1, max_size=40), st.integers(1, 5))
+@given(
+    st.lists(st.floats(0, 2.0**-100, allow_nan=False, allow_subnormal=True, width=32), min_size=1, max_size=40),
+    st.integers(1, 5),
+)
+def test_int8_tiny_rows_never_vanish(values: list[float], n_rows: int) -> None:
+    """Subnormal-range rows: the float32 scale cannot be 0 for a non-zero row, the peak never clips,
+    and every value decodes within half a step (absolute)."""
+    w = np.resize(np.asarray(values, dtype=np.float32), (n_rows, len(values)))
+    q, scale = quantize_rows_int8(w)
+    deq = dequantize_rows_int8(q, scale).astype(np.float64)
+    nonzero = np.abs(w).max(axis=1) > 0
+    assert np.all(scale[nonzero] > 0)
+    assert np.all(np.abs(deq - w) <= scale.astype(np.float64)[:, None] / 2 * (1 + 1e-6) + 1e-300)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(2.0**-100, 1e3, allow_nan=False, width=32) | st.just(0.0), min_size=1, max_size=40), st.integers(1, 5))
 def test_int8_round_trip_property(values: list[float], n_rows: int) -> None:
     w = np.resize(np.asarray(values, dtype=np.float32), (n_rows, len(values)))
     w[0] = 0.0  # an all-zero row quantises to 0 with scale 0
