@@ -511,6 +511,7 @@ def check_context(loaded: InspectedStore, rig: RigConfig) -> CheckContext:
 
 def _plugin_checks(loaded: InspectedStore) -> None:
     report = loaded.report
+    ctx: CheckContext | None = None
     for summary in report.groups:
         group = summary.name
         plugins = plugin_functions(group, "check")
@@ -525,7 +526,8 @@ def _plugin_checks(loaded: InspectedStore) -> None:
         if loaded.rig is None:
             report.add("plugin_checks", f"{group}/", False, "skipped: the stored config is unusable (see the config check)")
             continue
-        ctx = check_context(loaded, loaded.rig)
+        if ctx is None:  # one context per store: plug-ins share its float64 reference grid
+            ctx = check_context(loaded, loaded.rig)
         for module_name, fn in plugins.functions:
             summary.plugins.append(module_name)
             try:

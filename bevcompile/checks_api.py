@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .config import RigConfig
+from .grid import SamplingGrid, compute_sampling_grid
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,18 @@ class CheckContext:
     features: np.ndarray | None = None  # (n_cam, C, H_f, W_f) float32, values in [0, 1)
     depth_probs: np.ndarray | None = None  # (n_cam, D, H_f, W_f) float32, softmax over D
     seed: int = 0
+    _sampling_grid: SamplingGrid | None = field(default=None, repr=False)
+
+    def sampling_grid(self) -> SamplingGrid:
+        """The float64 IPM grid of ``rig`` (the reference every grid product is measured
+        against), computed once per context and shared by every plug-in; its arrays are
+        read-only."""
+        if self._sampling_grid is None:
+            grid = compute_sampling_grid(self.rig)
+            grid.coords_feature_px.setflags(write=False)
+            grid.valid.setflags(write=False)
+            self._sampling_grid = grid
+        return self._sampling_grid
 
 
 CheckFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[Check]]

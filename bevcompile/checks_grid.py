@@ -460,7 +460,7 @@ def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
     valid = arrays["valid"]
     norm = arrays["norm"]
     norm_int16 = arrays["norm_int16"]
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     coords_bound, norm_bound = float32_grid_bound(feature_size)
     float_threshold = max(FLOAT_PATH_THRESHOLD, coords_bound, norm_bound)
     meta = attrs.get("norm_int16")

@@ -225,7 +225,6 @@ def _quantisation_bound(name: str, feature_size: tuple[int, int], align_corners:
 def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Checks of the fixed-point FORMAT arrays of ``grid/`` (not the four base arrays)."""
     checks: list[Check] = []
-    rig = ctx.rig
     state: dict[str, Any] = {}
 
     def listing() -> list[Check]:
@@ -245,7 +244,7 @@ def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mappi
     _guard(checks, "formats_listed", "grid/", listing)
     if "formats" not in state or not state["formats"]:
         return checks
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     for name in state["formats"]:
         run = functools.partial(_check_format, name, ctx, arrays, attrs, truth, state["align_corners"])
         _guard(checks, f"{name}_contract", f"grid/{FORMAT_ARRAYS[name][0]}", run)
@@ -345,7 +344,7 @@ def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
         return []
     rig = ctx.rig
     align_corners = _align_corners(attrs)
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     features = ctx.features
     n_h, ny, nx = truth.valid.shape[1:]
     rows: list[VerifyRow] = []
@@ -482,7 +481,7 @@ def _check_gather_tables(ctx: CheckContext, attrs: Mapping[str, Any], state: Map
     finite = bool(np.all(np.isfinite(weight)) and np.all((weight >= 0) & (weight <= 1)))
     checks.append(Check("weight_finite_unit", "gather/weight", finite, "every weight finite and in [0, 1]" if finite else "non-finite or out-of-[0, 1] weights"))
 
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     valid = truth.valid.reshape(-1)
     pixel_index, weight64, _, _ = bilinear_corners(truth.coords_feature_px, truth.valid, truth.feature_size)
     base = camera_base_offsets(n_cam, truth.feature_size).reshape(n_cam, 1, 1, 1, 1)
@@ -559,7 +558,7 @@ def verify_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         lut_bound = float(attrs["lut_max_sample_error_unit_features"])
     except (_Bad, KeyError, TypeError, ValueError) as exc:
         return [VerifyRow("gather", "all", float("inf"), float("inf"), 0.0, "contract", False, str(exc))]
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     cells = _cells(rig)
     features = ctx.features
     index = state["index"]
@@ -658,12 +657,12 @@ def check_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
     _guard(checks, "contract", "delta/", contract)
     if "lut" not in state:
         return checks
-    _guard(checks, "decode", "delta/", lambda: _check_delta_decode(ctx.rig, attrs, state["lut"], state["bound"]))
+    _guard(checks, "decode", "delta/", lambda: _check_delta_decode(ctx, attrs, state["lut"], state["bound"]))
     return checks
 
 
-def _check_delta_decode(rig: RigConfig, attrs: Mapping[str, Any], lut: DeltaLUT, bound: float) -> list[Check]:
-    truth = compute_sampling_grid(rig)
+def _check_delta_decode(ctx: CheckContext, attrs: Mapping[str, Any], lut: DeltaLUT, bound: float) -> list[Check]:
+    truth = ctx.sampling_grid()
     decoded = decode_delta(lut)
     measured = _max_abs_err(decoded, truth.coords_feature_px, truth.valid)
     recorded = _recorded_float(attrs, "max_error_px", "delta/")
@@ -676,7 +675,7 @@ def _check_delta_decode(rig: RigConfig, attrs: Mapping[str, Any], lut: DeltaLUT,
         )
     ]
     invalid = ~truth.valid
-    bad = int(np.count_nonzero(invalid & ~off_map_margin(decoded, rig.feature_size)))
+    bad = int(np.count_nonzero(invalid & ~off_map_margin(decoded, truth.feature_size)))
     checks.append(Check("invalid_decode_off_map", "delta/", bad == 0, f"{bad} of {int(invalid.sum())} invalid cell(s) decode inside the map or its 1.5 px margin"))
     nbytes = sum(int(getattr(lut, name).nbytes) for name in LUT_ARRAYS)
     rec_total = attrs.get("on_device_bytes_total")
@@ -698,7 +697,7 @@ def verify_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         recorded = _recorded_float(attrs, "max_error_px", "delta/")
     except _Bad as exc:
         return [VerifyRow("delta", "all", float("inf"), float("inf"), 0.0, "contract", False, str(exc))]
-    truth = compute_sampling_grid(rig)
+    truth = ctx.sampling_grid()
     decoded = decode_delta(lut)
     rows = []
     for cam_index, camera in enumerate(rig.cameras):

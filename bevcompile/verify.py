@@ -187,6 +187,10 @@ def verify_store(
     if rig is None:
         return report
     features, depth_probs = make_features(rig, channels, seed)
+    ctx = check_context(loaded, rig)  # one per store: plug-ins share its float64 reference grid
+    ctx.features = features
+    ctx.depth_probs = depth_probs
+    ctx.seed = seed
     for summary in loaded.report.groups:
         group = summary.name
         plugins = plugin_functions(group, "verify")
@@ -196,10 +200,6 @@ def verify_store(
         if not plugins.functions:
             report.notes.append(f"{group}/: no installed plug-in verifies this group")
             continue
-        ctx = check_context(loaded, rig)
-        ctx.features = features
-        ctx.depth_probs = depth_probs
-        ctx.seed = seed
         for module_name, fn in plugins.functions:
             try:
                 rows = list(
