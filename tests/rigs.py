@@ -9,6 +9,8 @@ linspace pixel mapping or a BEV grid larger than what the cameras see (partial c
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +110,13 @@ def distorted_rig() -> RigConfig:
 def write_yaml(path: Path, data: Any) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """SHA-256 of every file below ``path`` (relative path -> hex): byte-identity of stores."""
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            full = Path(root) / name
+            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
+    return out

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from bevcompile.cli import _output as cli_output
 from bevcompile.cli import app, grid_cmd
 from bevcompile.store import open_store
 
-from .rigs import NUSCENES_YAML, small_rig_data, write_yaml
+from .rigs import NUSCENES_YAML, small_rig_data, tree_digest, write_yaml
 
 runner = CliRunner()
 DONE_WHEN = ["--format", "opencv", "--format", "pixel_q", "--format", "norm_q16", "--format", "uq12", "--align", "32"]
@@ -35,14 +33,6 @@ def _flat(text: str) -> str:
     """Table text without box-drawing characters, whitespace collapsed."""
     return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
 
-
-def _tree_digest(path: Path) -> dict[str, str]:
-    out = {}
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            full = Path(root) / name
-            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
-    return out
 
 
 def test_done_when_command_writes_everything_and_summarises(tmp_path: Path) -> None:
@@ -164,8 +154,8 @@ def test_output_is_byte_identical_across_runs(tmp_path: Path) -> None:
     args = ["--format", "opencv", "--format", "uq12", "--format", "pixel_q", "--format", "norm_q16", "--order", "cache", "--align", "64", "-q"]
     for sub in ("a", "b"):
         assert runner.invoke(app, ["grid", str(config), "--out", str(tmp_path / sub), *args]).exit_code == 0
-    a = _tree_digest(tmp_path / "a" / "small.zarr")
-    assert a == _tree_digest(tmp_path / "b" / "small.zarr") and len(a) > 40
+    a = tree_digest(tmp_path / "a" / "small.zarr")
+    assert a == tree_digest(tmp_path / "b" / "small.zarr") and len(a) > 40
 
 
 def test_help_lists_the_npu_options() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +14,7 @@ from bevcompile.conventions import CONVENTIONS
 from bevcompile.errors import StoreConflictError, StoreError
 from bevcompile.store import GroupData, array_sha256, default_chunks, open_store, write_groups
 
-from .rigs import small_rig, small_rig_data
-
-
-def _tree_digest(path: Path) -> dict[str, str]:
-    out = {}
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            full = Path(root) / name
-            out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
-    return out
+from .rigs import small_rig, small_rig_data, tree_digest
 
 
 def test_store_contract(tmp_path: Path) -> None:
@@ -64,18 +53,18 @@ def test_output_is_byte_identical_across_runs(tmp_path: Path) -> None:
     rig = small_rig(distortion=True, heights=(0.0, 0.5))
     run_grid(rig, tmp_path / "a")
     run_grid(rig, tmp_path / "b")
-    a = _tree_digest(tmp_path / "a" / "small.zarr")
-    b = _tree_digest(tmp_path / "b" / "small.zarr")
+    a = tree_digest(tmp_path / "a" / "small.zarr")
+    b = tree_digest(tmp_path / "b" / "small.zarr")
     assert a == b and len(a) > 8
 
 
 def test_other_config_is_refused_without_force(tmp_path: Path) -> None:
     run_grid(small_rig(), tmp_path)
-    before = _tree_digest(tmp_path / "small.zarr")
+    before = tree_digest(tmp_path / "small.zarr")
     other = small_rig(bev_step_m=2.0)
     with pytest.raises(StoreConflictError, match=r"small\.zarr: was built from a different config .* pass --force"):
         run_grid(other, tmp_path)
-    assert _tree_digest(tmp_path / "small.zarr") == before
+    assert tree_digest(tmp_path / "small.zarr") == before
     run_grid(other, tmp_path, force=True)
     assert open_store(tmp_path / "small.zarr").root_attrs["config_sha256"] == config_sha256(other)
 
@@ -95,7 +84,7 @@ def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> 
 def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rig = small_rig()
     run_grid(rig, tmp_path)
-    before = _tree_digest(tmp_path / "small.zarr")
+    before = tree_digest(tmp_path / "small.zarr")
     calls = {"n": 0}
     real = store_module._write_group
 
@@ -108,7 +97,7 @@ def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: 
     with pytest.raises(RuntimeError, match="simulated"):
         run_grid(rig, tmp_path, align_corners=True)
     assert calls["n"] == 1
-    assert _tree_digest(tmp_path / "small.zarr") == before
+    assert tree_digest(tmp_path / "small.zarr") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
 
 
