@@ -386,20 +386,12 @@ def _torch_export(module: Any, args: tuple[Any, ...], path: Path, options: Expor
     """Export with the chosen exporter; returns the exporter actually used."""
     torch = _require_torch()
     exporter = options.exporter
+    common: dict[str, Any] = {"input_names": names, "output_names": ["bev"], "opset_version": options.opset}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
             try:
-                torch.onnx.export(
-                    module,
-                    args,
-                    str(path),
-                    input_names=names,
-                    output_names=["bev"],
-                    opset_version=options.opset,
-                    dynamo=False,
-                    do_constant_folding=True,
-                )
+                torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **common)
                 return "legacy"
             except (TypeError, AttributeError, RuntimeError, NotImplementedError) as exc:
                 if "dynamo" not in str(exc).lower() and "legacy" not in str(exc).lower() and "deprecat" not in str(exc).lower():
@@ -415,17 +407,7 @@ def _torch_export(module: Any, args: tuple[Any, ...], path: Path, options: Expor
             logger.setLevel(logging.ERROR)
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                torch.onnx.export(
-                    module,
-                    args,
-                    str(path),
-                    input_names=names,
-                    output_names=["bev"],
-                    opset_version=options.opset,
-                    dynamo=True,
-                    external_data=False,
-                    optimize=True,
-                )
+                torch.onnx.export(module, args, str(path), dynamo=True, external_data=False, optimize=True, **common)
         finally:
             for logger, level in zip(quiet_loggers, levels, strict=True):
                 logger.setLevel(level)
