@@ -174,7 +174,8 @@ def build_grid_products(grid: SamplingGrid, align_corners: bool) -> GridProducts
     ``norm`` is computed from the float64 coords (not from the rounded float32 coords).
     ``norm_int16_max_error_px`` is the measured max ``|decode(norm_int16) - coords|`` in
     feature pixels over valid cells (0 when no cell is valid). ``norm_int16_saturated_valid_cells``
-    counts valid cells whose ``|norm| > 1`` on an axis: under align_corners=True the valid rule
+    counts valid cells whose code the clip changes (``|norm * 32767| > 32767.5`` on an axis, the
+    rule of :mod:`bevcompile.formats`): under align_corners=True the valid rule
     reaches half a pixel past the outer pixel centres, which ``[-1, 1]`` cannot represent, so
     those cells are clamped by up to 0.5 px (included in the measured error).
     """
@@ -182,7 +183,8 @@ def build_grid_products(grid: SamplingGrid, align_corners: bool) -> GridProducts
     norm_int16 = encode_norm_int16(norm64)
     decoded_px = norm_to_feature_px(decode_norm_int16(norm_int16), grid.feature_size, align_corners)
     err = np.abs(decoded_px - grid.coords_feature_px)[grid.valid]
-    saturated = int(np.count_nonzero(np.any(np.abs(norm64) > 1.0, axis=-1) & grid.valid))
+    # the same rule as every fixed-point format: the clip changes the code
+    saturated = int(np.count_nonzero(np.any(np.abs(norm64 * NORM_INT16_SCALE) > NORM_INT16_SCALE + 0.5, axis=-1) & grid.valid))
     return GridProducts(
         coords=grid.coords_feature_px.astype(np.float32),
         valid=grid.valid.copy(),

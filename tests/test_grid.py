@@ -199,6 +199,21 @@ def test_norm_int16_is_saturating_and_its_error_is_measured() -> None:
     assert measured <= 0.5 * 44 / 2 / 32767 + 1e-12  # half a quantum of 2/32767 norm, in pixels
 
 
+def test_norm_int16_saturation_is_counted_only_under_align_corners() -> None:
+    """align_corners=True cannot represent the valid rule's outer half pixel: those cells clamp."""
+    rig = RIGS["small-multi"]
+    grid = compute_sampling_grid(rig)
+    assert build_grid_products(grid, False).norm_int16_saturated_valid_cells == 0
+    products = build_grid_products(grid, True)
+    w_f, h_f = rig.feature_size
+    u, v = grid.coords_feature_px[..., 0], grid.coords_feature_px[..., 1]
+    pre_u = (u * 2 / (w_f - 1) - 1) * 32767  # written out: the code before the clip
+    pre_v = (v * 2 / (h_f - 1) - 1) * 32767
+    expected = int(((np.abs(pre_u) > 32767.5) | (np.abs(pre_v) > 32767.5))[grid.valid].sum())
+    assert products.norm_int16_saturated_valid_cells == expected > 0
+    assert 0.49 < products.norm_int16_max_error_px <= 0.5
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-1.0, 1.0), min_size=1, max_size=20))
 def test_norm_int16_round_trip_within_half_a_quantum(values: list[float]) -> None:
