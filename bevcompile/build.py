@@ -34,6 +34,7 @@ from .gather import (
     CORNER_ORDER,
     DEFAULT_LUT_FRAC_BITS,
     LUT_CODE_ORDER,
+    ORDER_KEYS,
     GatherLayout,
     GatherTables,
     build_gather_tables,
@@ -293,7 +294,7 @@ def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> 
         attrs["cell_valid"] = "cell_valid[k] = row k holds a real cell that is valid (grid/valid); False on padding rows"
     if layout.perm is not None:
         attrs["perm"] = "row k holds flat cell perm[k] (k < n_cells); perm_inverse[flat cell] = its row (length n_cells)"
-        attrs["cache_order_key"] = "valid cells first, then cam, floor(v) // 8, u, flat cell (stable); invalid cells last in row-major order"
+        attrs["order_key"] = ORDER_KEYS[layout.order]
     return GroupData(arrays=arrays, attrs=attrs)
 
 

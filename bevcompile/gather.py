@@ -26,7 +26,8 @@ Conventions (README "Store contract: gather/"; stored in the ``gather`` group at
 * LAYOUT: ``"bev"`` (``--align 1``, row order): tables shaped ``(n_cam, n_h, ny, nx, 4)``.
   ``"flat"`` (``--align N > 1``): ``(n_cells_padded, 4)``, cells in row-major
   ``(cam, ih, iy, ix)`` order, ``flat = ((cam * n_h + ih) * ny + iy) * nx + ix``, padded with
-  weight-0 / index-0 / code-0 rows to a multiple of N. ``"flat_cache"`` (``--order cache``):
+  weight-0 / index-0 / code-0 rows to a multiple of N. ``"flat_cache"`` / ``"flat_feature"``
+  (``--order cache`` / ``--order feature``, see :func:`order_permutation`):
   the flat rows permuted by ``perm`` (row k holds cell ``perm[k]``), padded the same way
   (``perm`` = 0 on padding rows); ``perm_inverse[cell]`` = the row of ``cell``.
   ``cell_valid[k]`` = the row holds a real cell that is valid (False on padding rows).
@@ -51,7 +52,18 @@ MAX_LUT_FRAC_BITS = 8  # codes are uint8
 MIN_LUT_FRAC_BITS = 1
 CACHE_ROW_GROUP = 8
 """``--order cache`` groups cells by ``floor(v) // 8`` (8 feature rows), then by ``u``."""
-ORDERS = ("row", "cache")
+ORDERS = ("row", "cache", "feature")
+"""Gather row orders: ``row`` (BEV row-major), ``cache`` (8-row feature bands swept column by
+column), ``feature`` (ascending first-corner feature address: monotone reads)."""
+ORDER_KEYS = {
+    "cache": "valid cells first, then cam, v0 // 8, u0, v0 (ascending in even u0 columns, descending "
+    "in odd ones), flat cell (stable), with (u0, v0) = the first corner (clip(floor(u), 0, W_f - 1), "
+    "clip(floor(v), 0, H_f - 1)); invalid cells last in row-major order",
+    "feature": "valid cells first, then cam, v0, u0 (the first corner's feature address, ascending), "
+    "flat cell (stable), with (u0, v0) = the first corner (clip(floor(u), 0, W_f - 1), "
+    "clip(floor(v), 0, H_f - 1)); invalid cells last in row-major order",
+}
+"""The sort key of each permuted order, as stored in ``gather/`` attributes (``order_key``)."""
 MAX_ALIGN = 1 << 20
 GATHER_CHUNK_ELEMENTS = 1 << 22  # float64 elements gathered per step by gather_sample
 
@@ -273,28 +285,60 @@ def flat_cell_index(n_cam: int, n_h: int, ny: int, nx: int) -> npt.NDArray[np.in
     return np.arange(n_cam * n_h * ny * nx, dtype=np.int64).reshape(n_cam, n_h, ny, nx)
 
 
-def cache_order_permutation(
-    uv_feature_px: npt.NDArray[np.floating], valid: npt.NDArray[np.bool_]
+def order_permutation(
+    uv_feature_px: npt.NDArray[np.floating],
+    valid: npt.NDArray[np.bool_],
+    feature_size: tuple[int, int],
+    order: str,
 ) -> npt.NDArray[np.int64]:
-    """``--order cache``: flat cells sorted so that consecutive gathers touch nearby feature rows.
+    """The gather row order of ``--order cache|feature``: flat cells sorted so that consecutive
+    gathers touch nearby feature memory.
 
     Convention:
-        uv_feature_px ``(n_cam, n_h, ny, nx, 2)``; valid ``(n_cam, n_h, ny, nx)``.
-        returns ``perm`` ``(n_cells,)`` int64, ``perm[k]`` = flat cell at row k. Sort key (stable):
-        valid cells first; then camera; then ``floor(v) // 8``; then ``u``; then the flat cell
-        index. Invalid cells keep row-major order at the end (they gather nothing).
+        uv_feature_px ``(n_cam, n_h, ny, nx, 2)`` float feature pixels ``(u, v)``;
+        valid ``(n_cam, n_h, ny, nx)`` bool; feature_size ``(W_f, H_f)``. Returns ``perm``
+        ``(n_cells,)`` int64, ``perm[k]`` = flat cell at row k. Both orders sort valid cells
+        first, then by camera, and end with the flat cell index (so the sort is total and
+        deterministic); invalid cells keep row-major order at the end (they gather nothing).
+        The keys use the first bilinear corner as stored in ``index[..., 0]``:
+        ``u0 = clip(floor(u), 0, W_f - 1)``, ``v0 = clip(floor(v), 0, H_f - 1)``.
+
+        * ``cache`` (:data:`CACHE_ROW_GROUP`-row bands): ``v0 // 8``, then ``u0``, then ``v0``
+          ascending in even ``u0`` columns and descending in odd ones (a boustrophedon sweep
+          of each 8-row band, column by column);
+        * ``feature``: ``v0``, then ``u0`` — the first corner's flat feature address ascends,
+          so the gather reads feature memory monotonically.
     """
+    order = check_order(order)
+    w_f, h_f = feature_size
     uv = np.asarray(uv_feature_px, dtype=np.float64).reshape(-1, 2)
     ok = np.asarray(valid, dtype=bool).reshape(-1)
     n_cam = valid.shape[0]
     cam = np.repeat(np.arange(n_cam, dtype=np.int64), ok.size // max(n_cam, 1))
-    u = np.where(ok, uv[:, 0], 0.0)
-    v = np.where(ok, uv[:, 1], 0.0)
-    band = np.floor_divide(np.floor(v), CACHE_ROW_GROUP)
+    u0 = np.clip(np.floor(np.where(ok, uv[:, 0], 0.0)), 0, w_f - 1).astype(np.int64)
+    v0 = np.clip(np.floor(np.where(ok, uv[:, 1], 0.0)), 0, h_f - 1).astype(np.int64)
     flat = np.arange(ok.size, dtype=np.int64)
     # np.lexsort: the LAST key is the primary one
-    order = np.lexsort((flat, u, band, cam, ~ok))
-    return order.astype(np.int64)
+    if order == "cache":
+        band = v0 // CACHE_ROW_GROUP
+        sweep = np.where(u0 % 2 == 0, v0, -v0)
+        rows = np.lexsort((flat, sweep, u0, band, cam, ~ok))
+    elif order == "feature":
+        rows = np.lexsort((flat, u0, v0, cam, ~ok))
+    else:
+        rows = flat
+    return rows.astype(np.int64)
+
+
+def layout_name(align: int, order: str) -> str:
+    """Stored layout of ``gather/`` for ``--align`` / ``--order``: ``bev`` (align 1, row order),
+    ``flat`` (padded, row order) or ``flat_<order>`` (padded and permuted; writes ``perm``)."""
+    if order == "row":
+        return "bev" if align == 1 else "flat"
+    return f"flat_{order}"
+
+
+LAYOUTS = ("bev", "flat", *(f"flat_{order}" for order in ORDERS if order != "row"))
 
 
 def mean_index_jump(index_rows: npt.NDArray[np.integer], valid_rows: npt.NDArray[np.bool_]) -> float:
@@ -313,8 +357,8 @@ def band_switches(
     index_rows: npt.NDArray[np.integer], valid_rows: npt.NDArray[np.bool_], feature_size: tuple[int, int]
 ) -> int:
     """How often consecutive VALID rows in gather order change their 8-row feature band
-    ``(cam, floor(v0) // 8)`` (corner ``(v0, u0)``, clamped): what ``--order cache`` minimises
-    (its minimum is the number of bands touched minus one).
+    ``(cam, floor(v0) // 8)`` (corner ``(v0, u0)``, clamped): what ``--order cache`` and
+    ``--order feature`` minimise (the minimum is the number of bands touched minus one).
 
     Convention: index_rows ``(n_rows, 4)``; valid_rows ``(n_rows,)``; feature_size ``(W_f, H_f)``.
     """
@@ -331,7 +375,7 @@ def band_switches(
 class GatherLayout:
     """The tables as written to ``gather/`` (see the module docstring, LAYOUT)."""
 
-    layout: str  # "bev" | "flat" | "flat_cache"
+    layout: str  # one of LAYOUTS: "bev" | "flat" | "flat_cache" | "flat_feature"
     index: npt.NDArray[np.int32]
     weight: npt.NDArray[np.float32]
     weight_u8: npt.NDArray[np.uint8]
@@ -365,7 +409,7 @@ def layout_tables(
 ) -> GatherLayout:
     """Arrange logical tables into the stored layout (``--align``, ``--order``).
 
-    ``uv_feature_px`` ``(n_cam, n_h, ny, nx, 2)`` float64 is only used for the cache order.
+    ``uv_feature_px`` ``(n_cam, n_h, ny, nx, 2)`` float64 is only used by the permuted orders.
     """
     align = check_align(align)
     order = check_order(order)
@@ -382,9 +426,7 @@ def layout_tables(
     n_pad = -(-n_cells // align) * align if n_cells else 0
     if n_pad > np.iinfo(np.int32).max:
         raise UsageError(f"{n_pad} gather rows do not fit int32 row indices")
-    rows = np.arange(n_cells, dtype=np.int64)
-    if order == "cache":
-        rows = cache_order_permutation(uv_feature_px, tables.valid)
+    rows = order_permutation(uv_feature_px, tables.valid, tables.feature_size, order)
 
     def pad(values: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
         out = np.zeros((n_pad, *values.shape[1:]), dtype=dtype)
@@ -394,14 +436,14 @@ def layout_tables(
     index = pad(index4, np.int32)
     cell_valid = pad(valid, np.bool_)
     perm = perm_inverse = None
-    if order == "cache":
+    if order != "row":
         perm = np.zeros(n_pad, dtype=np.int32)
         perm[:n_cells] = rows
         inverse = np.empty(n_cells, dtype=np.int64)
         inverse[rows] = np.arange(n_cells, dtype=np.int64)
         perm_inverse = inverse.astype(np.int32)
     return GatherLayout(
-        "flat_cache" if order == "cache" else "flat",
+        layout_name(align, order),
         index,
         pad(tables.weight.reshape(-1, 4), np.float32),
         pad(tables.weight_u8.reshape(-1, 4), np.uint8),

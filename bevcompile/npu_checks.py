@@ -71,6 +71,7 @@ from .gather import (
     check_lut_frac_bits,
     check_order,
     gather_sample,
+    layout_name,
     layout_tables,
     lut_table,
     lut_weights,
@@ -83,7 +84,6 @@ FEATURE_PEAK = 1.0
 GATHER_THRESHOLD = 1e-5
 BOUND_SLACK = 1e-6
 ATTR_RTOL = 1e-9
-LAYOUTS = ("bev", "flat", "flat_cache")
 
 
 class _Bad(ValueError):
@@ -413,7 +413,7 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     frac_bits, align, order = _gather_options(attrs)
     cells = _cells(rig)
     n_cells = int(np.prod(cells))
-    layout = "bev" if align == 1 and order == "row" else ("flat_cache" if order == "cache" else "flat")
+    layout = layout_name(align, order)
     if attrs.get("layout") != layout:
         raise _Bad(f"gather/ attrs layout {attrs.get('layout')!r}, build_options imply {layout!r}")
     n_pad = -(-n_cells // align) * align
@@ -432,7 +432,7 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
         cell_valid = _expect(arrays, "gather", "cell_valid", (n_pad,), ("bool",))
         out["cell_valid"] = cell_valid
         out["padding"] = (index[n_cells:], weight[n_cells:], codes[n_cells:], cell_valid[n_cells:])
-    if layout == "flat_cache":
+    if order != "row":
         perm = _expect(arrays, "gather", "perm", (n_pad,), ("int32",)).astype(np.int64)
         inverse = _expect(arrays, "gather", "perm_inverse", (n_cells,), ("int32",)).astype(np.int64)
         head = perm[:n_cells]

@@ -81,7 +81,7 @@ def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndar
     """``(index, weight, row_of_cell, source used, layout)``.
 
     ``layout`` ``"bev"``: tables ``(n_cam, n_h, ny, nx, 4)``, ``row_of_cell`` None. ``"flat"`` /
-    ``"flat_cache"`` (``grid --align N`` / ``--order cache``): tables ``(n_cells_padded, 4)`` as
+    ``"flat_cache"`` / ``"flat_feature"`` (``grid --align N`` / ``--order cache|feature``): tables ``(n_cells_padded, 4)`` as
     stored, ``row_of_cell[cell]`` = the table row of flat cell ``((cam*n_h + ih)*ny + iy)*nx + ix``
     (``gather/perm_inverse``, or ``arange(n_cells)``).
     """
@@ -101,7 +101,7 @@ def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndar
             raise StoreError(
                 f"{store.path}: gather/index has shape {index.shape}; expected {logical} or a padded ({n_cells}+, 4) layout"
             )
-        if layout == "flat_cache" or "perm_inverse" in group:
+        if layout.startswith("flat_") or "perm_inverse" in group:
             row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
             if row_of_cell.shape != (n_cells,):
                 raise StoreError(f"{store.path}: gather/perm_inverse has shape {row_of_cell.shape}; expected ({n_cells},)")
@@ -135,8 +135,8 @@ class GridGather(nn.Module):
 
     Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
     ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
-    (layouts ``flat``/``flat_cache`` of ``grid --align N [--order cache]``: the Gather keeps the
-    aligned length and the cache order, then ``row_of_cell`` int32 — ``gather/perm_inverse`` or
+    (layouts ``flat``/``flat_cache``/``flat_feature`` of ``grid --align N [--order cache|feature]``:
+    the Gather keeps the aligned length and the permuted order, then ``row_of_cell`` int32 — ``gather/perm_inverse`` or
     ``arange(n_cells)`` — brings the rows back to cell order with one more Gather) — or derived
     from ``grid/norm`` by :func:`bilinear_tables_from_norm` when the store has no ``gather/``
     group or ``source="grid"``; and ``inv_count`` float32 (mean only): ``1 / count`` or 0.

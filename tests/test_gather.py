@@ -15,12 +15,13 @@ from bevcompile.gather import (
     band_switches,
     bilinear_corners,
     build_gather_tables,
-    cache_order_permutation,
     gather_sample,
+    layout_name,
     layout_tables,
     lut_table,
     lut_weights,
     mean_index_jump,
+    order_permutation,
     quantise_lut_codes,
     worst_case_sample_error,
 )
@@ -217,40 +218,65 @@ def test_convention_flat_layout_padding_and_row_order(small_distorted_multi: Rig
     assert layout_tables(tables, sampling.coords_feature_px).index.shape == (*sampling.valid.shape, 4)
 
 
-def test_cache_order_permutes_and_samples_the_same(small_distorted_multi: RigConfig) -> None:
+@pytest.mark.parametrize("order", ["cache", "feature"])
+def test_permuted_order_permutes_and_samples_the_same(small_distorted_multi: RigConfig, order: str) -> None:
     sampling = compute_sampling_grid(small_distorted_multi)
     tables = build_gather_tables(sampling)
     row = layout_tables(tables, sampling.coords_feature_px, align=32)
-    cache = layout_tables(tables, sampling.coords_feature_px, align=32, order="cache")
-    assert cache.layout == "flat_cache" and cache.perm is not None and cache.perm_inverse is not None
-    n = cache.n_cells
-    assert sorted(cache.perm[:n].tolist()) == list(range(n)) and np.all(cache.perm[n:] == 0)
-    np.testing.assert_array_equal(cache.perm[:n][cache.perm_inverse], np.arange(n))
+    permuted = layout_tables(tables, sampling.coords_feature_px, align=32, order=order)
+    assert permuted.layout == f"flat_{order}" == layout_name(32, order)
+    assert permuted.perm is not None and permuted.perm_inverse is not None
+    n = permuted.n_cells
+    assert sorted(permuted.perm[:n].tolist()) == list(range(n)) and np.all(permuted.perm[n:] == 0)
+    np.testing.assert_array_equal(permuted.perm[:n][permuted.perm_inverse], np.arange(n))
     w_f, h_f = small_distorted_multi.feature_size
     features = np.random.default_rng(2).random((small_distorted_multi.n_cam, 2, h_f, w_f))
     out_row = gather_sample(features, row.index, row.weight)[:, :n]
-    out_cache = gather_sample(features, cache.index, cache.weight)[:, cache.perm_inverse]
-    np.testing.assert_array_equal(out_row, out_cache)
-    # the sort key: valid rows first, and (cam, floor(v) // 8) never decreases along them
-    assert cache.cell_valid is not None and row.cell_valid is not None
-    valid_rows = cache.cell_valid
+    out_permuted = gather_sample(features, permuted.index, permuted.weight)[:, permuted.perm_inverse]
+    np.testing.assert_array_equal(out_row, out_permuted)
+    # both keys: valid rows first, and (cam, floor(v) // 8) never decreases along them
+    assert permuted.cell_valid is not None and row.cell_valid is not None
+    valid_rows = permuted.cell_valid
     assert not np.any(valid_rows[1:n] & ~valid_rows[: n - 1])
-    first = cache.index[valid_rows, 0].astype(np.int64)
+    first = permuted.index[valid_rows, 0].astype(np.int64)
     cam, within = np.divmod(first, w_f * h_f)
     band = cam * 100 + (within // w_f) // 8
     assert np.all(np.diff(band) >= 0)
-    assert cache.band_switches_gather_order == len(np.unique(band)) - 1 <= row.band_switches_row_order
-    assert cache.jump_row_order == pytest.approx(mean_index_jump(row.index, row.cell_valid))
-    assert band_switches(cache.index, cache.cell_valid, (w_f, h_f)) == cache.band_switches_gather_order
+    assert permuted.band_switches_gather_order == len(np.unique(band)) - 1 <= row.band_switches_row_order
+    assert permuted.jump_row_order == pytest.approx(mean_index_jump(row.index, row.cell_valid))
+    assert band_switches(permuted.index, permuted.cell_valid, (w_f, h_f)) == permuted.band_switches_gather_order
+    if order == "feature":
+        # the first corner's feature address ascends: the gather reads memory monotonically
+        assert np.all(np.diff(first) >= 0)
+        assert permuted.jump_gather_order == pytest.approx(np.abs(np.diff(first)).mean())
+        assert permuted.jump_gather_order < permuted.jump_row_order
+    else:
+        # inside a band: floor(u) never decreases, and floor(v) sweeps down even columns, up odd ones
+        v0, u0 = np.divmod(within, w_f)
+        key = np.stack([cam, v0 // 8, u0, np.where(u0 % 2 == 0, v0, -v0)], axis=1)
+        order_of_rows = np.lexsort(key.T[::-1])
+        np.testing.assert_array_equal(key[order_of_rows], key)
 
 
-def test_cache_order_permutation_is_deterministic_with_ties() -> None:
+@pytest.mark.parametrize("order", ["cache", "feature"])
+def test_order_permutation_is_deterministic_with_ties(order: str) -> None:
     coords = np.zeros((1, 1, 2, 3, 2))
     valid = np.ones((1, 1, 2, 3), dtype=bool)
     valid[0, 0, 0, 1] = False
-    perm = cache_order_permutation(coords, valid)
+    perm = order_permutation(coords, valid, (4, 3), order)
     # all valid cells tie on every key: flat order among them, the invalid cell last
     assert perm.tolist() == [0, 2, 3, 4, 5, 1]
+
+
+def test_order_keys_by_hand() -> None:
+    # one camera, one height, one BEV row of 5 cells; (u, v) in feature pixels
+    # in a 5 x 14 feature map; the last cell's corner is clamped from (-1, -1) to (0, 0)
+    coords = np.array([[[[[3.5, 9.2], [0.2, 1.7], [1.9, 1.1], [1.1, 6.0], [0.7, 12.4], [-0.3, -0.4]]]]])
+    valid = np.ones((1, 1, 1, 6), dtype=bool)
+    # feature: by (v0, u0) = (9,3) (1,0) (1,1) (6,1) (12,0) (0,0)
+    assert order_permutation(coords, valid, (5, 14), "feature").tolist() == [5, 1, 2, 3, 0, 4]
+    # cache: band v0 // 8 = 1 0 0 0 1 0; then u0; column 1 (odd) sweeps v0 descending
+    assert order_permutation(coords, valid, (5, 14), "cache").tolist() == [5, 1, 3, 2, 4, 0]
 
 
 def test_layout_option_errors(small: RigConfig) -> None:
@@ -258,5 +284,5 @@ def test_layout_option_errors(small: RigConfig) -> None:
     tables = build_gather_tables(sampling)
     with pytest.raises(UsageError, match=r"--align must be an integer in \[1, 1048576\], got 0"):
         layout_tables(tables, sampling.coords_feature_px, align=0)
-    with pytest.raises(UsageError, match="--order must be one of row, cache, got 'zigzag'"):
+    with pytest.raises(UsageError, match="--order must be one of row, cache, feature, got 'zigzag'"):
         layout_tables(tables, sampling.coords_feature_px, order="zigzag")

@@ -108,7 +108,7 @@ def test_cache_order_summary_shows_jump_figures(tmp_path: Path) -> None:
         (["--format", "int8"], "error: unknown --format 'int8'; known formats: norm_int16, uq12, opencv, pixel_q, norm_q16"),
         (["--frac-bits", "9"], "error: --frac-bits must be in [1, 8] (uint8 weight LUT codes, 2**F levels per axis), got 9"),
         (["--align", "0"], "error: --align must be an integer in [1, 1048576], got 0"),
-        (["--order", "zigzag"], "error: --order must be one of row, cache, got 'zigzag'"),
+        (["--order", "zigzag"], "error: --order must be one of row, cache, feature, got 'zigzag'"),
         (["--block", "0"], "error: --block must be an integer in [1, 256], got 0"),
         (["--max-error-px", "0"], "error: --max-error-px must be in (0, 1] feature pixels, got 0.0"),
         (["--max-error-px", "0.0001"], "error: --max-error-px 0.0001 is below the escape form's resolution 2**-12 px for a 12x8 feature map"),

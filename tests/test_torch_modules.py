@@ -85,7 +85,7 @@ def features_multi(small_distorted_multi: RigConfig) -> torch.Tensor:
 
 @pytest.mark.parametrize("align_corners", [False, True])
 @pytest.mark.parametrize(
-    ("layout", "align", "order"), [("none", 1, "row"), ("bev", 1, "row"), ("flat", 32, "row"), ("flat_cache", 16, "cache")]
+    ("layout", "align", "order"), [("none", 1, "row"), ("bev", 1, "row"), ("flat", 32, "row"), ("flat_cache", 16, "cache"), ("flat_feature", 8, "feature")]
 )
 def test_grid_gather_equals_torch_grid_sample(
     tmp_path: Path, small_distorted_multi: RigConfig, features_multi: torch.Tensor,

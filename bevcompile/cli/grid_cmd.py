@@ -50,7 +50,11 @@ def grid(
     ] = 1,
     order: Annotated[
         str,
-        typer.Option("--order", help=f"Gather row order: {' or '.join(ORDERS)} (cache: grouped by floor(v) // 8, then u)."),
+        typer.Option(
+            "--order",
+            help=f"Gather row order: {', '.join(ORDERS)} (cache: 8-row feature bands swept by floor(u); "
+            "feature: ascending feature address). Writes gather/perm.",
+        ),
     ] = "row",
     block: Annotated[int, typer.Option("--block", help="delta/ block size B (B x B BEV cells per block).")] = DEFAULT_BLOCK,
     max_error_px: Annotated[
@@ -153,9 +157,9 @@ def _print_npu_summary(extra: dict[str, Any]) -> None:
         table.add_row("LUT worst-case sample error (unit features)", f"{gather['lut_max_sample_error_unit_features']:.2e}")
         jump = f"{gather['mean_index_jump_row_order']:.1f}"
         bands = f"{gather['band_switches_row_order']}"
-        if gather["order"] == "cache":
-            jump += f" -> {gather['mean_index_jump_gather_order']:.1f} (cache order)"
-            bands += f" -> {gather['band_switches_gather_order']} (cache order)"
+        if gather["order"] != "row":
+            jump += f" -> {gather['mean_index_jump_gather_order']:.1f} ({gather['order']} order)"
+            bands += f" -> {gather['band_switches_gather_order']} ({gather['order']} order)"
         table.add_row("mean index jump between valid rows", jump)
         table.add_row("8-row feature band switches", bands)
         print_table(table)
