@@ -28,7 +28,7 @@ demo: $(STAMP_RUN)
 test: $(STAMP_TEST)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 -q
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -n 2 -q
 	@echo "== end-to-end: default store into a temporary folder, then bevcompile inspect"
 	@tmp=$$(mktemp -d) && \
 	  $(BIN)/bevcompile grid --out $$tmp --quiet && \

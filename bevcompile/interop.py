@@ -7,18 +7,23 @@ The builders are pure numpy (config dataclasses in, arrays out); only
 BEVDet BEVPoolv2 (``--to bevpoolv2``)
 -------------------------------------
 The five int32 arrays BEVDet's ``voxel_pooling_prepare_v2`` computes and that ``bev_pool_v2``
-(CUDA) and its TensorRT plug-in (``TRTBEVPoolv2``) take as inputs, for batch size 1:
+(CUDA) and its TensorRT plug-in (``TRTBEVPoolv2``) take as inputs, for a fixed batch size
+``B`` (``--batch``, default 1; a TensorRT engine is built for one batch size):
 
-* ``ranks_depth[i] = ((cam * D + d) * H_f + v) * W_f + u`` — the kept frustum point's index
-  into the depth probabilities ``(n_cam, D, H_f, W_f)``;
-* ``ranks_feat[i] = (cam * H_f + v) * W_f + u`` — its row in the channels-last features
-  ``(n_cam, H_f, W_f, C)``;
-* ``ranks_bev[i] = z * (Y * X) + y * X + x`` — its voxel in the ``(Z, Y, X)`` output;
+* ``ranks_depth[i] = (((b * n_cam + cam) * D + d) * H_f + v) * W_f + u`` — the kept frustum
+  point's index into the depth probabilities ``(B, n_cam, D, H_f, W_f)``;
+* ``ranks_feat[i] = ((b * n_cam + cam) * H_f + v) * W_f + u`` — its row in the channels-last
+  features ``(B, n_cam, H_f, W_f, C)``;
+* ``ranks_bev[i] = ((b * Z + z) * Y + y) * X + x`` — its voxel in the ``(B, Z, Y, X)`` output;
 * ``interval_starts``, ``interval_lengths`` — the runs of equal ``ranks_bev``.
 
-Points are enumerated in ``ranks_depth`` order, the ones outside the voxel grid dropped, and
-the rest sorted by ``ranks_bev`` with a STABLE sort, so inside a voxel the points stay in
-increasing ``ranks_depth`` order: the arrays are deterministic (BEVDet's ``argsort`` is not).
+These are BEVDet's ``voxel_pooling_prepare_v2`` formulas (its batch index is the most
+significant digit of every rank). Points are enumerated in ``ranks_depth`` order, the ones
+outside the voxel grid dropped, and the rest sorted by ``ranks_bev`` with a STABLE sort, so
+inside a voxel the points stay in increasing ``ranks_depth`` order: the arrays are
+deterministic (BEVDet's ``argsort`` is not). The rig is the same for every batch item, so the
+batch-``B`` arrays are the batch-1 arrays repeated ``B`` times with the rank offsets above
+(and ``interval_starts`` offset by ``b * n_kept_1``).
 Pooling: ``bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]``.
 
 Frustum point of ``(cam, d, v, u)``: the feature pixel ``(u, v)`` mapped to the network input
@@ -65,6 +70,7 @@ BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "
 BEVPOOL_PREFIX = "bevpoolv2_"
 FASTBEV_LUT_ARRAY = "fastbev_lut"
 INT32_MAX = np.iinfo(np.int32).max
+MAX_BATCH = 256
 _POINTS_PER_STEP = 1 << 21  # frustum points unprojected per step (bounds peak memory)
 
 
@@ -80,12 +86,14 @@ class BevPoolOptions:
     ``frustum_mapping``: ``linspace`` (BEVDet's frustum), ``stride``, or ``rig`` (the rig's
     ``feature.pixel_mapping``, as ``matrix/`` uses). ``rounding``: ``trunc`` (BEVDet's
     ``.long()``) or ``floor``. ``z_bins``: voxels along z over the rig's ``bev.z`` range
-    (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one).
+    (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
+    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`).
     """
 
     frustum_mapping: str = "linspace"
     rounding: str = "trunc"
     z_bins: int | None = None
+    batch: int = 1
 
     def validate(self) -> None:
         if self.frustum_mapping not in FRUSTUM_MAPPINGS:
@@ -94,22 +102,28 @@ class BevPoolOptions:
             raise UsageError(f"--rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
         if self.z_bins is not None and not 1 <= self.z_bins <= 4096:
             raise UsageError(f"--z-bins must be in [1, 4096], got {self.z_bins}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 1 <= self.batch <= MAX_BATCH:
+            raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins}
+        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
 
     @classmethod
     def from_dict(cls, data: Any) -> BevPoolOptions:
         if not isinstance(data, dict):
             raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins"}
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch"}
         if unknown:
             raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
         z_bins = data.get("z_bins")
+        batch = data.get("batch", 1)  # stores written before --batch existed are batch 1
+        if isinstance(batch, bool) or not isinstance(batch, int):
+            raise UsageError(f"bevpoolv2 build option batch must be an integer, got {batch!r}")
         options = cls(
             frustum_mapping=str(data.get("frustum_mapping", "linspace")),
             rounding=str(data.get("rounding", "trunc")),
             z_bins=None if z_bins is None else int(z_bins),
+            batch=batch,
         )
         options.validate()
         return options
@@ -213,13 +227,14 @@ def voxel_coords(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tupl
 
 @dataclass(frozen=True)
 class BevPoolV2Arrays:
-    """BEVDet BEVPoolv2 inputs (batch 1) and the facts needed to use them.
+    """BEVDet BEVPoolv2 inputs (batch ``options.batch``) and the facts needed to use them.
 
     Convention:
-        all arrays int32, 1-D. ``ranks_*`` have one entry per kept frustum point, sorted by
-        ``ranks_bev`` (stable: ``ranks_depth`` ascending inside a voxel); ``interval_*`` one
-        entry per occupied voxel. ``depth_shape = (n_cam, D, H_f, W_f)``;
-        ``grid_size = (X, Y, Z)``; output ``(Z, Y, X, C)`` (BEVDet: ``(B, Z, Y, X, C)``).
+        all arrays int32, 1-D. ``ranks_*`` have one entry per kept frustum point (of every batch
+        item), sorted by ``ranks_bev`` (stable: ``ranks_depth`` ascending inside a voxel);
+        ``interval_*`` one entry per occupied voxel. ``depth_shape = (n_cam, D, H_f, W_f)`` per
+        batch item; ``grid_size = (X, Y, Z)``; output ``(B, Z, Y, X, C)`` (BEVDet's
+        ``bev_feat_shape``).
     """
 
     ranks_bev: npt.NDArray[np.int32]
@@ -232,9 +247,14 @@ class BevPoolV2Arrays:
     options: BevPoolOptions
 
     @property
+    def batch(self) -> int:
+        return self.options.batch
+
+    @property
     def n_points(self) -> int:
+        """Frustum points of all batch items."""
         n_cam, d, h, w = self.depth_shape
-        return n_cam * d * h * w
+        return self.batch * n_cam * d * h * w
 
     @property
     def n_kept(self) -> int:
@@ -253,10 +273,11 @@ class BevPoolV2Arrays:
 
 
 def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progress: ProgressFn | None = None) -> BevPoolV2Arrays:
-    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch 1), with a stable sort.
+    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch ``options.batch``), with a stable sort.
 
     Streams the frustum in steps of at most ~2 M points; ``progress(n)`` is called with the
-    number of frustum points processed (total ``n_cam * D * H_f * W_f``).
+    number of frustum points processed (total ``n_cam * D * H_f * W_f``: the geometry is
+    computed once and repeated for every batch item).
     """
     options = options or BevPoolOptions()
     options.validate()
@@ -264,9 +285,10 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
     grid = voxel_grid(rig, options.z_bins)
     n_cam, n_d, h_f, w_f = frustum_shape(rig)
     n_points = n_cam * n_d * h_f * w_f
-    if n_points > INT32_MAX or grid.n_voxels > INT32_MAX:
+    batch = options.batch
+    if batch * n_points > INT32_MAX or batch * grid.n_voxels > INT32_MAX:
         raise UsageError(
-            f"{n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
+            f"batch {batch} x {n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
         )
     d_step = max(1, _POINTS_PER_STEP // (h_f * w_f))
     plane = h_f * w_f
@@ -296,20 +318,35 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
     ranks_depth = ranks_depth[order]
     ranks_feat = np.concatenate(feat_parts)[order] if feat_parts else np.zeros(0, np.int32)
     starts, lengths = intervals_of(ranks_bev)
+    if batch > 1:
+        # batch b: every rank gets b as its most significant digit; still sorted and stable
+        n_kept_one = int(ranks_bev.size)
+        ranks_bev = _repeat_with_offset(ranks_bev, batch, grid.n_voxels)
+        ranks_depth = _repeat_with_offset(ranks_depth, batch, n_points)
+        ranks_feat = _repeat_with_offset(ranks_feat, batch, n_cam * plane)
+        starts = _repeat_with_offset(starts, batch, n_kept_one)
+        lengths = np.tile(lengths, batch)
     return BevPoolV2Arrays(
         ranks_bev=np.ascontiguousarray(ranks_bev, dtype=np.int32),
         ranks_depth=np.ascontiguousarray(ranks_depth, dtype=np.int32),
-        ranks_feat=ranks_feat,
-        interval_starts=starts,
-        interval_lengths=lengths,
+        ranks_feat=np.ascontiguousarray(ranks_feat, dtype=np.int32),
+        interval_starts=np.ascontiguousarray(starts, dtype=np.int32),
+        interval_lengths=np.ascontiguousarray(lengths, dtype=np.int32),
         depth_shape=(n_cam, n_d, h_f, w_f),
         grid=grid,
         options=options,
     )
 
 
+def _repeat_with_offset(values: np.ndarray, batch: int, stride: int) -> npt.NDArray[np.int32]:
+    """``concat(values + b * stride for b in range(batch))`` as int32 (the caller checked the range)."""
+    offsets = np.arange(batch, dtype=np.int64)[:, None] * stride
+    return (np.asarray(values, dtype=np.int64)[None, :] + offsets).reshape(-1).astype(np.int32)
+
+
 def feat_rank_from_depth_rank(ranks_depth: np.ndarray, depth_shape: tuple[int, int, int, int]) -> npt.NDArray[np.int32]:
-    """``(cam, d, v, u)`` flat index -> ``(cam, v, u)`` flat index: ``cam*H*W + (r mod H*W)``."""
+    """``(cam, d, v, u)`` flat index -> ``(cam, v, u)`` flat index: ``cam*H*W + (r mod H*W)``
+    (with a batch, ``cam`` stands for ``b * n_cam + cam`` on both sides)."""
     _n_cam, n_d, h_f, w_f = depth_shape
     plane = h_f * w_f
     r = np.asarray(ranks_depth, dtype=np.int64)
@@ -340,21 +377,28 @@ def bev_pool_v2(
         depth: ``(n_cam, D, H_f, W_f)`` depth probabilities; features: ``(n_cam, C, H_f, W_f)``
         (channels-first, as everywhere in bevcompile; the kernel's channels-last rows are
         ``(cam * H_f + v) * W_f + u``); grid_size ``(X, Y, Z)``.
-        returns float64 ``(C, Z, Y, X)``; voxels with no point are 0.
+        returns float64 ``(C, Z, Y, X)``; voxels with no point are 0. With a leading batch
+        axis on both inputs (``(B, n_cam, ...)``, arrays built with ``batch=B``) it returns
+        ``(B, C, Z, Y, X)``.
     """
     if isinstance(arrays, BevPoolV2Arrays):
         arrays = arrays.arrays()
-    n_cam, c, h_f, w_f = features.shape
+    features = np.asarray(features)
+    batched = features.ndim == 5
+    batch = features.shape[0] if batched else 1
+    feats = features.reshape(-1, *features.shape[-3:])  # (B * n_cam, C, H_f, W_f)
+    n_rows, c, h_f, w_f = feats.shape
     x_size, y_size, z_size = grid_size
-    feat_rows = np.moveaxis(np.asarray(features, dtype=np.float64), 1, -1).reshape(n_cam * h_f * w_f, c)
+    feat_rows = np.moveaxis(feats.astype(np.float64), 1, -1).reshape(n_rows * h_f * w_f, c)
     depth_flat = np.asarray(depth, dtype=np.float64).reshape(-1)
-    out = np.zeros((z_size * y_size * x_size, c), dtype=np.float64)
+    out = np.zeros((batch * z_size * y_size * x_size, c), dtype=np.float64)
     starts = np.asarray(arrays["interval_starts"], dtype=np.int64)
     if starts.size:
         products = depth_flat[arrays["ranks_depth"]][:, None] * feat_rows[arrays["ranks_feat"]]
         sums = np.add.reduceat(products, starts, axis=0)
         out[np.asarray(arrays["ranks_bev"])[starts]] = sums
-    return out.T.reshape(c, z_size, y_size, x_size)
+    pooled = np.moveaxis(out.reshape(batch, z_size, y_size, x_size, c), -1, 1)  # (B, C, Z, Y, X)
+    return pooled if batched else pooled[0]
 
 
 def reference_frustum_pool(
@@ -384,19 +428,20 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
     n_cam, n_d, h_f, w_f = result.depth_shape
     x_size, y_size, z_size = result.grid.size
     return {
-        "batch": 1,
+        "batch": result.batch,
         "depth_shape": [n_cam, n_d, h_f, w_f],
-        "depth_shape_order": "(n_cam, D, H_f, W_f)",
+        "depth_shape_order": "(n_cam, D, H_f, W_f) per batch item; inputs (B, n_cam, D, H_f, W_f)",
         "feat_shape": [n_cam, h_f, w_f],
-        "feat_shape_order": "(n_cam, H_f, W_f, C) channels-last rows",
+        "feat_shape_order": "(n_cam, H_f, W_f, C) channels-last rows per batch item; inputs (B, n_cam, H_f, W_f, C)",
         "grid_size": [x_size, y_size, z_size],
         "grid_size_order": "(X, Y, Z) = (nx, ny, nz)",
-        "output_shape_order": "(Z, Y, X, C) per batch (BEVDet bev_feat_shape (B, Z, Y, X, C))",
+        "output_shape_order": "(B, Z, Y, X, C) (BEVDet bev_feat_shape)",
         "grid_lower": list(result.grid.lower),
         "grid_step": list(result.grid.step),
-        "ranks_depth": "((cam * D + d) * H_f + v) * W_f + u",
-        "ranks_feat": "(cam * H_f + v) * W_f + u",
-        "ranks_bev": "z * (Y * X) + y * X + x",
+        "ranks_depth": "(((b * n_cam + cam) * D + d) * H_f + v) * W_f + u",
+        "ranks_feat": "((b * n_cam + cam) * H_f + v) * W_f + u",
+        "ranks_bev": "((b * Z + z) * Y + y) * X + x",
+        "batch_layout": "the batch-1 arrays repeated B times with the rank offsets above; interval_starts offset by b * n_kept / B",
         "voxel_coordinate": (
             f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), float64; "
             "kept iff 0 <= i < grid_size on every axis"

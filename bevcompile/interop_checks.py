@@ -108,10 +108,12 @@ def _check_bevpool(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     if not lengths_ok:
         return out
     depth_shape = frustum_shape(ctx.rig)
-    n_points = int(np.prod(depth_shape))
+    batch = options.batch
+    n_points = batch * int(np.prod(depth_shape))
     grid = voxel_grid(ctx.rig, options.z_bins)
     n_cam, _d, h_f, w_f = depth_shape
-    for key, limit in (("ranks_depth", n_points), ("ranks_feat", n_cam * h_f * w_f), ("ranks_bev", grid.n_voxels)):
+    limits = (("ranks_depth", n_points), ("ranks_feat", batch * n_cam * h_f * w_f), ("ranks_bev", batch * grid.n_voxels))
+    for key, limit in limits:
         v = a[key]
         ok = bool(v.size == 0 or (v.min() >= 0 and v.max() < limit))
         lo_hi = f"[{v.min()}, {v.max()}]" if v.size else "empty"
@@ -222,8 +224,14 @@ def verify_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
     if "bevpoolv2" in options and all(BEVPOOL_PREFIX + k in arrays for k in BEVPOOL_ARRAYS):
         bev_options = BevPoolOptions.from_dict(options["bevpoolv2"])
         grid = voxel_grid(ctx.rig, bev_options.z_bins)
-        got = bev_pool_v2(depth, feats, {k: arrays[BEVPOOL_PREFIX + k] for k in BEVPOOL_ARRAYS}, grid.size)
-        ref = reference_frustum_pool(ctx.rig, bev_options, depth, feats)
+        # batch item b: the channels rolled by b and the depth scaled, so a rank offset
+        # that points into the wrong batch item shows up
+        feats_b = np.stack([np.roll(feats, b, axis=1) for b in range(bev_options.batch)])
+        depth_b = np.stack([depth * (1.0 + 0.5 * b) for b in range(bev_options.batch)]).astype(np.float32)
+        got = bev_pool_v2(depth_b, feats_b, {k: arrays[BEVPOOL_PREFIX + k] for k in BEVPOOL_ARRAYS}, grid.size)
+        ref = np.stack([
+            reference_frustum_pool(ctx.rig, bev_options, depth_b[b], feats_b[b]) for b in range(bev_options.batch)
+        ])
         max_abs, mean_abs, psnr = compare("interop/bevpoolv2", "all", got, ref, peak)
         rows.append(VerifyRow("interop/bevpoolv2", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
                               max_abs <= VERIFY_MAX_ABS, "sum pooling vs scatter-add of the recomputed frustum"))

@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, settings
 
 from bevcompile.config import RigConfig
 
 from . import rigs
+
+# Property tests: `dev` (plain `pytest`) draws new examples every run; `ci` (`make test`, and so
+# `.ci/run`) is derandomised, so a CI run is reproducible and a failure re-runs the same way.
+settings.register_profile("dev", deadline=None)
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(scope="session")

@@ -52,8 +52,10 @@ from . import rigs
 # --------------------------------------------------------------------------------------
 
 
-def bevdet_voxel_pooling_prepare_v2(rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None) -> list[np.ndarray]:
-    """BEVDet (dev2.0) for batch 1, transcribed: frustum from ``torch.linspace`` in input
+def bevdet_voxel_pooling_prepare_v2(
+    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1
+) -> list[np.ndarray]:
+    """BEVDet (dev2.0) for batch ``batch`` (the same rig in every item), transcribed: frustum from ``torch.linspace`` in input
     pixels, undo ``post_rots``/``post_trans``, ``rots @ inv(intrins)``, ``+ trans``, then
     ``((coor - lower) / interval).long()``, keep, ranks, (stable) argsort, intervals."""
     w_in, h_in = rig.input_size
@@ -64,15 +66,15 @@ def bevdet_voxel_pooling_prepare_v2(rig: RigConfig, dtype: torch.dtype = torch.f
     xs = torch.linspace(0, w_in - 1, W, dtype=dtype).view(1, 1, W).expand(D, H, W)
     ys = torch.linspace(0, h_in - 1, H, dtype=dtype).view(1, H, 1).expand(D, H, W)
     frustum = torch.stack((xs, ys, ds), -1)
-    B, N = 1, rig.n_cam
-    sensor2ego = torch.tensor([c.ego_from_cam for c in rig.cameras], dtype=dtype).view(B, N, 4, 4)
-    intrins = torch.tensor([c.intrinsic for c in rig.cameras], dtype=dtype).view(B, N, 3, 3)
+    B, N = batch, rig.n_cam
+    sensor2ego = torch.tensor([c.ego_from_cam for c in rig.cameras], dtype=dtype).view(1, N, 4, 4).expand(B, N, 4, 4)
+    intrins = torch.tensor([c.intrinsic for c in rig.cameras], dtype=dtype).view(1, N, 3, 3).expand(B, N, 3, 3)
     post_rots = torch.zeros(B, N, 3, 3, dtype=dtype)
     post_trans = torch.zeros(B, N, 3, dtype=dtype)
     for i, cam in enumerate(rig.cameras):
         a = cam.image_aug
-        post_rots[0, i] = torch.tensor([[a.resize, 0, 0], [0, a.resize, 0], [0, 0, 1]], dtype=dtype)
-        post_trans[0, i] = torch.tensor([-a.crop_left, -a.crop_top, 0], dtype=dtype)
+        post_rots[:, i] = torch.tensor([[a.resize, 0, 0], [0, a.resize, 0], [0, 0, 1]], dtype=dtype)
+        post_trans[:, i] = torch.tensor([-a.crop_left, -a.crop_top, 0], dtype=dtype)
     points = frustum - post_trans.view(B, N, 1, 1, 1, 3)
     points = torch.inverse(post_rots).view(B, N, 1, 1, 1, 3, 3).matmul(points.unsqueeze(-1))
     points = torch.cat((points[..., :2, :] * points[..., 2:3, :], points[..., 2:3, :]), 5)
@@ -114,7 +116,8 @@ def bevdet_bev_pool_v2(depth: np.ndarray, feat_nhwc: np.ndarray, arrays: list[np
     """BEVDet's bev_pool_v2 kernel semantics, one loop per interval (float64)."""
     ranks_bev, ranks_depth, ranks_feat, starts, lengths = arrays
     x, y, z = grid_size
-    out = np.zeros((z * y * x, feat_nhwc.shape[-1]))
+    batch = feat_nhwc.shape[0] if feat_nhwc.ndim == 5 else 1
+    out = np.zeros((batch * z * y * x, feat_nhwc.shape[-1]))
     d_flat = depth.reshape(-1).astype(np.float64)
     f_rows = feat_nhwc.reshape(-1, feat_nhwc.shape[-1]).astype(np.float64)
     for s, n in zip(starts, lengths, strict=True):
@@ -122,7 +125,7 @@ def bevdet_bev_pool_v2(depth: np.ndarray, feat_nhwc: np.ndarray, arrays: list[np
         for i in range(s, s + n):
             acc += d_flat[ranks_depth[i]] * f_rows[ranks_feat[i]]
         out[ranks_bev[s]] = acc
-    return out.reshape(z, y, x, -1)
+    return out.reshape(batch, z, y, x, -1) if feat_nhwc.ndim == 5 else out.reshape(z, y, x, -1)
 
 
 NAMES = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
@@ -160,6 +163,36 @@ def test_bevpoolv2_equals_bevdet_transcription_on_small_rigs(mapping: str, z_bin
     assert ours.n_kept > 100
     for name, got, want in zip(NAMES, ours.arrays().values(), ref, strict=True):
         assert np.array_equal(got, want), name
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_bevpoolv2_batch_equals_bevdet_transcription(batch: int) -> None:
+    """A TensorRT engine is built for one batch size: with ``batch=B`` the arrays are BEVDet's
+    own for ``B`` items (batch index as the most significant digit of every rank)."""
+    rig = rigs.small_rig(pixel_mapping="linspace", bev_half_m=20.0)
+    ours = build_bevpoolv2(rig, BevPoolOptions(batch=batch))
+    ref = bevdet_voxel_pooling_prepare_v2(rig, batch=batch)
+    one = build_bevpoolv2(rig)
+    assert ours.batch == batch and ours.n_points == batch * one.n_points
+    assert (ours.n_kept, ours.n_intervals) == (batch * one.n_kept, batch * one.n_intervals)
+    for name, got, want in zip(NAMES, ours.arrays().values(), ref, strict=True):
+        assert got.dtype == np.int32, name
+        assert np.array_equal(got, want), name
+
+
+def test_bevpoolv2_batch_pools_each_item_independently(small_distorted_multi: RigConfig) -> None:
+    rig = small_distorted_multi
+    arrays = build_bevpoolv2(rig, BevPoolOptions(batch=2))
+    (depth0, feats0), (depth1, feats1) = _random_inputs(rig, 3, seed=5), _random_inputs(rig, 3, seed=6)
+    depth, feats = np.stack([depth0, depth1]), np.stack([feats0, feats1])
+    got = bev_pool_v2(depth, feats, arrays, arrays.grid.size)  # (B, C, Z, Y, X)
+    assert got.shape == (2, 3, *arrays.grid.size[::-1])
+    for b, (d, f) in enumerate([(depth0, feats0), (depth1, feats1)]):
+        want = reference_frustum_pool(rig, BevPoolOptions(), d, f)
+        np.testing.assert_allclose(got[b], want, rtol=0, atol=1e-12)
+    # the BEVDet kernel loop on channels-last rows (B, n_cam, H_f, W_f, C) gives the same
+    kernel = bevdet_bev_pool_v2(depth, np.moveaxis(feats, 2, -1), list(arrays.arrays().values()), arrays.grid.size)
+    np.testing.assert_allclose(np.moveaxis(kernel, -1, 1), got, rtol=0, atol=1e-12)
 
 
 def _matrix_product(rig: RigConfig, rounding: str, depth: np.ndarray, feats: np.ndarray) -> np.ndarray:
@@ -272,6 +305,12 @@ def test_bevpool_options_validation() -> None:
         BevPoolOptions(z_bins=0).validate()
     with pytest.raises(UsageError, match="unknown bevpoolv2 build option"):
         BevPoolOptions.from_dict({"rounding": "trunc", "extra": 1})
+    with pytest.raises(UsageError, match=r"--batch must be an integer in \[1, 256\], got 0"):
+        BevPoolOptions(batch=0).validate()
+    with pytest.raises(UsageError, match="batch must be an integer, got '2'"):
+        BevPoolOptions.from_dict({"batch": "2"})
+    # options recorded before --batch existed read as batch 1
+    assert BevPoolOptions.from_dict({"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None}).batch == 1
 
 
 # --------------------------------------------------------------------------------------
@@ -421,8 +460,9 @@ def test_interop_arrays_are_deterministic_bytes(interop_store: Path, tmp_path: P
     assert a.attrs == b.attrs
 
 
-def test_interop_plugin_passes_on_fresh_group(interop_store: Path, small_distorted_multi: RigConfig) -> None:
-    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict(), "fastbev-lut": FastBevOptions("nearest-centre").to_dict()})
+@pytest.mark.parametrize("batch", [1, 2])
+def test_interop_plugin_passes_on_fresh_group(interop_store: Path, small_distorted_multi: RigConfig, batch: int) -> None:
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions(batch=batch).to_dict(), "fastbev-lut": FastBevOptions("nearest-centre").to_dict()})
     ctx, arrays, attrs = _context(interop_store)
     checks = check_interop(ctx, arrays, attrs)
     assert len(checks) >= 10
