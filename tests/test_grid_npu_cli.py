@@ -40,7 +40,7 @@ def test_done_when_command_writes_everything_and_summarises(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     out = _flat(result.stdout)
     assert "fixed-point formats" in out and "gather/ tables" in out and "delta/ LUT" in out
-    for row in ("norm_int16 grid/norm_int16 mask with grid/valid", "uq12 grid/uq12 mask with grid/valid", "opencv grid/opencv_map1, grid/opencv_map2 in-band 0.0156", "pixel_q (f=7) grid/pixel_q in-band 0.00391", "norm_q16 grid/norm_q16 in-band"):
+    for row in ("norm_int16 norm_int16 grid/valid", "uq12 uq12 grid/valid", "opencv opencv_map1 opencv_map2 in-band 0.0156", "pixel_q (f=7) pixel_q in-band 0.00391", "norm_q16 norm_q16 in-band"):
         assert row in out, row
     assert "on-device size vs norm_int16 35.6 KiB vs 384.0 KiB = 9.3 %" in out
     assert "max error (bound) 0.0603 px (0.0625 px)" in out

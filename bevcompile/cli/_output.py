@@ -61,7 +61,7 @@ def human_bytes(n: int | float) -> str:
 def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left")
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
     return table
 
 

@@ -130,7 +130,7 @@ def _print_npu_summary(extra: dict[str, Any]) -> None:
         table = new_table(
             "fixed-point formats (error measured after encoding, valid cells, vs float64 grid)",
             "format",
-            "arrays",
+            "arrays in grid/",
             "invalid cells",
             "max error \\[px]",
             "saturated valid",
@@ -140,8 +140,8 @@ def _print_npu_summary(extra: dict[str, Any]) -> None:
             name = row["name"] + (f" (f={row['frac_bits']})" if "frac_bits" in row else "")
             table.add_row(
                 name,
-                ", ".join(row["arrays"]),
-                "in-band" if row["invalid_in_band"] else "mask with grid/valid",
+                " ".join(a.removeprefix("grid/") for a in row["arrays"]),
+                "in-band" if row["invalid_in_band"] else "grid/valid",
                 f"{row['max_error_px']:.3g}",
                 str(row.get("saturated_valid_cells", "-")),
             )
