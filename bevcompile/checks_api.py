@@ -53,6 +53,7 @@ class VerifyRow:
     threshold: str  # human-readable criterion, e.g. "max_abs <= 1e-05"
     passed: bool
     note: str = ""
+    informational: bool = False  # measured and reported, never judged (``passed`` is True)
 
 
 @dataclass

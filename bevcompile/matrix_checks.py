@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -492,6 +493,21 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         add("matrix/coo", name, got, ref_cam[c], float_rule, float_ok)
     add("matrix/coo", "all", coo_total, ref_all, float_rule, float_ok)
 
+    if options.topk > 0:
+        # what the pruning costs: the stored Top-K product against the unpruned lift (K = 0,
+        # same splat / rounding / normalize), measured on the same cells; reported, not judged
+        full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
+        lifted_full = lifted_columns(rig, mode, full.col, ctx.features, depth)
+        full_all = apply_entries(full.row, full.value, lifted_full, n_cells)[cells]
+        peak_full = float(full_all.max() - full_all.min()) if full_all.size else 0.0
+        max_abs, mean_abs, psnr = compare("matrix/topk_vs_unpruned", "all", coo_total, full_all, peak_full if peak_full > 0 else 1.0)
+        rows_out.append(VerifyRow(
+            "matrix/topk_vs_unpruned", "all", max_abs, mean_abs, psnr,
+            f"informational: Top-{options.topk} vs the unpruned lift (K = 0)", True,
+            f"PSNR peak = unpruned range; kept weight {_kept_note(attrs)}" + (f"; {note.split('; ', 1)[1]}" if sampled else ""),
+            informational=True,
+        ))
+
     # ELL (padding included: weight 0 must contribute nothing)
     ell_index, ell_weight = arrays["ell_index"], arrays["ell_weight"]
     ell_rows = np.repeat(np.arange(ell_index.shape[0]), ell_index.shape[1])
@@ -523,6 +539,15 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
 # --------------------------------------------------------------------------------------
 # rebuild
 # --------------------------------------------------------------------------------------
+
+
+def _kept_note(attrs: Mapping[str, Any]) -> str:
+    """The recorded kept-weight fractions as text (the attribute is not trusted for anything else)."""
+    kept = attrs.get("kept_weight_fraction")
+    try:
+        return f"{100 * float(kept['total']):.1f} % total, {100 * float(kept['worst_row']):.1f} % worst row (recorded)"  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return "not recorded"
 
 
 def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:

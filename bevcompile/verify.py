@@ -70,6 +70,11 @@ class VerifyReport:
         return bool(self.rows) and all(r.passed for r in self.rows)
 
     @property
+    def n_judged(self) -> int:
+        """Rows with a pass/fail criterion (informational rows are reported, not judged)."""
+        return sum(1 for r in self.rows if not r.informational)
+
+    @property
     def failures(self) -> list[VerifyRow]:
         return [r for r in self.rows if not r.passed]
 
@@ -90,6 +95,7 @@ class VerifyReport:
             "feature_peak": 1.0,
             "passed": self.passed,
             "n_rows": len(self.rows),
+            "n_judged": self.n_judged,
             "n_failed": len(self.failures),
             "rows": [
                 {
@@ -100,6 +106,7 @@ class VerifyReport:
                     "psnr_db": _json_float(r.psnr_db),
                     "threshold": r.threshold,
                     "passed": r.passed,
+                    "informational": r.informational,
                     "note": r.note,
                 }
                 for r in self.rows

@@ -3,6 +3,7 @@ fails the check that names it, verify compares every form with the independent r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from bevcompile.checks_api import CheckContext
 from bevcompile.cli import app
 from bevcompile.config import RigConfig
 from bevcompile.matrix import MatrixOptions, build_matrix, matrix_attributes, run_matrix
+from bevcompile.reference_pool import bev_pool
 from bevcompile.verify import make_features
 
 from .rigs import small_rig
@@ -130,15 +132,48 @@ def test_verify_every_form_against_the_reference(options: MatrixOptions, referen
     want = {"matrix/coo", "matrix/ell"} | ({"matrix/tiles"} if options.tile_rows else set())
     if options.quantize:
         want |= {"matrix/ell_int8"} | ({"matrix/tiles_int8"} if options.tile_rows else set())
+    if options.topk:
+        want |= {"matrix/topk_vs_unpruned"}
     assert products == want
     assert {r.camera for r in rows if r.product == "matrix/coo"} == {*MULTI.camera_names, "all"}
     assert all(r.passed for r in rows), [r for r in rows if not r.passed]
-    assert all(reference in r.note for r in rows)
+    assert [r.product for r in rows if r.informational] == (["matrix/topk_vs_unpruned"] if options.topk else [])
+    assert all(reference in r.note for r in rows if not r.informational)
     for r in rows:
+        if r.informational:
+            continue
         if r.product.endswith("int8"):
             assert 40.0 <= r.psnr_db < 120 and "PSNR >= 40" in r.threshold
         else:
             assert r.psnr_db > 100
+
+
+@pytest.mark.parametrize("normalize", ["sum", "mean"])
+def test_verify_reports_what_topk_pruning_costs(normalize: str) -> None:
+    """The informational row compares the stored Top-K product with the unpruned lift; here
+    checked against BEVDet-style voxel pooling (independent of both matrix builders)."""
+    ctx = _ctx(MULTI, seed=4)
+    assert ctx.features is not None and ctx.depth_probs is not None
+    pooled = bev_pool(MULTI, ctx.features, ctx.depth_probs, splat="nearest", normalize=normalize).sum(axis=0)
+    unpruned = pooled.reshape(pooled.shape[0], -1).T  # (cells, C)
+    for topk in (2, 10_000):
+        options = MatrixOptions(topk=topk, splat="nearest", normalize=normalize, align=4)
+        arrays, attrs = _group(MULTI, options)
+        rows = mc.verify_matrix(ctx, arrays, attrs)
+        (info,) = [r for r in rows if r.product == "matrix/topk_vs_unpruned"]
+        assert info.informational and info.passed and info.camera == "all"
+        assert "informational" in info.threshold and "kept weight" in info.note
+        # the Top-K product from the COO arrays: col = ((cam * D + d) * H_f + v) * W_f + u
+        cam, d, v, u = np.unravel_index(arrays["coo_col"], ctx.depth_probs.shape)
+        lifted = ctx.depth_probs[cam, d, v, u][:, None].astype(np.float64) * ctx.features[cam, :, v, u]
+        topk_out = np.zeros_like(unpruned)
+        np.add.at(topk_out, arrays["coo_row"], arrays["coo_val"][:, None].astype(np.float64) * lifted)
+        want = float(np.abs(topk_out - unpruned).max())
+        assert info.max_abs == pytest.approx(want, rel=1e-6, abs=1e-9)
+        if topk == 2:
+            assert info.max_abs > 1e-3 and attrs["kept_weight_fraction"]["total"] < 1
+        else:  # K above every row's entry count: nothing pruned
+            assert info.max_abs < 1e-6 * np.abs(unpruned).max() and attrs["kept_weight_fraction"]["total"] == 1
 
 
 def test_verify_fails_a_perturbed_weight_and_names_the_camera() -> None:
@@ -173,3 +208,11 @@ def test_inspect_strict_and_verify_cli_pass_on_a_fresh_store(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["verify", store, "--quiet"])
     assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["verify", store])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "matrix/topk_vs_unpruned (informational: Top-6 vs the unpruned lift (K = 0))" in out
+    assert "rows passed (1 informational row not judged)" in out and "│ info" in result.stdout
+    report = json.loads(runner.invoke(app, ["verify", store, "--json"]).stdout)
+    info = [row for row in report["rows"] if row["informational"]]
+    assert [row["product"] for row in info] == ["matrix/topk_vs_unpruned"] and report["n_judged"] == report["n_rows"] - 1

@@ -180,7 +180,7 @@ def _print_verify(report: VerifyReport) -> None:
             cells = [escape(row.camera), f"{row.max_abs:.3g}", f"{row.mean_abs:.3g}", format_psnr(row.psnr_db)]
             if not shared_threshold:
                 cells.append(escape(row.threshold))
-            cells.append("[green]pass[/green]" if row.passed else "[bold red]FAIL[/bold red]")
+            cells.append("[cyan]info[/cyan]" if row.informational else "[green]pass[/green]" if row.passed else "[bold red]FAIL[/bold red]")
             if not shared_note:
                 cells.append(escape(row.note))
             table.add_row(*cells)
@@ -188,7 +188,9 @@ def _print_verify(report: VerifyReport) -> None:
     for note in report.notes:
         stdout_console.print(f"note: {escape(note)}")
     style = "green" if report.passed else "red"
-    stdout_console.print(f"[{style}]{len(report.rows) - len(report.failures)} of {len(report.rows)} rows passed[/{style}]")
+    n_info = len(report.rows) - report.n_judged
+    info = f" ({n_info} informational row{'s' if n_info != 1 else ''} not judged)" if n_info else ""
+    stdout_console.print(f"[{style}]{report.n_judged - len(report.failures)} of {report.n_judged} rows passed{info}[/{style}]")
 
 
 # --------------------------------------------------------------------------------------
