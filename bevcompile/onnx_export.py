@@ -13,6 +13,18 @@ static shapes (batch ``N`` and channels ``C`` fixed at export), then
    ``grid/norm`` per camera, summed/averaged over valid cameras — independent of the gather
    tables; for ``ell``/``tiles`` the ``matrix/`` group's COO form, ``W @ X``, in float64.
 
+Quantised weights (``weights="lut"`` for ``gather``, ``"int8"`` for ``ell``/``tiles``): the
+graph carries the small constants (uint8 LUT codes + the float32 LUT; int8 matrix values +
+float32 row scales) and dequantises them itself (:mod:`bevcompile.torch`). The exporter then
+runs with constant folding OFF (legacy: ``do_constant_folding=False``; dynamo:
+``optimize=False``) — folding would evaluate the dequantisation at export time and store the
+float32 weights again. The pass/fail check compares onnxruntime with a numpy reference that
+uses the SAME dequantised weights (:func:`reference_gather_lut`, :func:`reference_matrix_lift_int8`;
+``max abs <= 1e-5``); the distance to the float reference above is measured and reported
+(max abs, mean abs, PSNR with peak = the float reference's range), never a failure; and the
+float32 graph is exported too (to a temporary file) so the result can report both files'
+initializer bytes.
+
 Any failure raises :class:`~bevcompile.errors.CheckFailed`; the rejected graph is kept next
 to the requested path as ``<stem>.rejected.onnx`` for debugging and nothing is written at
 ``out``. Missing torch/onnx/onnxruntime raises :class:`~bevcompile.errors.DependencyError`
@@ -26,15 +38,15 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._version import __version__
-from .errors import CheckFailed, DependencyError, UsageError
-from .loader import LoadedStore, load, matrix_layout
+from .errors import CheckFailed, DependencyError, StoreError, UsageError
+from .loader import LoadedStore, MatrixLayout, load, matrix_layout
 from .reference import random_depth_probs
 
 FORBIDDEN_OPS = ("GridSample", "ScatterND", "ScatterElements", "OneHot", "NonZero", "Loop", "If")
@@ -56,6 +68,9 @@ EXPECTED_OPS = (
 )
 """Ops the bevcompile modules are written to produce (others are reported, not refused)."""
 PRODUCTS = ("gather", "ell", "tiles")
+WEIGHTS = ("float32", "lut", "int8")
+"""``--weights``: the float32 tables, the gather LUT codes (``gather`` only) or the int8 matrix (``ell``/``tiles``)."""
+PRODUCT_WEIGHTS = {"gather": ("float32", "lut"), "ell": ("float32", "int8"), "tiles": ("float32", "int8")}
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = 17
 MAX_ABS_TOLERANCE = 1e-5
@@ -103,10 +118,17 @@ class GraphScan:
     initializer_bytes: int
     opset: int
     n_subgraphs: int
+    constant_node_bytes: int = 0
 
     @property
     def passed(self) -> bool:
         return not self.forbidden and not self.dynamic
+
+    @property
+    def constant_bytes(self) -> int:
+        """Bytes of every constant tensor of the main graph: initializers + Constant-node values
+        (the legacy exporter stores the per-tile blocks of ``tiles`` as Constant nodes)."""
+        return self.initializer_bytes + self.constant_node_bytes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +139,8 @@ class GraphScan:
             "n_nodes": self.n_nodes,
             "n_initializers": self.n_initializers,
             "initializer_bytes": self.initializer_bytes,
+            "constant_node_bytes": self.constant_node_bytes,
+            "constant_bytes": self.constant_bytes,
             "opset": self.opset,
             "n_subgraphs": self.n_subgraphs,
         }
@@ -192,6 +216,9 @@ def scan_graph(model: Any) -> GraphScan:
             dynamic.append(f"{name}: shape {dims}")
     opset = next((int(o.version) for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     init_bytes = sum(_initializer_nbytes(init) for init in model.graph.initializer)
+    constant_node_bytes = sum(
+        _initializer_nbytes(attr.t) for node in model.graph.node if node.op_type == "Constant" for attr in node.attribute if attr.HasField("t")
+    )
     return GraphScan(
         op_histogram=histogram,
         forbidden=forbidden,
@@ -202,7 +229,99 @@ def scan_graph(model: Any) -> GraphScan:
         initializer_bytes=init_bytes,
         opset=opset,
         n_subgraphs=len(subgraphs),
+        constant_node_bytes=constant_node_bytes,
     )
+
+
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+"""Ops that only move data: folding them keeps a quantised constant quantised."""
+FOLD_GROWTH_LIMIT = 1024
+"""Bytes a folded result may exceed its inputs by (shape arithmetic); larger growth stays a node."""
+
+
+def fold_constants_keep_quantised(model: Any) -> int:
+    """Constant folding of the main graph that leaves quantised weights quantised (in place).
+
+    Used for ``--weights lut|int8``, exported with the exporter's own folding off (that would
+    evaluate the in-graph dequantisation and store float32 weights again). A node is folded
+    (evaluated with :mod:`onnx.reference` under the model's opsets and replaced by an
+    initializer) when every input is a constant (an initializer or a folded value) and either
+    none is TAINTED or the node only moves data (:data:`LAYOUT_OPS`: its result keeps the
+    int8/uint8 dtype and byte count). The int8/uint8 constants are tainted, and so is every
+    output of a node that reads a tainted value. A fold that would GROW the constants (a result
+    larger than its inputs and than :data:`FOLD_GROWTH_LIMIT` bytes, e.g. the dynamo exporter's
+    Cast of int32 indices to int64) is not done either. So shape arithmetic, reshapes of the
+    index tables and transposes of int8 blocks fold away, while the Cast/Gather/Mul
+    dequantisation stays in the graph. Constant nodes become initializers; unused initializers
+    are dropped; a table that only went through layout ops keeps its buffer's name (e.g.
+    ``weight_u8``, ``ell_index``). Returns the number of non-Constant nodes folded.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    quantised = {TensorProto.INT8, TensorProto.UINT8}
+    originals = {init.name: init for init in graph.initializer}
+    values: dict[str, np.ndarray] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    tainted = {init.name for init in graph.initializer if init.data_type in quantised}
+    uses = Counter(name for node in graph.node for name in node.input if name)
+    origin: dict[str, str] = {}  # folded value -> the single-use initializer it is a re-layout of
+    kept: list[Any] = []
+    n_folded = 0
+    for node in graph.node:
+        names = list(node.input)
+        reads_tainted = any(name in tainted for name in names)
+        foldable = node.domain in ("", "ai.onnx") and all(name and name in values for name in names)
+        if not foldable or (reads_tainted and node.op_type not in LAYOUT_OPS):
+            if reads_tainted:
+                tainted.update(node.output)
+            kept.append(node)
+            continue
+        try:
+            function = helper.make_function("bevcompile.fold", "node", names, list(node.output), [node], list(model.opset_import))
+            results = ReferenceEvaluator(function).run(None, {name: values[name] for name in names}, attributes={})
+        except Exception:  # an op the reference runtime cannot evaluate: leave it in the graph
+            kept.append(node)
+            continue
+        grown = sum(np.asarray(r).nbytes for r in results)
+        if node.op_type != "Constant" and grown > FOLD_GROWTH_LIMIT and grown > sum(values[name].nbytes for name in names):
+            kept.append(node)
+            continue
+        for name, result in zip(node.output, results, strict=True):
+            values[name] = np.asarray(result)
+            if values[name].dtype in (np.int8, np.uint8):
+                tainted.add(name)
+        source = names[0] if names else ""
+        if node.op_type in LAYOUT_OPS and len(node.output) == 1 and uses[source] == 1 and (source in originals or source in origin):
+            origin[node.output[0]] = origin.get(source, source)
+        n_folded += node.op_type != "Constant"
+    needed = dict.fromkeys(name for node in kept for name in node.input if name)
+    needed.update(dict.fromkeys(out.name for out in graph.output))
+    initializers = []
+    rename: dict[str, str] = {}
+    for name in needed:
+        if name in originals:
+            initializers.append(originals[name])
+        elif name in values:
+            label = origin.get(name, name)
+            if label != name and (label in needed or label in rename.values()):
+                label = name
+            rename[name] = label
+            initializers.append(numpy_helper.from_array(values[name], label))
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if rename.get(name, name) != name:
+                node.input[i] = rename[name]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    del graph.node[:]
+    graph.node.extend(kept)
+    # value_info of folded/renamed values is stale (an initializer carries its own shape)
+    present = {out for node in kept for out in node.output}
+    stale = [vi for vi in graph.value_info if vi.name not in present]
+    for vi in stale:
+        graph.value_info.remove(vi)
+    return n_folded
 
 
 def _initializer_nbytes(init: Any) -> int:
@@ -221,7 +340,8 @@ def _initializer_nbytes(init: Any) -> int:
 
 @dataclass(frozen=True)
 class ExportOptions:
-    """Options of :func:`export_onnx`. ``reduce`` applies to ``gather`` only."""
+    """Options of :func:`export_onnx`. ``reduce`` applies to ``gather`` only; ``weights`` is
+    ``float32``, ``lut`` (``gather`` only) or ``int8`` (``ell``/``tiles`` only)."""
 
     product: str = "gather"
     opset: int = DEFAULT_OPSET
@@ -231,10 +351,24 @@ class ExportOptions:
     seed: int = 0
     exporter: str = "legacy"
     tolerance: float = MAX_ABS_TOLERANCE
+    weights: str = "float32"
+
+    @property
+    def quantised(self) -> bool:
+        return self.weights != "float32"
 
     def validate(self) -> None:
         if self.product not in PRODUCTS:
             raise UsageError(f"--product must be one of {', '.join(PRODUCTS)}, got {self.product!r}")
+        if self.weights not in WEIGHTS:
+            raise UsageError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.weights not in PRODUCT_WEIGHTS[self.product]:
+            other = "lut" if self.product == "gather" else "int8"
+            needs = "gather" if self.weights == "lut" else "ell or tiles"
+            raise UsageError(
+                f"--weights {self.weights} applies to --product {needs} only, got --product {self.product} "
+                f"(use --weights float32 or {other})"
+            )
         if not 7 <= self.opset <= 23:
             raise UsageError(f"--opset must be in [7, 23], got {self.opset}")
         if not 1 <= self.channels <= 4096:
@@ -287,6 +421,39 @@ def reference_grid_gather(store: LoadedStore, features: np.ndarray, reduce: str)
     return out
 
 
+def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) -> np.ndarray:
+    """The gather tables with the LUT weights, in float64: the reference of ``--weights lut``.
+
+    Weights ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` from ``gather/weight_u8`` + ``gather/lut``
+    (:func:`bevcompile.gather.lut_weights`), ``out[c, row] = sum_k w[row, k] * stacked[c, index[row, k]]``
+    (:func:`bevcompile.gather.gather_sample`), rows brought to cell order with
+    ``gather/perm_inverse`` (or the first ``n_cells`` rows), summed over the cameras, and for
+    ``reduce="mean"`` divided by the number of valid cameras (``grid/valid``).
+
+    Convention: features ``(N, n_cam, C, H_f, W_f)``; returns float64 ``(N, C, n_heights, ny, nx)``.
+    """
+    from .gather import gather_sample, lut_weights
+
+    group = store["gather"]
+    index = np.asarray(group["index"]).reshape(-1, 4)
+    weight = lut_weights(np.asarray(group["weight_u8"]), np.asarray(group["lut"])).reshape(-1, 4)
+    n, n_cam, c = features.shape[:3]
+    n_h, ny, nx = store.bev_shape
+    cells = n_h * ny * nx
+    if "perm_inverse" in group:
+        row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
+    else:
+        row_of_cell = np.arange(n_cam * cells, dtype=np.int64)
+    out = np.zeros((n, c, n_h, ny, nx), dtype=np.float64)
+    for b in range(n):
+        per_row = gather_sample(features[b], index, weight)  # (C, rows)
+        out[b] = per_row[:, row_of_cell].reshape(c, n_cam, n_h, ny, nx).sum(axis=1)
+    if reduce == "mean":
+        count = np.asarray(store["grid"]["valid"], dtype=bool).sum(axis=0)
+        out = np.where(count > 0, out / np.maximum(count, 1), 0.0)
+    return out
+
+
 def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None) -> np.ndarray:
     """``W @ X`` with the ``matrix/`` group's COO form, in float64 (scipy.sparse).
 
@@ -302,6 +469,52 @@ def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.nd
     cols = np.asarray(group["coo_col"], dtype=np.int64)
     vals = np.asarray(group["coo_val"], dtype=np.float64)
     w_mat = sp.csr_matrix((vals, (rows, cols)), shape=(layout.n_rows, layout.n_cols))
+    return _apply_matrix(store, layout, w_mat, features, depth)
+
+
+def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, form: str) -> np.ndarray:
+    """``W_dequant @ X`` in float64: the reference of ``--weights int8``.
+
+    ``W_dequant`` is the stored decode ``float32(q) * row_scale[r]``
+    (:func:`bevcompile.matrix_layout.dequantize_rows_int8`) of ``ell_weight_int8``/``row_scale``
+    (``form="ell"``) or of ``tile_weight_int8``/``tile_row_scale`` (``form="tiles"``), rows
+    ``>= n_rows`` dropped. Convention as :func:`reference_matrix_lift`.
+    """
+    import scipy.sparse as sp
+
+    from .matrix_layout import dequantize_rows_int8, tile_blocks
+
+    layout = matrix_layout(store)
+    group = store["matrix"]
+    if form == "ell":
+        index = np.asarray(group["ell_index"], dtype=np.int64)
+        values = dequantize_rows_int8(np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"]))
+        rows = np.repeat(np.arange(index.shape[0], dtype=np.int64), index.shape[1])
+        cols, vals = index.ravel(), values.ravel()
+    else:
+        r = layout.tile_rows
+        if r is None:
+            raise StoreError(f"{store.path}: matrix/ has no tiles; rebuild it with `bevcompile matrix --tile-rows R`")
+        offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
+        tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
+        scale = np.asarray(group["tile_row_scale"])
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for t, block in enumerate(tile_blocks(np.asarray(group["tile_weight_int8"]), offsets, r)):
+            deq = dequantize_rows_int8(block, scale[t * r : (t + 1) * r])
+            i, j = np.nonzero(deq)
+            parts.append((t * r + i, tile_cols[offsets[t] + j], deq[i, j]))
+        rows = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        cols = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        vals = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)
+    keep = rows < layout.n_rows
+    w_mat = sp.csr_matrix(
+        (vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols)
+    )
+    return _apply_matrix(store, layout, w_mat, features, depth)
+
+
+def _apply_matrix(store: LoadedStore, layout: MatrixLayout, w_mat: Any, features: np.ndarray, depth: np.ndarray | None) -> np.ndarray:
+    """``w_mat @ X`` per batch item, rows scattered to their BEV cells (float64 ``(N, C, ny, nx)``)."""
     n, _n_cam, c, _h_f, _w_f = features.shape
     _, ny, nx = store.bev_shape
     out = np.zeros((n, c, ny * nx), dtype=np.float64)
@@ -345,10 +558,27 @@ class ExportResult:
     module: str
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    weights: str = "float32"
+    float_reference: QuantisationReport | None = None
+    float32_export: Float32Export | None = None
 
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    @property
+    def constant_ratio_vs_float32(self) -> float | None:
+        """Constant bytes (initializers + Constant nodes) of this graph / of the float32 export."""
+        if self.float32_export is None or self.float32_export.constant_bytes <= 0:
+            return None
+        return self.scan.constant_bytes / self.float32_export.constant_bytes
+
+    @property
+    def file_ratio_vs_float32(self) -> float | None:
+        """File bytes of this graph / of the float32 export (quantised weights only)."""
+        if self.float32_export is None or self.float32_export.file_bytes <= 0:
+            return None
+        return self.file_bytes / self.float32_export.file_bytes
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -369,29 +599,101 @@ class ExportResult:
             "passed": self.passed,
             "failures": self.failures,
             "notes": self.notes,
+            "weights": self.weights,
+            "float_reference": None if self.float_reference is None else self.float_reference.to_json(),
+            "float32_export": None if self.float32_export is None else self.float32_export.to_json(),
+            "constant_bytes_vs_float32": _finite(self.constant_ratio_vs_float32),
+            "file_bytes_vs_float32": _finite(self.file_ratio_vs_float32),
         }
 
 
+@dataclass(frozen=True)
+class QuantisationReport:
+    """What quantised weights cost: onnxruntime output vs the FLOAT reference (reported, never a failure).
+
+    ``peak`` is the float reference's value range ``max - min`` (PSNR ``10 log10(peak^2 / MSE)``).
+    """
+
+    reference: str
+    max_abs: float
+    mean_abs: float
+    psnr_db: float
+    peak: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "max_abs": _finite(self.max_abs),
+            "mean_abs": _finite(self.mean_abs),
+            "psnr_db": _finite(self.psnr_db),
+            "peak": _finite(self.peak),
+        }
+
+
+@dataclass(frozen=True)
+class Float32Export:
+    """Size of the same product exported with float32 weights (the baseline of the size comparison)."""
+
+    file_bytes: int
+    initializer_bytes: int
+    constant_node_bytes: int
+    n_initializers: int
+
+    @property
+    def constant_bytes(self) -> int:
+        return self.initializer_bytes + self.constant_node_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file_bytes": self.file_bytes,
+            "initializer_bytes": self.initializer_bytes,
+            "constant_node_bytes": self.constant_node_bytes,
+            "constant_bytes": self.constant_bytes,
+            "n_initializers": self.n_initializers,
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON-safe number: None for None, inf and nan (``--json`` refuses non-finite floats)."""
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def export_stages(options: ExportOptions) -> int:
+    """Number of ``progress(1)`` calls :func:`export_onnx` makes (4; 5 with quantised weights)."""
+    return 5 if options.quantised else 4
+
+
 def build_module(store: LoadedStore, options: ExportOptions) -> tuple[Any, bool]:
-    """``(module, needs_depth)`` for a product."""
+    """``(module, needs_depth)`` for a product and its ``weights``."""
     from . import torch as bt
 
     if options.product == "gather":
-        return bt.GridGather(store, reduce=options.reduce), False
-    module = bt.MatrixLift(store, form=options.product)
+        if options.weights == "float32":
+            return bt.GridGather(store, reduce=options.reduce), False
+        return bt.GridGather(store, reduce=options.reduce, weights=options.weights), False
+    if options.weights == "float32":
+        module = bt.MatrixLift(store, form=options.product)
+    else:
+        module = bt.MatrixLift(store, form=options.product, weights=options.weights)
     return module, module.mode == "frustum"
 
 
 def _torch_export(module: Any, args: tuple[Any, ...], path: Path, options: ExportOptions, names: list[str]) -> str:
-    """Export with the chosen exporter; returns the exporter actually used."""
+    """Export with the chosen exporter; returns the exporter actually used.
+
+    Constant folding is on for float32 weights and OFF for quantised ones: folding would
+    evaluate the in-graph dequantisation (it depends on constants only) and store float32
+    weights again.
+    """
     torch = _require_torch()
     exporter = options.exporter
+    fold = not options.quantised
     common: dict[str, Any] = {"input_names": names, "output_names": ["bev"], "opset_version": options.opset}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
             try:
-                torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=True, **common)
+                torch.onnx.export(module, args, str(path), dynamo=False, do_constant_folding=fold, **common)
                 return "legacy"
             except (TypeError, AttributeError, RuntimeError, NotImplementedError) as exc:
                 if "dynamo" not in str(exc).lower() and "legacy" not in str(exc).lower() and "deprecat" not in str(exc).lower():
@@ -407,7 +709,7 @@ def _torch_export(module: Any, args: tuple[Any, ...], path: Path, options: Expor
             logger.setLevel(logging.ERROR)
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                torch.onnx.export(module, args, str(path), dynamo=True, external_data=False, optimize=True, **common)
+                torch.onnx.export(module, args, str(path), dynamo=True, external_data=False, optimize=fold, **common)
         finally:
             for logger, level in zip(quiet_loggers, levels, strict=True):
                 logger.setLevel(level)
@@ -426,7 +728,9 @@ def export_onnx(
     Returns the :class:`ExportResult` when every check passes (the file is at ``out``);
     raises :class:`CheckFailed` naming every failed check otherwise (its ``result`` attribute
     holds the :class:`ExportResult` when the graph was exported). ``progress(1)`` is called
-    after each of the 4 stages (module, export, scan, onnxruntime).
+    after each of the 4 stages (module, export, scan, onnxruntime) and, with quantised
+    weights, after a 5th (the float32 export the sizes are compared with;
+    :func:`export_stages`).
     """
     step = progress or (lambda n: None)
     options = options or ExportOptions()
@@ -450,9 +754,15 @@ def export_onnx(
     with torch.no_grad():
         torch_out = module(*args).numpy()
     if options.product == "gather":
-        reference = reference_grid_gather(store, inputs["features"], options.reduce)
+        float_reference = reference_grid_gather(store, inputs["features"], options.reduce)
     else:
-        reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"))
+        float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"))
+    if options.weights == "lut":
+        reference = reference_gather_lut(store, inputs["features"], options.reduce)
+    elif options.weights == "int8":
+        reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product)
+    else:
+        reference = float_reference
     step(1)
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -465,6 +775,8 @@ def export_onnx(
         raise CheckFailed(f"torch.onnx.export failed for product {options.product}: {type(exc).__name__}: {first}") from None
     export_seconds = time.perf_counter() - t0
     model = onnx.load(str(tmp))
+    if options.quantised:
+        fold_constants_keep_quantised(model)
     _add_metadata(model, store, options, used)
     onnx.save(model, str(tmp))
     step(1)
@@ -494,12 +806,19 @@ def export_onnx(
         max_abs = float(np.nanmax(diff)) if np.isfinite(diff).all() else float("inf")
         mean_abs = float(diff.mean()) if np.isfinite(diff).all() else float("inf")
         if not max_abs <= options.tolerance:
-            failures.append(f"onnxruntime output differs from the numpy reference by {max_abs:.3g} > {options.tolerance:g}")
+            same = f" ({options.weights}: same dequantised weights)" if options.quantised else ""
+            failures.append(f"onnxruntime output differs from the numpy reference{same} by {max_abs:.3g} > {options.tolerance:g}")
     torch_max_abs = (
         float(np.abs(torch_out.astype(np.float64) - reference).max())
         if torch_out.shape == reference.shape and torch_out.size
         else float("inf")
     )
+    quantisation: QuantisationReport | None = None
+    float32_export: Float32Export | None = None
+    if options.quantised:
+        quantisation = _quantisation_report(ort_out, float_reference, options.product)
+        float32_export = _float32_export(store, args, names, out, options)
+        step(1)
 
     result = ExportResult(
         path=out,
@@ -517,11 +836,16 @@ def export_onnx(
         ort_seconds=ort_seconds,
         module=repr(module).splitlines()[0],
         failures=failures,
+        weights=options.weights,
+        float_reference=quantisation,
+        float32_export=float32_export,
     )
     if used != options.exporter:
         result.notes.append(f"exporter {options.exporter} unavailable in this torch; used {used}")
     if scan.unexpected:
         result.notes.append(f"ops outside the expected set: {', '.join(scan.unexpected)}")
+    if options.quantised and float32_export is None:
+        result.notes.append("the float32 export the sizes are compared with failed; no size comparison")
     if failures:
         rejected = out.with_name(f"{out.stem}.rejected.onnx")
         os.replace(tmp, rejected)
@@ -531,6 +855,47 @@ def export_onnx(
         raise error
     os.replace(tmp, out)
     return result
+
+
+def _quantisation_report(ort_out: np.ndarray, float_reference: np.ndarray, product: str) -> QuantisationReport:
+    """onnxruntime output of the quantised graph vs the float reference (max abs, PSNR)."""
+    from .checks_api import psnr_db
+
+    name = "numpy grid_sample on grid/norm" if product == "gather" else "W @ X from the float32 COO"
+    if ort_out.shape != float_reference.shape or not np.isfinite(ort_out).all():
+        return QuantisationReport(name, float("inf"), float("inf"), float("-inf"), 0.0)
+    diff = np.abs(ort_out.astype(np.float64) - float_reference)
+    peak = float(float_reference.max() - float_reference.min()) if float_reference.size else 0.0
+    peak = peak if peak > 0 else 1.0
+    mse = float(np.mean(diff * diff)) if diff.size else 0.0
+    return QuantisationReport(name, float(diff.max()) if diff.size else 0.0, float(diff.mean()) if diff.size else 0.0, psnr_db(mse, peak), peak)
+
+
+def _float32_export(store: LoadedStore, args: tuple[Any, ...], names: list[str], out: Path, options: ExportOptions) -> Float32Export | None:
+    """Export the same product with float32 weights (the file ``--weights float32`` writes,
+    metadata included) to a temporary file and measure it; None if that export fails (the
+    size comparison is then missing, nothing else)."""
+    onnx, _ = _require_onnx()
+    float_options = replace(options, weights="float32")
+    module, _ = build_module(store, float_options)
+    module.eval()
+    tmp = out.parent / f".{out.name}.float32-{os.getpid()}"
+    try:
+        used = _torch_export(module, args, tmp, float_options, names)
+        model = onnx.load(str(tmp))
+        _add_metadata(model, store, float_options, used)
+        onnx.save(model, str(tmp))
+        scan = scan_graph(model)
+        return Float32Export(
+            file_bytes=tmp.stat().st_size,
+            initializer_bytes=scan.initializer_bytes,
+            constant_node_bytes=scan.constant_node_bytes,
+            n_initializers=scan.n_initializers,
+        )
+    except Exception:
+        return None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, exporter: str) -> None:
@@ -543,6 +908,7 @@ def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, export
         "bevcompile.config_sha256": store.config_sha256,
         "bevcompile.product": options.product,
         "bevcompile.reduce": options.reduce if options.product == "gather" else "",
+        "bevcompile.weights": options.weights,
         "bevcompile.exporter": exporter,
         "bevcompile.feature_size": f"[{w_f}, {h_f}]",
         "bevcompile.bev_shape": f"[{n_h}, {ny}, {nx}]",

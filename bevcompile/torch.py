@@ -7,6 +7,11 @@ GridSample, ScatterND/ScatterElements, OneHot, NonZero, Loop or If, and no data-
 shape. Shapes are fixed by the store; only the batch ``N`` and channels ``C`` come from the
 input.
 
+Both take a ``weights=`` choice: the float32 tables (default), or the store's quantised
+constants kept small in the module and in an exported graph and dequantised in the graph
+(``GridGather(weights="lut")``: ``gather/weight_u8`` uint8 codes + ``gather/lut``;
+``MatrixLift(weights="int8")``: the ``matrix --quantize int8`` values + per-row float32 scales).
+
 * :class:`GridGather` — ``(N, n_cam, C, H_f, W_f)`` camera features -> ``(N, C, n_heights, ny, nx)``
   BEV features, equal to ``grid_sample(bilinear, zeros, align_corners)`` on ``grid/norm``
   per camera, summed (``reduce="sum"``) or averaged (``reduce="mean"``) over the cameras that
@@ -14,6 +19,10 @@ input.
 * :class:`MatrixLift` — ``(N, n_cam, C, H_f, W_f)`` features (and, in frustum mode,
   ``(N, n_cam, D, H_f, W_f)`` depth probabilities) -> ``(N, C, ny, nx)`` = ``W @ (depth x feat)``
   with the ``matrix/`` group's ELL or tile form.
+
+Quantised weights keep the graph static and within the same op set (they add Cast, and
+Gather/Mul): the uint8 LUT codes are Cast to int32 because ONNX Gather takes int32/int64
+indices; int8 matrix values are Cast to float32 (exact, ``|q| <= 127``).
 
 Importing this module without PyTorch raises :class:`~bevcompile.errors.DependencyError`.
 """
@@ -26,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DependencyError, StoreError, UsageError
-from .gather import bilinear_corners
+from .gather import CORNER_ORDER, LUT_CODE_ORDER, bilinear_corners
 from .grid import norm_to_feature_px
 from .loader import LoadedStore, load
 
@@ -42,6 +51,14 @@ StoreLike = str | Path | LoadedStore
 REDUCTIONS = ("sum", "mean")
 GRID_SOURCES = ("auto", "gather", "grid")
 MATRIX_FORMS = ("ell", "tiles")
+GRID_WEIGHTS = ("float32", "lut")
+"""``GridGather(weights=...)``: the float32 ``gather/weight`` or the ``gather/weight_u8`` + ``gather/lut`` codes."""
+MATRIX_WEIGHTS = ("float32", "int8")
+"""``MatrixLift(weights=...)``: the float32 ELL/tile weights or the ``--quantize int8`` values + row scales."""
+LUT_CORNER_U_CODE = tuple(LUT_CODE_ORDER.index(corner[2:]) for corner in CORNER_ORDER)
+"""Column of ``weight_u8`` holding the u-side code of each corner in :data:`CORNER_ORDER`: ``(0, 1, 0, 1)``."""
+LUT_CORNER_V_CODE = tuple(LUT_CODE_ORDER.index(corner[:2]) for corner in CORNER_ORDER)
+"""Column of ``weight_u8`` holding the v-side code of each corner: ``(2, 2, 3, 3)``."""
 
 
 def _buffer(array: np.ndarray, dtype: Any = None) -> torch.Tensor:
@@ -75,6 +92,25 @@ def bilinear_tables_from_norm(
     n_cam = norm.shape[0]
     cam_base = (np.arange(n_cam, dtype=np.int64) * (h_f * w_f)).reshape((n_cam,) + (1,) * (norm.ndim - 1))
     return (cam_base + pixel_index).astype(np.int32), weight.astype(np.float32)
+
+
+def _lut_tables(store: LoadedStore, table_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``(weight_u8, lut)`` of ``gather/``, checked against the index table's shape.
+
+    Convention: ``weight_u8`` uint8 ``table_shape`` (last axis the codes ``(cu0, cu1, cv0, cv1)``),
+    ``lut`` float32 ``(L,)`` with every code ``< L``.
+    """
+    group = store["gather"]
+    for name in ("weight_u8", "lut"):
+        if name not in group:
+            raise StoreError(f"{store.path}: gather/ has no {name}; rebuild it with `bevcompile grid`")
+    codes = np.asarray(group["weight_u8"])
+    lut = np.asarray(group["lut"])
+    if codes.dtype != np.uint8 or codes.shape != table_shape:
+        raise StoreError(f"{store.path}: gather/weight_u8 is {codes.dtype} {codes.shape}; expected uint8 {table_shape} like gather/index")
+    if lut.ndim != 1 or lut.size == 0 or (codes.size and int(codes.max()) >= lut.size):
+        raise StoreError(f"{store.path}: gather/lut has shape {lut.shape}; every weight_u8 code must index it")
+    return codes, lut
 
 
 def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
@@ -133,6 +169,15 @@ class GridGather(nn.Module):
     heights are added too and ``mean`` divides by the number of valid (camera, height) pairs.
     Cells no camera sees are 0 either way.
 
+    ``weights="lut"`` (needs the ``gather/`` group): instead of ``weight`` the buffers are
+    ``weight_u8`` uint8 (as stored, same shape as ``index``; codes ``(cu0, cu1, cv0, cv1)``)
+    and ``lut`` float32 ``(L,)``; the forward Casts the codes to int32 (ONNX Gather indices are
+    int32/int64), Gathers ``lut`` once (per-side weights), Gathers those per corner with the
+    constant columns :data:`LUT_CORNER_U_CODE` / :data:`LUT_CORNER_V_CODE` and multiplies:
+    ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` in corner order ``(v0,u0) (v0,u1) (v1,u0) (v1,u1)``;
+    the weighted sum is then the same. Its distance to ``grid_sample`` on features in
+    ``[0, 1]`` is bounded per camera by ``gather/``'s ``lut_max_sample_error_unit_features``.
+
     Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
     ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
     (layouts ``flat``/``flat_cache``/``flat_feature`` of ``grid --align N [--order cache|feature]``:
@@ -146,6 +191,10 @@ class GridGather(nn.Module):
 
     index: torch.Tensor
     weight: torch.Tensor
+    weight_u8: torch.Tensor
+    lut: torch.Tensor
+    corner_u_code: torch.Tensor
+    corner_v_code: torch.Tensor
     row_of_cell: torch.Tensor
     inv_count: torch.Tensor
 
@@ -156,13 +205,24 @@ class GridGather(nn.Module):
         reduce: str = "sum",
         collapse_heights: bool = False,
         source: str = "auto",
+        weights: str = "float32",
     ) -> None:
         super().__init__()
         if reduce not in REDUCTIONS:
             raise UsageError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
         if source not in GRID_SOURCES:
             raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
+        if weights not in GRID_WEIGHTS:
+            raise UsageError(f"weights must be one of {', '.join(GRID_WEIGHTS)}, got {weights!r}")
+        if weights == "lut" and source == "grid":
+            raise UsageError("weights='lut' reads gather/weight_u8 and gather/lut; source='grid' has no LUT codes (use source='auto' or 'gather')")
         loaded = load(store)
+        if weights == "lut" and not loaded.has_group("gather"):
+            raise StoreError(
+                f"{loaded.path}: weights='lut' needs the gather/ group (weight_u8 + lut) and this store has none; "
+                "run `bevcompile grid` to write it"
+            )
+        self.weights = weights
         self.n_cam = loaded.rig.n_cam
         self.feature_size = loaded.feature_size
         self.bev_shape = loaded.bev_shape
@@ -172,7 +232,14 @@ class GridGather(nn.Module):
         self.source = used
         self.layout = layout
         self.register_buffer("index", _buffer(index, np.int32), persistent=True)
-        self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
+        if weights == "float32":
+            self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
+        else:
+            codes, lut = _lut_tables(loaded, tuple(index.shape))
+            self.register_buffer("weight_u8", _buffer(codes, np.uint8), persistent=True)
+            self.register_buffer("lut", _buffer(lut, np.float32), persistent=True)
+            self.register_buffer("corner_u_code", torch.tensor(LUT_CORNER_U_CODE, dtype=torch.int32), persistent=False)
+            self.register_buffer("corner_v_code", torch.tensor(LUT_CORNER_V_CODE, dtype=torch.int32), persistent=False)
         if row_of_cell is not None:
             self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
         if reduce == "mean":
@@ -188,7 +255,21 @@ class GridGather(nn.Module):
         return (
             f"n_cam={self.n_cam}, feature={w_f}x{h_f}, bev={n_h}x{ny}x{nx}, reduce={self.reduce}, "
             f"collapse_heights={self.collapse_heights}, source={self.source}, layout={self.layout}"
+            + ("" if self.weights == "float32" else f", weights={self.weights}")
         )
+
+    def corner_weights(self) -> torch.Tensor:
+        """The bilinear weights the forward uses, shaped like ``index`` (float32).
+
+        ``weights="float32"``: the ``weight`` buffer itself. ``weights="lut"``: reconstructed
+        in the graph, ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` (Cast, Gather, Gather, Mul).
+        """
+        if self.weights == "float32":
+            return self.weight
+        codes = self.weight_u8.reshape(-1).to(torch.int32)  # Cast: ONNX Gather indices are int32/int64
+        per_side = self.lut.index_select(0, codes).reshape(-1, 4)  # (rows, 4): lut[cu0], lut[cu1], lut[cv0], lut[cv1]
+        weight = per_side.index_select(1, self.corner_u_code) * per_side.index_select(1, self.corner_v_code)
+        return weight.reshape(self.weight_u8.shape)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = features.shape
@@ -200,13 +281,14 @@ class GridGather(nn.Module):
         n_h, ny, nx = self.bev_shape
         cells = n_h * ny * nx
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
+        weight = self.corner_weights()
         if self.layout == "bev":
             gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, n_cam, cells, 4)
-            out = (gathered * self.weight.reshape(n_cam, cells, 4)).sum(dim=(2, 4))  # (N, C, cells)
+            out = (gathered * weight.reshape(n_cam, cells, 4)).sum(dim=(2, 4))  # (N, C, cells)
         else:
             rows = self.index.shape[0]
             gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, rows, 4)
-            per_row = (gathered * self.weight).sum(dim=3)  # (N, C, n_cells_padded), stored row order
+            per_row = (gathered * weight).sum(dim=3)  # (N, C, n_cells_padded), stored row order
             per_cell = per_row.index_select(2, self.row_of_cell)  # (N, C, n_cam * cells)
             out = per_cell.reshape(n, c, n_cam, cells).sum(dim=2)
         if self.collapse_heights:
@@ -251,29 +333,57 @@ class MatrixLift(nn.Module):
     feature columns and depth probabilities of those columns, multiplied — the outer product
     restricted to the tile's columns), one MatMul with the dense ``(R, n_cols_t)`` block, then
     a Concat of the tiles. Peak extra memory: ``N * C * max_t n_cols_t`` floats per tile.
+
+    ``weights="int8"`` (store built with ``bevcompile matrix --quantize int8``): the float32
+    weight buffer is replaced by the int8 values as stored — ``ell_weight_int8`` int8
+    ``(rows_pad, k_pad)`` + ``row_scale`` float32 ``(rows_pad,)``, or ``tile_weight_int8`` int8
+    ``(R * T,)`` (persistent as its per-tile views ``tile{t}_block`` int8 ``(R, n_cols_t)``)
+    + ``tile_row_scale`` float32 ``(n_tiles * R,)`` — and the graph dequantises:
+    Cast int8 -> float32 of the values (exact, ``|q| <= 127``), the same Gather/Mul/ReduceSum
+    (ELL) or MatMul + Concat (tiles), then ONE Mul by the row scale on the ``(N, C, rows)``
+    result. This is exact, not an approximation: the stored decode is
+    ``W[r, j] = float32(q[r, j]) * s[r]`` with one scale per row, so
+    ``sum_j W[r, j] X[col_j] = s[r] * sum_j q[r, j] X[col_j]`` — the scale factors out of the
+    K-reduction (ELL) and out of row ``r`` of the MatMul (tiles). In float32 it differs from
+    per-entry dequantisation only in rounding order (one rounding of ``s * sum`` instead of one
+    of ``q * s`` per entry), and it costs ``N * C * rows`` multiplies instead of
+    ``N * C * rows * k_pad``.
     """
 
     ell_index: torch.Tensor
     ell_weight: torch.Tensor
+    ell_weight_int8: torch.Tensor
+    row_scale: torch.Tensor
     feat_index: torch.Tensor
     tile_cols: torch.Tensor
     tile_col_offsets: torch.Tensor
     tile_weight: torch.Tensor
+    tile_weight_int8: torch.Tensor
+    tile_row_scale: torch.Tensor
     tile_feat_index: torch.Tensor
     row_of_cell: torch.Tensor
     cell_mask: torch.Tensor
 
-    def __init__(self, store: StoreLike, *, form: str = "ell") -> None:
+    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32") -> None:
         super().__init__()
         from .loader import matrix_layout
 
         if form not in MATRIX_FORMS:
             raise UsageError(f"form must be one of {', '.join(MATRIX_FORMS)}, got {form!r}")
+        if weights not in MATRIX_WEIGHTS:
+            raise UsageError(f"weights must be one of {', '.join(MATRIX_WEIGHTS)}, got {weights!r}")
         loaded = load(store)
         layout = matrix_layout(loaded)
         group = loaded["matrix"]
         rig = loaded.rig
+        int8 = weights == "int8"
+        if int8 and ("ell_weight_int8" not in group or "row_scale" not in group):
+            raise StoreError(
+                f"{loaded.path}: weights='int8' needs matrix/ell_weight_int8 + row_scale; "
+                "rebuild the matrix with `bevcompile matrix --quantize int8`"
+            )
         self.form = form
+        self.weights = weights
         self.mode = layout.mode
         self.n_cam = rig.n_cam
         self.n_depth = rig.depth.n_bins
@@ -292,7 +402,17 @@ class MatrixLift(nn.Module):
         if form == "ell":
             index = np.asarray(group["ell_index"])
             self.register_buffer("ell_index", _buffer(index, np.int32), persistent=True)
-            self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
+            if not int8:
+                self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
+            else:
+                values, scale = np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"])
+                if values.dtype != np.int8 or values.shape != index.shape or scale.shape != (index.shape[0],):
+                    raise StoreError(
+                        f"{loaded.path}: matrix/ell_weight_int8 {values.dtype} {values.shape} and row_scale {scale.shape} "
+                        f"do not fit ell_index {index.shape}"
+                    )
+                self.register_buffer("ell_weight_int8", _buffer(values, np.int8), persistent=True)
+                self.register_buffer("row_scale", _buffer(scale, np.float32), persistent=True)
             if self.mode == "frustum":
                 self.register_buffer("feat_index", _buffer(feat_of(index)), persistent=True)
             out_rows = self.rows_pad
@@ -302,21 +422,43 @@ class MatrixLift(nn.Module):
                 raise StoreError(f"{loaded.path}: matrix/ has no tiles; rebuild it with `bevcompile matrix --tile-rows R`")
             if layout.tile_rows is None:
                 raise StoreError(f"{loaded.path}: matrix/ build_options have no tile_rows")
+            if int8 and ("tile_weight_int8" not in group or "tile_row_scale" not in group):
+                raise StoreError(
+                    f"{loaded.path}: weights='int8' with form='tiles' needs matrix/tile_weight_int8 + tile_row_scale; "
+                    "rebuild the matrix with `bevcompile matrix --quantize int8 --tile-rows R`"
+                )
             offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
             cols = np.asarray(group["tile_cols"])
             self.tile_rows = layout.tile_rows
             self.register_buffer("tile_cols", _buffer(cols, np.int32), persistent=True)
             self.register_buffer("tile_col_offsets", _buffer(offsets, np.int64), persistent=True)
-            self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
+            if not int8:
+                self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
+                blocks = self.tile_weight
+            else:
+                values, scale = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"])
+                n_tiles = offsets.size - 1
+                if values.dtype != np.int8 or values.shape != (self.tile_rows * int(offsets[-1]),) or scale.shape != (n_tiles * self.tile_rows,):
+                    raise StoreError(
+                        f"{loaded.path}: matrix/tile_weight_int8 {values.dtype} {values.shape} and tile_row_scale {scale.shape} "
+                        f"do not fit {n_tiles} tiles of {self.tile_rows} rows"
+                    )
+                # the flat array is not persistent: its per-tile views below are (no bytes twice in state_dict)
+                self.register_buffer("tile_weight_int8", _buffer(values, np.int8), persistent=False)
+                self.register_buffer("tile_row_scale", _buffer(scale, np.float32), persistent=True)
+                blocks = self.tile_weight_int8
             if self.mode == "frustum":
                 self.register_buffer("tile_feat_index", _buffer(feat_of(cols)), persistent=True)
             self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(offsets.size - 1)]
             # per-tile views of the stored buffers (shared memory, not in state_dict): each
-            # becomes its own initializer in an exported graph, so no Slice is left in it
+            # becomes its own constant in an exported graph, so no Slice is left in it. The int8
+            # blocks are persistent instead: a non-persistent buffer is traced as a constant and
+            # the exporter folds its Cast, storing float32 blocks again; a persistent one becomes
+            # an int8 initializer.
             r = self.tile_rows
             for t, (a, b) in enumerate(self.tiles):
                 self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
-                self.register_buffer(f"tile{t}_block", self.tile_weight[r * a : r * b].view(r, b - a), persistent=False)
+                self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=int8)
                 if self.mode == "frustum":
                     self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
             out_rows = len(self.tiles) * self.tile_rows
@@ -343,6 +485,7 @@ class MatrixLift(nn.Module):
         return (
             f"mode={self.mode}, form={self.form}, n_cam={self.n_cam}, feature={w_f}x{h_f}, "
             f"bev={self.ny}x{self.nx}, {shape}, rows={self.row_mapping}"
+            + ("" if self.weights == "float32" else f", weights={self.weights}")
         )
 
     def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
@@ -359,16 +502,21 @@ class MatrixLift(nn.Module):
                 got = None if depth is None else tuple(depth.shape)
                 raise UsageError(f"frustum mode needs depth (N, {n_cam}, {self.n_depth}, {h_f}, {w_f}), got {got}")
             depth_flat = depth.reshape(n, n_cam * self.n_depth * h_f * w_f)
+        int8 = self.weights == "int8"
         if self.form == "ell":
             rows = self.rows_pad
             entries = rows * self.k_pad
+            # int8: the integer values, exact in float32; the row scale is applied after the K-sum
+            weight = self.ell_weight_int8.to(torch.float32) if int8 else self.ell_weight
             if depth_flat is None:
                 gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
-                coeff = self.ell_weight.reshape(1, 1, entries)
+                coeff = weight.reshape(1, 1, entries)
             else:
                 gathered = flat.index_select(2, self.feat_index.reshape(-1))
-                coeff = (depth_flat.index_select(1, self.ell_index.reshape(-1)) * self.ell_weight.reshape(1, entries)).reshape(n, 1, entries)
+                coeff = (depth_flat.index_select(1, self.ell_index.reshape(-1)) * weight.reshape(1, entries)).reshape(n, 1, entries)
             out = (gathered * coeff).reshape(n, c, rows, self.k_pad).sum(dim=3)  # (N, C, rows_pad)
+            if int8:
+                out = out * self.row_scale  # one Mul per row: s[r] * sum_j q[r, j] X[col_j]
         else:
             parts = []
             for t, (a, b) in enumerate(self.tiles):
@@ -379,8 +527,11 @@ class MatrixLift(nn.Module):
                 else:
                     feat_cols = getattr(self, f"tile{t}_feat")
                     x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
-                parts.append(torch.matmul(x, block.transpose(0, 1)))  # (N, C, R)
+                block_t = block.transpose(0, 1).to(torch.float32) if int8 else block.transpose(0, 1)
+                parts.append(torch.matmul(x, block_t))  # (N, C, R)
             out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+            if int8:
+                out = out * self.tile_row_scale  # one Mul per row of every tile (N, C, n_tiles * R)
         if self.row_mapping == "identity":
             return out.reshape(n, c, self.ny, self.nx)
         out = out.index_select(2, self.row_of_cell)

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from bevcompile.cli import app
 from bevcompile.config import RigConfig
 from bevcompile.loader import load
+from bevcompile.matrix import MatrixOptions
 
-from .test_torch_modules import build_grid_store
+from .test_torch_modules import add_matrix_group, build_grid_store
 
 runner = CliRunner()
 
@@ -54,6 +55,13 @@ def test_export_onnx_json(store: Path, tmp_path: Path) -> None:
         (["--product", "ell"], "no group matrix/ in this store"),
         (["--channels", "0"], "error: --channels must be in [1, 4096], got 0"),
         (["--exporter", "tvm"], "error: --exporter must be one of legacy, dynamo"),
+        (["--product", "ell", "--weights", "lut"],
+         "error: --weights lut applies to --product gather only, got --product ell (use --weights float32 or int8)"),
+        (["--product", "tiles", "--weights", "lut"],
+         "error: --weights lut applies to --product gather only, got --product tiles (use --weights float32 or int8)"),
+        (["--weights", "int8"],
+         "error: --weights int8 applies to --product ell or tiles only, got --product gather (use --weights float32 or lut)"),
+        (["--weights", "int4"], "error: --weights must be one of float32, lut, int8, got 'int4'"),
     ],
 )
 def test_export_onnx_usage_errors(store: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -62,6 +70,56 @@ def test_export_onnx_usage_errors(store: Path, tmp_path: Path, args: list[str], 
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.fixture(scope="module")
+def int8_store(tmp_path_factory: pytest.TempPathFactory, small: RigConfig) -> Path:
+    store = build_grid_store(small, tmp_path_factory.mktemp("cli_int8"))
+    add_matrix_group(store, small, MatrixOptions(mode="frustum", topk=6, align=8, tile_rows=64, quantize="int8"))
+    return store
+
+
+def test_export_onnx_weights_lut_json(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lut.onnx"
+    result = runner.invoke(app, ["export-onnx", str(store), "--out", str(out), "--channels", "2", "--weights", "lut", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["passed"] is True and data["weights"] == "lut"
+    assert data["max_abs_vs_reference"] <= 1e-5
+    assert data["float_reference"]["reference"] == "numpy grid_sample on grid/norm"
+    assert 0 < data["float_reference"]["max_abs"] < 0.05 and data["float_reference"]["psnr_db"] >= 40
+    assert data["float32_export"]["file_bytes"] > data["file_bytes"] == out.stat().st_size
+    assert 0 < data["constant_bytes_vs_float32"] < 1 and 0 < data["file_bytes_vs_float32"] < 1
+    assert data["graph"]["op_histogram"]["Cast"] == 1
+
+
+def test_export_onnx_weights_int8_summary(int8_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ell.onnx"
+    result = runner.invoke(app, ["export-onnx", str(int8_store), "--product", "ell", "--weights", "int8", "--out", str(out), "--channels", "3"])
+    assert result.exit_code == 0, result.output
+    assert "int8 vs float reference" in result.stdout and "report" in result.stdout and "PSNR" in result.stdout
+    assert "(same dequantised weights)" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert "weights int8" in text
+    assert "vs the float32 export: constants (initializers + Constant nodes)" in text
+    assert f"wrote {out}" in text
+    assert "Cast" in {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_export_onnx_quantised_weights_need_the_quantised_store(store: Path, tmp_path: Path, small: RigConfig) -> None:
+    """int8 on a matrix built without --quantize int8, lut on a store without gather/: exit 2, one line."""
+    plain = build_grid_store(small, tmp_path / "plain")
+    add_matrix_group(plain, small, MatrixOptions(mode="grid", topk=4, align=4))
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["export-onnx", str(plain), "--product", "ell", "--weights", "int8", "--out", str(out)])
+    assert result.exit_code == 2
+    assert "weights='int8' needs matrix/ell_weight_int8 + row_scale; rebuild the matrix with `bevcompile matrix --quantize int8`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = runner.invoke(app, ["export-onnx", str(plain), "--product", "gather", "--weights", "lut", "--out", str(out)])
+    assert result.exit_code == 2
+    assert "weights='lut' needs the gather/ group (weight_u8 + lut)" in result.stderr and "`bevcompile grid`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
 
 
 def test_export_onnx_missing_store(tmp_path: Path) -> None:
@@ -103,7 +161,7 @@ def test_export_interop_both_targets_with_npy(store: Path, tmp_path: Path, small
         assert arr.dtype == np.int32
         assert np.array_equal(arr, load(store)["interop"][("bevpoolv2_" + name) if name != "fastbev_lut" else name])
     attrs = load(store)["interop"].attrs
-    assert attrs["build_options"]["bevpoolv2"] == {"frustum_mapping": "rig", "rounding": "floor", "z_bins": 2}
+    assert attrs["build_options"]["bevpoolv2"] == {"frustum_mapping": "rig", "rounding": "floor", "z_bins": 2, "batch": 1}
     assert attrs["bevpoolv2"]["grid_size"] == (40, 40, 2)
 
 
@@ -112,9 +170,22 @@ def test_export_interop_json(store: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["targets"] == ["bevpoolv2"]
-    assert data["build_options"]["bevpoolv2"] == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None}
+    assert data["build_options"]["bevpoolv2"] == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
     assert data["bevpoolv2"]["n_points"] == 4 * 8 * 8 * 12
     assert 0 < data["bevpoolv2"]["n_kept"] < data["bevpoolv2"]["n_points"]
+
+
+def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
+    one = json.loads(runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--json"]).stdout)["bevpoolv2"]
+    result = runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--batch", "3", "--npy", str(tmp_path / "npy")])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "batch 3" in out and f"3 x 4 x 8 x 8 x 12 = {3 * 3072:,}" in out
+    attrs = load(store)["interop"].attrs["bevpoolv2"]
+    assert attrs["batch"] == 3 and attrs["n_kept"] == 3 * one["n_kept"] and attrs["n_intervals"] == 3 * one["n_intervals"]
+    ranks_bev = np.load(tmp_path / "npy" / "ranks_bev.npy")
+    assert ranks_bev.size == 3 * one["n_kept"] and ranks_bev.max() >= 2 * 40 * 40  # batch 2 lies in the third voxel block
+    assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0
 
 
 @pytest.mark.parametrize(
@@ -124,6 +195,7 @@ def test_export_interop_json(store: Path) -> None:
         (["--to", "fastbev-lut", "--overlap", "random"], "error: --overlap must be one of first, last, nearest-centre"),
         (["--to", "bevpoolv2", "--rounding", "round"], "error: --rounding must be one of trunc, floor"),
         (["--to", "bevpoolv2", "--z-bins", "0"], "error: --z-bins must be in [1, 4096], got 0"),
+        (["--to", "bevpoolv2", "--batch", "0"], "error: --batch must be an integer in [1, 256], got 0"),
     ],
 )
 def test_export_interop_usage_errors(store: Path, args: list[str], message: str) -> None:

@@ -17,11 +17,18 @@ from onnx import TensorProto, helper
 from bevcompile import onnx_export
 from bevcompile.config import RigConfig
 from bevcompile.errors import CheckFailed, DependencyError, StoreError, UsageError
-from bevcompile.loader import load
+from bevcompile.loader import load, matrix_layout
 from bevcompile.matrix import MatrixOptions
 from bevcompile.onnx_export import EXPECTED_OPS, FORBIDDEN_OPS, ExportOptions, export_onnx, make_inputs, scan_graph
 
-from .test_torch_modules import add_matrix_group, build_grid_store, torch_grid_sample_reference
+from .test_torch_modules import (
+    INT8_CASES,
+    add_matrix_group,
+    build_grid_store,
+    dequantised_int8_lift,
+    numpy_lut_gather,
+    torch_grid_sample_reference,
+)
 
 ALLOWED = set(EXPECTED_OPS)
 
@@ -107,6 +114,96 @@ def test_export_nuscenes_gather_done_when(tmp_path: Path, nuscenes: RigConfig) -
     assert result.inputs == {"features": [1, 6, 8, 16, 44]}
     assert result.output == [1, 8, 1, 128, 128]
     assert result.max_abs <= 1e-5
+
+
+# --------------------------------------------------------------------------------------
+# quantised weights: --weights lut (gather) / int8 (ell, tiles)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(INT8_CASES))
+def int8_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> Path:
+    store = build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("onnx_int8"))
+    add_matrix_group(store, small_distorted_multi, INT8_CASES[request.param])
+    return store
+
+
+def _assert_quantised(result: onnx_export.ExportResult, model: onnx.ModelProto, dtype: int, float_file: Path) -> None:
+    """The graph carries the quantised table (int8/uint8 initializer, dequantised by a Cast),
+    no float32 table of its size, and is smaller than the float32 export at ``float_file``."""
+    assert result.weights == ("lut" if dtype == TensorProto.UINT8 else "int8")
+    quantised = sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.data_type == dtype)
+    largest_float = max((int(np.prod(i.dims)) for i in model.graph.initializer if i.data_type == TensorProto.FLOAT), default=0)
+    assert quantised > 0
+    assert largest_float < quantised  # the lut / row scales / masks, never a float32 weight table
+    assert "Cast" in {n.op_type for n in model.graph.node}
+    assert {p.key: p.value for p in model.metadata_props}["bevcompile.weights"] == result.weights
+    assert result.path.stat().st_size < float_file.stat().st_size
+    assert result.float32_export is not None and result.float32_export.file_bytes == float_file.stat().st_size
+    assert result.scan.constant_bytes < result.float32_export.constant_bytes
+    ratio = result.constant_ratio_vs_float32
+    assert ratio is not None and 0 < ratio < 1
+
+
+def test_export_gather_lut(gather_store: Path, tmp_path: Path) -> None:
+    options = ExportOptions(product="gather", channels=4, weights="lut")
+    result = export_onnx(gather_store, tmp_path / "lut.onnx", options)
+    model = _assert_clean(result)
+    assert result.passed and result.max_abs <= 1e-5
+    float_result = export_onnx(gather_store, tmp_path / "float.onnx", ExportOptions(product="gather", channels=4))
+    _assert_quantised(result, model, TensorProto.UINT8, float_result.path)
+    # run the file ourselves against the independent numpy decode of weight_u8/lut
+    inputs = make_inputs(load(gather_store), 4, 1, seed=7, with_depth=False)
+    got = _ort(result.path, inputs)
+    assert np.max(np.abs(got - numpy_lut_gather(gather_store, inputs["features"]))) <= 1e-5
+    # the reported distance to the float reference: per camera within the LUT bound, so
+    # at most n_cam bounds for a sum over cameras; PSNR well above 40 dB
+    report = result.float_reference
+    assert report is not None
+    bound = float(load(gather_store)["gather"].attrs["lut_max_sample_error_unit_features"])
+    assert 1e-5 < report.max_abs <= 4 * bound + 1e-5
+    assert report.psnr_db >= 40.0 and report.peak > 0
+    # deterministic, and the temporary float32 export is gone
+    again = export_onnx(gather_store, tmp_path / "again.onnx", options)
+    assert again.path.read_bytes() == result.path.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.onnx", "float.onnx", "lut.onnx"]
+
+
+@pytest.mark.parametrize("product", ["ell", "tiles"])
+def test_export_matrix_int8(int8_store: Path, tmp_path: Path, product: str) -> None:
+    result = export_onnx(int8_store, tmp_path / f"{product}.onnx", ExportOptions(product=product, channels=4, weights="int8"))
+    model = _assert_clean(result)
+    assert result.passed and result.max_abs <= 1e-5
+    float_result = export_onnx(int8_store, tmp_path / "float.onnx", ExportOptions(product=product, channels=4))
+    _assert_quantised(result, model, TensorProto.INT8, float_result.path)
+    frustum = matrix_layout(load(int8_store)).mode == "frustum"
+    inputs = make_inputs(load(int8_store), 4, 1, seed=0, with_depth=frustum)
+    got = _ort(result.path, inputs)
+    assert np.max(np.abs(got - dequantised_int8_lift(int8_store, product, inputs))) <= 1e-5
+    report = result.float_reference
+    assert report is not None and report.max_abs > 1e-5 and report.psnr_db >= 40.0
+    assert result.to_json()["float_reference"]["psnr_db"] == pytest.approx(report.psnr_db)
+
+
+def test_dynamo_exporter_keeps_the_quantised_weights(gather_store: Path, tmp_path: Path) -> None:
+    result = export_onnx(gather_store, tmp_path / "dyn.onnx", ExportOptions(product="gather", channels=3, weights="lut", exporter="dynamo"))
+    assert result.exporter == "dynamo" and result.passed and result.max_abs <= 1e-5
+    model = _assert_clean(result)
+    assert TensorProto.UINT8 in {init.data_type for init in model.graph.initializer}
+    assert result.float32_export is not None and result.file_bytes < result.float32_export.file_bytes
+
+
+def test_export_quantised_weight_errors(gather_store: Path, matrix_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.onnx"
+    with pytest.raises(UsageError, match=r"--weights lut applies to --product gather only, got --product ell"):
+        export_onnx(matrix_store, out, ExportOptions(product="ell", weights="lut"))
+    with pytest.raises(UsageError, match=r"--weights int8 applies to --product ell or tiles only, got --product gather"):
+        export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8"))
+    with pytest.raises(UsageError, match=r"--weights must be one of float32, lut, int8, got 'fp16'"):
+        export_onnx(gather_store, out, ExportOptions(weights="fp16"))
+    with pytest.raises(StoreError, match=r"`bevcompile matrix --quantize int8`"):  # matrix_store has no int8
+        export_onnx(matrix_store, out, ExportOptions(product="tiles", weights="int8"))
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------------------

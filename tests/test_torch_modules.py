@@ -285,3 +285,180 @@ def test_matrix_lift_buffers_and_errors(tmp_path: Path, small: RigConfig) -> Non
         module(torch.zeros(1, small.n_cam, 2, h_f, w_f))
     with pytest.raises(UsageError, match="form"):
         MatrixLift(store, form="dense")
+
+
+# --------------------------------------------------------------------------------------
+# quantised weights: GridGather(weights="lut"), MatrixLift(weights="int8")
+# --------------------------------------------------------------------------------------
+
+
+def numpy_lut_gather(store: Path, features: np.ndarray) -> np.ndarray:
+    """The LUT gather in numpy, from the stored codes alone: ``(N, C, n_h, ny, nx)`` float64,
+    summed over cameras. Corner ``(v_j, u_i)`` weighs ``lut[cv_j] * lut[cu_i]`` with the codes
+    ``(cu0, cu1, cv0, cv1)``; rows back to cell order with ``perm_inverse``."""
+    loaded = load(store)
+    group = loaded["gather"]
+    codes = np.asarray(group["weight_u8"]).reshape(-1, 4).astype(np.int64)
+    lut = np.asarray(group["lut"], dtype=np.float64)
+    wu0, wu1, wv0, wv1 = (lut[codes[:, k]] for k in range(4))
+    weight = np.stack([wv0 * wu0, wv0 * wu1, wv1 * wu0, wv1 * wu1], axis=1)  # (v0,u0) (v0,u1) (v1,u0) (v1,u1)
+    index = np.asarray(group["index"]).reshape(-1, 4).astype(np.int64)
+    n, n_cam, c = features.shape[:3]
+    n_h, ny, nx = loaded.bev_shape
+    stacked = np.asarray(features, dtype=np.float64).transpose(0, 2, 1, 3, 4).reshape(n, c, -1)
+    per_row = (stacked[:, :, index] * weight).sum(axis=-1)  # (N, C, rows)
+    rows = np.asarray(group["perm_inverse"]) if "perm_inverse" in group else np.arange(n_cam * n_h * ny * nx)
+    return per_row[:, :, rows].reshape(n, c, n_cam, n_h, ny, nx).sum(axis=2)
+
+
+def dequantised_int8_lift(store: Path, form: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """``W_dequant @ X`` in float64 with a dense ``W_dequant`` built from the stored int8 values:
+    ``float32(q) * scale`` per row (ELL slots or tile blocks); ``(N, C, ny, nx)``, cells without a row 0."""
+    loaded = load(store)
+    group = loaded["matrix"]
+    layout = matrix_layout(loaded)
+    if form == "ell":
+        q, scale = np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"])
+        dense = np.zeros((q.shape[0], layout.n_cols))
+        rows = np.repeat(np.arange(q.shape[0]), q.shape[1])
+        np.add.at(dense, (rows, np.asarray(group["ell_index"]).ravel()), (q.astype(np.float32) * scale[:, None]).ravel())
+    else:
+        r, o = layout.tile_rows, np.asarray(group["tile_col_offsets"])
+        assert r is not None
+        q, scale, cols = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"]), np.asarray(group["tile_cols"])
+        dense = np.zeros(((o.size - 1) * r, layout.n_cols))
+        for t in range(o.size - 1):
+            block = q[r * o[t] : r * o[t + 1]].reshape(r, o[t + 1] - o[t]).astype(np.float32) * scale[t * r : (t + 1) * r, None]
+            np.add.at(dense, (np.repeat(np.arange(t * r, (t + 1) * r), block.shape[1]), np.tile(cols[o[t] : o[t + 1]], r)), block.ravel())
+    features = inputs["features"].astype(np.float64)
+    n, _n_cam, c = features.shape[:3]
+    _, ny, nx = loaded.bev_shape
+    out = np.zeros((n, c, ny * nx))
+    for b in range(n):
+        if layout.mode == "frustum":
+            x = inputs["depth"][b].astype(np.float64)[:, :, None] * features[b][:, None]  # (n_cam, D, C, H, W)
+            x = np.moveaxis(x, 2, -1).reshape(-1, c)
+        else:
+            x = np.moveaxis(features[b], 1, -1).reshape(-1, c)
+        out[b][:, layout.row_cells] = (dense[: layout.n_rows] @ x).T
+    return out.reshape(n, c, ny, nx)
+
+
+def psnr_db(got: np.ndarray, ref: np.ndarray) -> float:
+    """PSNR with peak = the reference's value range."""
+    peak = float(ref.max() - ref.min())
+    mse = float(np.mean((np.asarray(got, np.float64) - ref) ** 2))
+    return float(10 * np.log10(peak**2 / mse))
+
+
+@pytest.mark.parametrize(("align", "order"), [(1, "row"), (16, "cache")])
+def test_grid_gather_lut_equals_numpy_reference_and_stays_within_the_lut_bound(
+    tmp_path: Path, small_distorted_multi: RigConfig, features_multi: torch.Tensor, align: int, order: str
+) -> None:
+    """weights="lut": equal to the numpy decode of weight_u8/lut (1e-5); per camera within the
+    recorded lut_max_sample_error_unit_features of torch grid_sample on unit-range features."""
+    store = build_grid_store(small_distorted_multi, tmp_path, npu=True, align=align, order=order)
+    module = GridGather(store, weights="lut")
+    out = module(features_multi)
+    assert out.shape == (2, 5, 3, 40, 40)
+    assert np.max(np.abs(out.double().numpy() - numpy_lut_gather(store, features_multi.numpy()))) <= 1e-5
+    # the quantisation is visible (the test would not notice float weights otherwise)
+    assert torch.max(torch.abs(out - GridGather(store)(features_multi))).item() > 1e-4
+    bound = float(load(store)["gather"].attrs["lut_max_sample_error_unit_features"])
+    assert 0 < bound < 0.01
+    assert features_multi.min().item() >= 0.0 and features_multi.max().item() <= 1.0
+    ref = torch_grid_sample_reference(store, features_multi)  # (N, n_cam, C, n_h, ny, nx)
+    worst = 0.0
+    for cam in range(features_multi.shape[1]):
+        only = torch.zeros_like(features_multi)
+        only[:, cam] = features_multi[:, cam]
+        worst = max(worst, torch.max(torch.abs(module(only).double() - ref[:, cam])).item())
+    assert 1e-4 < worst <= bound + 2e-6
+    # reduce="mean" divides the same LUT sum by the number of valid cameras
+    count = np.asarray(load(store)["grid"]["valid"]).sum(axis=0)
+    mean = GridGather(store, weights="lut", reduce="mean")(features_multi).double().numpy()
+    assert np.max(np.abs(mean * np.maximum(count, 1) - out.double().numpy())) <= 1e-5
+
+
+def test_grid_gather_lut_buffers_and_errors(tmp_path: Path, small: RigConfig, multi_store: Path) -> None:
+    store = build_grid_store(small, tmp_path, npu=True)
+    module = GridGather(store, weights="lut")
+    state = module.state_dict()
+    assert set(state) == {"index", "weight_u8", "lut"}
+    gather = load(store)["gather"]
+    assert state["weight_u8"].dtype == torch.uint8 and state["lut"].dtype == torch.float32
+    assert np.array_equal(state["weight_u8"].numpy(), gather["weight_u8"])
+    assert np.array_equal(state["lut"].numpy(), gather["lut"])
+    assert "weights=lut" in repr(module)
+    with pytest.raises(UsageError, match=r"weights must be one of float32, lut, got 'int8'"):
+        GridGather(store, weights="int8")
+    with pytest.raises(UsageError, match=r"source='grid' has no LUT codes"):
+        GridGather(store, weights="lut", source="grid")
+    with pytest.raises(StoreError, match=r"weights='lut' needs the gather/ group.*`bevcompile grid`"):
+        GridGather(multi_store, weights="lut")
+
+
+INT8_CASES = {
+    "frustum": MatrixOptions(mode="frustum", topk=8, align=8, tile_rows=64, compact_rows=True, quantize="int8"),
+    "grid": MatrixOptions(mode="grid", topk=4, align=4, tile_rows=100, normalize="mean", quantize="int8"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(INT8_CASES))
+def int8_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> Path:
+    store = build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("int8"))
+    add_matrix_group(store, small_distorted_multi, INT8_CASES[request.param])
+    return store
+
+
+@pytest.mark.parametrize("form", ["ell", "tiles"])
+def test_matrix_lift_int8_equals_dequantised_product(int8_store: Path, form: str) -> None:
+    """weights="int8": W_dequant @ X to 1e-5 (row scale applied after the reduction), and
+    >= 40 dB PSNR against the float matrix (W @ X from the float32 COO)."""
+    loaded = load(int8_store)
+    mode = matrix_layout(loaded).mode
+    inputs = make_inputs(loaded, channels=5, batch=2, seed=3, with_depth=mode == "frustum")
+    module = MatrixLift(int8_store, form=form, weights="int8")
+    out = module(*(torch.from_numpy(v) for v in inputs.values())).numpy()
+    ref = dequantised_int8_lift(int8_store, form, inputs)
+    assert out.shape == (2, 5, 40, 40)
+    assert np.abs(ref).max() > 0.1
+    assert np.max(np.abs(out - ref)) <= 1e-5
+    float_ref = reference_matrix_lift(loaded, inputs["features"], inputs.get("depth"))
+    assert np.max(np.abs(out - float_ref)) > 1e-5  # the int8 error is there ...
+    assert psnr_db(out, float_ref) >= 40.0  # ... and small
+
+
+def test_matrix_lift_int8_buffers(int8_store: Path) -> None:
+    loaded = load(int8_store)
+    group = loaded["matrix"]
+    frustum = matrix_layout(loaded).mode == "frustum"
+    ell = MatrixLift(int8_store, form="ell", weights="int8")
+    state = ell.state_dict()
+    assert {"ell_index", "ell_weight_int8", "row_scale"} <= set(state) and "ell_weight" not in state
+    assert ("feat_index" in state) == frustum
+    assert state["ell_weight_int8"].dtype == torch.int8 and state["row_scale"].dtype == torch.float32
+    assert np.array_equal(state["ell_weight_int8"].numpy(), group["ell_weight_int8"])
+    assert np.array_equal(state["row_scale"].numpy(), group["row_scale"])
+    tiles = MatrixLift(int8_store, form="tiles", weights="int8")
+    state = tiles.state_dict()
+    assert "tile_weight" not in state and "tile_weight_int8" not in state  # persistent as its per-tile views
+    blocks = [state[f"tile{t}_block"] for t in range(len(tiles.tiles))]
+    assert all(b.dtype == torch.int8 for b in blocks)
+    assert np.array_equal(np.concatenate([b.numpy().ravel() for b in blocks]), group["tile_weight_int8"])
+    assert np.array_equal(state["tile_row_scale"].numpy(), group["tile_row_scale"])
+    assert "weights=int8" in repr(tiles)
+
+
+def test_matrix_lift_int8_errors(tmp_path: Path, small: RigConfig) -> None:
+    plain = build_grid_store(small, tmp_path / "plain")
+    add_matrix_group(plain, small, MatrixOptions(mode="grid", topk=4, align=4, tile_rows=64))
+    with pytest.raises(StoreError, match=r"weights='int8' needs matrix/ell_weight_int8.*`bevcompile matrix --quantize int8`"):
+        MatrixLift(plain, weights="int8")
+    with pytest.raises(UsageError, match=r"weights must be one of float32, int8, got 'lut'"):
+        MatrixLift(plain, weights="lut")
+    no_tiles = build_grid_store(small, tmp_path / "no_tiles")
+    add_matrix_group(no_tiles, small, MatrixOptions(mode="grid", topk=4, align=4, quantize="int8"))
+    assert MatrixLift(no_tiles, weights="int8").weights == "int8"
+    with pytest.raises(StoreError, match="tile-rows"):
+        MatrixLift(no_tiles, form="tiles", weights="int8")

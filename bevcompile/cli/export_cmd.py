@@ -31,21 +31,32 @@ def export_onnx_command(
         str, typer.Option("--exporter", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
     ] = "legacy",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random check inputs.")] = 0,
+    weights: Annotated[
+        str,
+        typer.Option(
+            "--weights",
+            help="float32; lut (gather: gather/weight_u8 + lut, dequantised in the graph); "
+            "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph).",
+        ),
+    ] = "float32",
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Export the store's view transform as a static ONNX graph, then prove it: no GridSample/ScatterND/
-    OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference."""
-    from ..onnx_export import ExportOptions, ExportResult, export_onnx
+    OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
+    (with --weights lut/int8: the reference with the same dequantised weights; the distance to the
+    float reference and the size against the float32 export are reported)."""
+    from ..onnx_export import ExportOptions, ExportResult, export_onnx, export_stages
 
     options = ExportOptions(
         product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=reduce.lower(),
-        seed=seed, exporter=exporter.lower(),
+        seed=seed, exporter=exporter.lower(), weights=weights.lower(),
     )
     options.validate()
     result: ExportResult | None = None
     try:
-        with progress_bar(f"exporting {options.product}", 4, enabled=not (quiet or json_output)) as advance:
+        label = f"exporting {options.product}" + ("" if options.weights == "float32" else f" ({options.weights})")
+        with progress_bar(label, export_stages(options), enabled=not (quiet or json_output)) as advance:
             result = export_onnx(store, out, options, progress=advance)
     except CheckFailed as exc:
         failed = getattr(exc, "result", None)
@@ -68,7 +79,8 @@ def _print_export(result: object) -> None:
     assert isinstance(result, ExportResult)
     scan = result.scan
     table = new_table(
-        f"{result.path.name}: {result.product} via {result.module}, opset {scan.opset}, exporter {result.exporter}",
+        f"{result.path.name}: {result.product} via {result.module}, opset {scan.opset}, exporter {result.exporter}, "
+        f"weights {result.weights}",
         "op", "nodes", "status", right=("nodes",),
     )
     for op, count in scan.op_histogram.items():
@@ -81,8 +93,14 @@ def _print_export(result: object) -> None:
     checks.add_row("static shapes", "FAIL" if scan.dynamic else "pass",
                    "; ".join(scan.dynamic[:3]) or f"{scan.n_nodes} nodes, every tensor shape static")
     ok = result.max_abs <= result.tolerance
-    checks.add_row("onnxruntime vs numpy reference", "pass" if ok else "FAIL",
+    quantised = result.weights != "float32"
+    checks.add_row("onnxruntime vs numpy reference" + (" (same dequantised weights)" if quantised else ""), "pass" if ok else "FAIL",
                    f"max abs {result.max_abs:.2e} (mean {result.mean_abs:.2e}) <= {result.tolerance:g}; torch module {result.torch_max_abs:.2e}")
+    q = result.float_reference
+    if q is not None:
+        checks.add_row(f"{result.weights} vs float reference", "report",
+                       f"PSNR {q.psnr_db:.1f} dB, max abs {q.max_abs:.2e} (mean {q.mean_abs:.2e}); "
+                       f"reference {q.reference}, PSNR peak = its range {q.peak:.3g}")
     print_table(checks)
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in result.inputs.items())
     stdout_console.print(f"inputs: {shapes} -> bev {'x'.join(map(str, result.output))}")
@@ -90,6 +108,15 @@ def _print_export(result: object) -> None:
         f"{scan.n_initializers} initializers ({human_bytes(scan.initializer_bytes)}); file {human_bytes(result.file_bytes)}; "
         f"export {result.export_seconds:.2f} s, onnxruntime {result.ort_seconds:.2f} s"
     )
+    base = result.float32_export
+    if quantised and base is not None:
+        const_ratio, file_ratio = result.constant_ratio_vs_float32, result.file_ratio_vs_float32
+        stdout_console.print(
+            f"vs the float32 export: constants (initializers + Constant nodes) {human_bytes(scan.constant_bytes)} vs "
+            f"{human_bytes(base.constant_bytes)}" + (f" ({100 * const_ratio:.1f} %)" if const_ratio is not None else "")
+            + f"; file {human_bytes(result.file_bytes)} vs {human_bytes(base.file_bytes)}"
+            + (f" ({100 * file_ratio:.1f} %)" if file_ratio is not None else "")
+        )
     for note in result.notes:
         stdout_console.print(f"note: {note}")
     if result.passed:
@@ -112,6 +139,9 @@ def export_interop_command(
     z_bins: Annotated[
         int | None, typer.Option("--z-bins", help="bevpoolv2: voxels along z over bev.z (default: the config's bins).")
     ] = None,
+    batch: Annotated[
+        int, typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks).")
+    ] = 1,
     overlap: Annotated[
         str, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre.")
     ] = "first",
@@ -134,7 +164,7 @@ def export_interop_command(
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
         if name == "bevpoolv2":
-            bev_options = BevPoolOptions(frustum_mapping.lower(), rounding.lower(), z_bins)
+            bev_options = BevPoolOptions(frustum_mapping.lower(), rounding.lower(), z_bins, batch)
             bev_options.validate()
             targets[name] = bev_options.to_dict()
         else:
@@ -161,12 +191,13 @@ def export_interop_command(
         n_cam, n_d, h_f, w_f = a["depth_shape"]
         x, y, z = a["grid_size"]
         table = new_table(
-            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z})",
+            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z}, batch {a['batch']})",
             "figure", "value", right=("value",),
         )
-        table.add_row("frustum points", f"{n_cam} x {n_d} x {h_f} x {w_f} = {a['n_points']:,}")
+        batch_factor = f"{a['batch']} x " if a["batch"] > 1 else ""
+        table.add_row("frustum points", f"{batch_factor}{n_cam} x {n_d} x {h_f} x {w_f} = {a['n_points']:,}")
         table.add_row("kept points", f"{a['n_kept']:,} ({100 * a['n_kept'] / max(1, a['n_points']):.1f} %)")
-        table.add_row("intervals (occupied voxels)", f"{a['n_intervals']:,} of {x * y * z:,}")
+        table.add_row("intervals (occupied voxels)", f"{a['n_intervals']:,} of {a['batch'] * x * y * z:,}")
         table.add_row("max interval length", f"{a['max_interval_length']:,}")
         print_table(table)
     if "fastbev-lut" in result.targets:
