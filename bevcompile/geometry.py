@@ -61,7 +61,9 @@ def cam_from_ego_matrix(camera: Camera) -> FloatArray:
     translation = ego_from_cam[:3, 3]
     cam_from_ego = np.eye(4)
     cam_from_ego[:3, :3] = rotation.T
-    cam_from_ego[:3, 3] = -rotation.T @ translation
+    # -R^T t, written out (see transform_points: no BLAS in the geometry path)
+    for i in range(3):
+        cam_from_ego[i, 3] = -(rotation[0, i] * translation[0] + rotation[1, i] * translation[1] + rotation[2, i] * translation[2])
     return cam_from_ego
 
 
@@ -70,10 +72,17 @@ def transform_points(matrix_4x4: FloatArray, points: FloatArray) -> FloatArray:
 
     Convention:
         points: ``(..., 3)`` float64 metres ``(x, y, z)`` in the source frame.
-        returns: ``(..., 3)`` float64 metres in the target frame.
+        returns: ``(..., 3)`` float64 metres in the target frame,
+        ``out_i = ((m_i0 x + m_i1 y) + m_i2 z) + t_i``.
+
+    Written as elementwise multiply-adds in that fixed order, not ``points @ R.T``: a BLAS
+    matmul picks its kernel (and its use of fused multiply-add) by CPU, so its last bit can
+    differ between machines; IEEE elementwise ``*`` and ``+`` give the same bytes everywhere.
     """
     points = np.asarray(points, dtype=np.float64)
-    return points @ matrix_4x4[:3, :3].T + matrix_4x4[:3, 3]
+    x, y, z = points[..., 0], points[..., 1], points[..., 2]
+    m = np.asarray(matrix_4x4, dtype=np.float64)
+    return np.stack([m[i, 0] * x + m[i, 1] * y + m[i, 2] * z + m[i, 3] for i in range(3)], axis=-1)
 
 
 # --------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from bevcompile.geometry import (
     lens_limits,
     project_cam_to_image,
     project_ego_to_feature,
+    transform_points,
     undistort_normalized,
     unproject_feature_to_ego,
     unproject_image_to_cam,
@@ -243,3 +244,24 @@ def test_rotation_only_rig_matches_a_hand_built_camera() -> None:
     assert ok and ok_ego
     assert uv[0] == pytest.approx(95.5 - 11.0) and uv[1] == pytest.approx(63.5 - 11.0)
     np.testing.assert_allclose(uv_ego, image_px_to_feature_px(rig, camera, uv), atol=1e-12)
+
+
+def test_convention_rigid_transforms_are_elementwise_ieee(nuscenes: RigConfig) -> None:
+    """``transform_points`` computes ``((m_i0 x + m_i1 y) + m_i2 z) + t_i`` with plain IEEE
+    multiplies and adds (no BLAS kernel, whose FMA use depends on the CPU): every output equals
+    the same expression evaluated in Python floats, bit for bit, so stores are the same bytes
+    on every machine."""
+    rng = np.random.default_rng(11)
+    points = rng.uniform(-60.0, 60.0, size=(257, 3))
+    for camera in nuscenes.cameras:
+        for matrix in (ego_from_cam_matrix(camera), cam_from_ego_matrix(camera)):
+            got = transform_points(matrix, points)
+            m = matrix.tolist()
+            want = [[m[i][0] * x + m[i][1] * y + m[i][2] * z + m[i][3] for i in range(3)] for x, y, z in points.tolist()]
+            assert np.array_equal(got, np.array(want))
+        rot = np.array(camera.ego_from_cam)[:3, :3].tolist()
+        t = np.array(camera.ego_from_cam)[:3, 3].tolist()
+        inv_t = [-(rot[0][i] * t[0] + rot[1][i] * t[1] + rot[2][i] * t[2]) for i in range(3)]
+        assert cam_from_ego_matrix(camera)[:3, 3].tolist() == inv_t
+        round_trip = transform_points(cam_from_ego_matrix(camera), transform_points(ego_from_cam_matrix(camera), points))
+        np.testing.assert_allclose(round_trip, points, rtol=0, atol=1e-12)
