@@ -25,6 +25,20 @@ uses the SAME dequantised weights (:func:`reference_gather_lut`, :func:`referenc
 float32 graph is exported too (to a temporary file) so the result can report both files'
 initializer bytes.
 
+``weights="int8-qdq"`` (``ell``/``tiles``): the same int8 values and row scales in the standard
+QDQ form that NPU/GPU toolchains recognise: every weight matrix is an int8 initializer feeding
+``DequantizeLinear(x, x_scale, x_zero_point=0, axis)`` with a per-row float32 scale (opset >= 13).
+The float graph of ``MatrixLift(weights="float32")`` is exported with the exporter's folding ON,
+but with the weight buffers replaced by their dequantised values ``float32(q) * scale[:, None]``
+(what DequantizeLinear computes); :func:`attach_dequantize_linear` then finds those float
+constants by value and replaces each by the int8 + scale + zero-point initializers and a
+DequantizeLinear node whose output keeps the constant's name. Checks as for ``int8``, with one
+session setting: onnxruntime (1.32, CPU) fuses ``DequantizeLinear -> MatMul`` (the ``tiles``
+blocks) into ``com.microsoft.MatMulNBits`` and by default computes it with int8-quantised
+ACTIVATIONS (accuracy level 4), which is not what the graph says. The pass/fail check runs with
+:data:`ORT_QDQ_ACCURACY_KEY` = :data:`ORT_QDQ_CHECK_ACCURACY` (float activations); a second run
+with default session options is reported (:class:`DefaultSessionReport`), never a failure.
+
 Any failure raises :class:`~bevcompile.errors.CheckFailed`; the rejected graph is kept next
 to the requested path as ``<stem>.rejected.onnx`` for debugging and nothing is written at
 ``out``. Missing torch/onnx/onnxruntime raises :class:`~bevcompile.errors.DependencyError`
@@ -65,12 +79,26 @@ EXPECTED_OPS = (
     "Constant",
     "Identity",
     "Cast",
+    "DequantizeLinear",
 )
 """Ops the bevcompile modules are written to produce (others are reported, not refused)."""
 PRODUCTS = ("gather", "ell", "tiles")
-WEIGHTS = ("float32", "lut", "int8")
-"""``--weights``: the float32 tables, the gather LUT codes (``gather`` only) or the int8 matrix (``ell``/``tiles``)."""
-PRODUCT_WEIGHTS = {"gather": ("float32", "lut"), "ell": ("float32", "int8"), "tiles": ("float32", "int8")}
+WEIGHTS = ("float32", "lut", "int8", "int8-qdq")
+"""``--weights``: the float32 tables, the gather LUT codes (``gather`` only) or the int8 matrix
+(``ell``/``tiles``), dequantised with Cast + Mul (``int8``) or by QDQ ``DequantizeLinear`` (``int8-qdq``)."""
+PRODUCT_WEIGHTS = {
+    "gather": ("float32", "lut"),
+    "ell": ("float32", "int8", "int8-qdq"),
+    "tiles": ("float32", "int8", "int8-qdq"),
+}
+QDQ_MIN_OPSET = 13
+"""First opset whose DequantizeLinear takes a per-axis (per-row) scale."""
+ORT_QDQ_ACCURACY_KEY = "session.qdq_matmulnbits_accuracy_level"
+"""onnxruntime session config: compute accuracy of the ``com.microsoft.MatMulNBits`` its
+optimiser fuses ``DequantizeLinear -> MatMul`` into (default 4: int8-quantised activations)."""
+ORT_QDQ_CHECK_ACCURACY = "1"
+"""Accuracy level of the ``int8-qdq`` check session: 1 = float32 activations, the graph's
+own semantics (the default session's figures are reported separately)."""
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = 17
 MAX_ABS_TOLERANCE = 1e-5
@@ -324,6 +352,211 @@ def fold_constants_keep_quantised(model: Any) -> int:
     return n_folded
 
 
+@dataclass(frozen=True)
+class QdqWeight:
+    """One weight matrix of an ``int8-qdq`` export.
+
+    Convention:
+        ``name``: the :class:`~bevcompile.torch.MatrixLift` buffer it stands for (``ell_weight``,
+        ``tile{t}_block``; it names the new initializers); ``q`` int8 ``(rows, n)``; ``scale``
+        float32 ``(rows,)``, one per matrix row. :attr:`dequantised` is
+        ``float32(q) * scale[:, None]`` float32 ``(rows, n)``, one float32 rounding per entry:
+        bit for bit what ``DequantizeLinear(q, scale, 0)`` computes along the row axis.
+    """
+
+    name: str
+    q: np.ndarray
+    scale: np.ndarray
+
+    @property
+    def dequantised(self) -> np.ndarray:
+        from .matrix_layout import dequantize_rows_int8
+
+        return dequantize_rows_int8(self.q, self.scale)
+
+
+@dataclass(frozen=True)
+class QdqNode:
+    """One DequantizeLinear :func:`attach_dequantize_linear` put in the graph.
+
+    ``replaced``: the float32 constant (initializer or Constant-node output) it replaces; its
+    name is kept as the output of the DequantizeLinear (``reshaped`` False) or of a Reshape after
+    it (``reshaped`` True: the exporter had flattened the matrix). ``axis``: 0 when the graph
+    reads the matrix row-major (``ell``: int8 ``(rows, k)``), 1 when it reads it transposed
+    (``tiles``: the MatMul's ``(n_cols, R)`` right operand, the output rows along axis 1 — the
+    per-channel axis ONNX Runtime's quantiser uses for a MatMul weight). Either way the scale
+    has one entry per matrix row.
+    """
+
+    weight: str
+    replaced: str
+    quantized: str
+    shape: tuple[int, ...]
+    axis: int
+    reshaped: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "weight": self.weight,
+            "replaced": self.replaced,
+            "quantized": self.quantized,
+            "shape": list(self.shape),
+            "axis": self.axis,
+            "reshaped": self.reshaped,
+        }
+
+
+@dataclass
+class QdqReport:
+    """What :func:`attach_dequantize_linear` did: the nodes added, the weights it could not find."""
+
+    nodes: list[QdqNode]
+    missing: list[str]
+
+    @property
+    def axes(self) -> dict[int, int]:
+        """axis -> number of DequantizeLinear nodes with it."""
+        return dict(sorted(Counter(node.axis for node in self.nodes).items()))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n_dequantize_linear": len(self.nodes),
+            "axes": {str(axis): count for axis, count in self.axes.items()},
+            "n_reshaped": sum(node.reshaped for node in self.nodes),
+            "missing": self.missing,
+            "nodes": [node.to_json() for node in self.nodes],
+        }
+
+
+def attach_dequantize_linear(model: Any, weights: list[QdqWeight]) -> QdqReport:
+    """Turn a float graph's weight constants into int8 QDQ form (in place).
+
+    ``model`` is the float graph of a module whose weight buffers hold ``w.dequantised`` for
+    every ``w`` in ``weights``. Every float32 constant of the main graph — initializer or
+    Constant node, as either exporter left it after folding — whose values equal a weight's
+    (row-major in any shape: ``ell``'s ``(1, rows*k)``; or transposed: ``tiles``'
+    ``(n_cols, R)`` MatMul operand) is replaced by
+
+    * ``<w.name>_quantized`` int8 (the matrix as the graph reads it: ``(rows, n)`` or ``(n, rows)``),
+    * ``<w.name>_scale`` float32 ``(rows,)`` and ``<w.name>_zero_point`` int8 zeros ``(rows,)``,
+    * ``DequantizeLinear(axis=0 or 1, the row axis)`` whose output takes the constant's name
+      (through a ``Reshape`` to the constant's shape when it was flattened), inserted where the
+      constant was (Constant node) or before its first reader (initializer),
+
+    so the rest of the graph is untouched and the float values are not left in the file.
+    Values, not names, identify the weights, so this works for the legacy exporter (folded
+    initializers such as ``onnx::Mul_82``, Constant nodes for the tile blocks) and for dynamo
+    (``ell_weight``, ``transpose_1``). A weight found nowhere is listed in ``missing``.
+    """
+    import hashlib
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+
+    def digest(array: np.ndarray) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).digest()
+
+    dequantised = [w.dequantised for w in weights]
+    by_rows: dict[bytes, list[int]] = {}
+    by_cols: dict[bytes, list[int]] = {}
+    for i, deq in enumerate(dequantised):
+        by_rows.setdefault(digest(deq), []).append(i)
+        by_cols.setdefault(digest(deq.T), []).append(i)
+
+    def match(array: np.ndarray) -> tuple[int, int] | None:
+        """(weight index, row axis) of a float32 constant equal to a dequantised weight."""
+        if array.dtype != np.float32 or array.size == 0:
+            return None
+        key = digest(array)
+        for axis, table in ((0, by_rows), (1, by_cols)):
+            for i in table.get(key, []):
+                deq = dequantised[i] if axis == 0 else dequantised[i].T
+                if deq.size == array.size and np.array_equal(deq.ravel(), array.ravel()):
+                    return i, axis
+        return None
+
+    used = {init.name for init in graph.initializer} | {vi.name for vi in graph.input} | {vi.name for vi in graph.output}
+    used |= {name for node in graph.node for name in list(node.input) + list(node.output) + [node.name]}
+
+    def unique(base: str) -> str:
+        name, k = base, 0
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        return name
+
+    new_initializers: list[Any] = []
+    quantized_of: dict[tuple[int, int], str] = {}
+    scale_of: dict[int, tuple[str, str]] = {}
+    nodes: list[QdqNode] = []
+    found: set[int] = set()
+
+    def replacement(name: str, array: np.ndarray, i: int, axis: int) -> list[Any]:
+        """Initializers (into ``new_initializers``) and nodes that produce ``name`` from int8."""
+        w = weights[i]
+        found.add(i)
+        if (i, axis) not in quantized_of:
+            q = w.q if axis == 0 else w.q.T
+            quantized_of[i, axis] = unique(f"{w.name}_quantized")
+            new_initializers.append(numpy_helper.from_array(np.ascontiguousarray(q, dtype=np.int8), quantized_of[i, axis]))
+        if i not in scale_of:
+            scale_of[i] = (unique(f"{w.name}_scale"), unique(f"{w.name}_zero_point"))
+            new_initializers.append(numpy_helper.from_array(np.asarray(w.scale, dtype=np.float32), scale_of[i][0]))
+            new_initializers.append(numpy_helper.from_array(np.zeros(w.scale.shape, dtype=np.int8), scale_of[i][1]))
+        q_shape = w.q.shape if axis == 0 else w.q.T.shape
+        reshaped = tuple(array.shape) != tuple(q_shape)
+        out = unique(f"{w.name}_dequantized") if reshaped else name
+        made = [
+            helper.make_node(
+                "DequantizeLinear", [quantized_of[i, axis], *scale_of[i]], [out], name=unique(f"{w.name}_DequantizeLinear"), axis=axis
+            )
+        ]
+        if reshaped:
+            shape_name = unique(f"{w.name}_shape")
+            new_initializers.append(numpy_helper.from_array(np.asarray(array.shape, dtype=np.int64), shape_name))
+            made.append(helper.make_node("Reshape", [out, shape_name], [name], name=unique(f"{w.name}_Reshape")))
+        nodes.append(QdqNode(w.name, name, quantized_of[i, axis], tuple(int(d) for d in q_shape), axis, reshaped))
+        return made
+
+    # initializers
+    pending: dict[str, list[Any]] = {}
+    kept_initializers = []
+    for init in graph.initializer:
+        array = numpy_helper.to_array(init) if init.data_type == TensorProto.FLOAT else None
+        hit = None if array is None else match(array)
+        if array is None or hit is None:
+            kept_initializers.append(init)
+        else:
+            pending[init.name] = replacement(init.name, array, *hit)
+    # Constant nodes, in graph order; DequantizeLinear of an initializer goes before its first reader
+    new_nodes: list[Any] = []
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            value = next((attr.t for attr in node.attribute if attr.name == "value" and attr.HasField("t")), None)
+            array = numpy_helper.to_array(value) if value is not None and value.data_type == TensorProto.FLOAT else None
+            hit = None if array is None else match(array)
+            if array is not None and hit is not None:
+                new_nodes.extend(replacement(node.output[0], array, *hit))
+                continue
+        for name in node.input:
+            if name in pending:
+                new_nodes.extend(pending.pop(name))
+        new_nodes.append(node)
+    leftover = [node for made in pending.values() for node in made]  # read only by a graph output or a subgraph
+    replaced = {node.replaced for node in nodes}
+    inputs = [vi for vi in graph.input if vi.name not in replaced]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    del graph.initializer[:]
+    graph.initializer.extend(kept_initializers + new_initializers)
+    del graph.node[:]
+    graph.node.extend(leftover + new_nodes)
+    missing = [f"{w.name} {'x'.join(map(str, w.q.shape))}" for i, w in enumerate(weights) if i not in found]
+    return QdqReport(nodes=nodes, missing=missing)
+
+
 def _initializer_nbytes(init: Any) -> int:
     from onnx import numpy_helper
 
@@ -341,7 +574,8 @@ def _initializer_nbytes(init: Any) -> int:
 @dataclass(frozen=True)
 class ExportOptions:
     """Options of :func:`export_onnx`. ``reduce`` applies to ``gather`` only; ``weights`` is
-    ``float32``, ``lut`` (``gather`` only) or ``int8`` (``ell``/``tiles`` only)."""
+    ``float32``, ``lut`` (``gather`` only), ``int8`` or ``int8-qdq`` (``ell``/``tiles`` only;
+    ``int8-qdq`` needs ``opset >= 13``)."""
 
     product: str = "gather"
     opset: int = DEFAULT_OPSET
@@ -357,20 +591,32 @@ class ExportOptions:
     def quantised(self) -> bool:
         return self.weights != "float32"
 
+    @property
+    def exporter_folding(self) -> bool:
+        """Whether the exporter's own constant folding runs: yes for float32 and ``int8-qdq``
+        (a float graph, made QDQ afterwards), no for ``lut``/``int8`` (it would evaluate the
+        in-graph Cast dequantisation and store float32 weights again)."""
+        return self.weights in ("float32", "int8-qdq")
+
     def validate(self) -> None:
         if self.product not in PRODUCTS:
             raise UsageError(f"--product must be one of {', '.join(PRODUCTS)}, got {self.product!r}")
         if self.weights not in WEIGHTS:
             raise UsageError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         if self.weights not in PRODUCT_WEIGHTS[self.product]:
-            other = "lut" if self.product == "gather" else "int8"
+            *first, last = PRODUCT_WEIGHTS[self.product]
             needs = "gather" if self.weights == "lut" else "ell or tiles"
             raise UsageError(
                 f"--weights {self.weights} applies to --product {needs} only, got --product {self.product} "
-                f"(use --weights float32 or {other})"
+                f"(use --weights {', '.join(first)} or {last})"
             )
         if not 7 <= self.opset <= 23:
             raise UsageError(f"--opset must be in [7, 23], got {self.opset}")
+        if self.weights == "int8-qdq" and self.opset < QDQ_MIN_OPSET:
+            raise UsageError(
+                f"--weights int8-qdq needs --opset {QDQ_MIN_OPSET} or higher (DequantizeLinear with a per-row scale), "
+                f"got --opset {self.opset}"
+            )
         if not 1 <= self.channels <= 4096:
             raise UsageError(f"--channels must be in [1, 4096], got {self.channels}")
         if not 1 <= self.batch <= 64:
@@ -561,6 +807,8 @@ class ExportResult:
     weights: str = "float32"
     float_reference: QuantisationReport | None = None
     float32_export: Float32Export | None = None
+    qdq: QdqReport | None = None
+    ort_default: DefaultSessionReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -604,6 +852,8 @@ class ExportResult:
             "float32_export": None if self.float32_export is None else self.float32_export.to_json(),
             "constant_bytes_vs_float32": _finite(self.constant_ratio_vs_float32),
             "file_bytes_vs_float32": _finite(self.file_ratio_vs_float32),
+            "qdq": None if self.qdq is None else self.qdq.to_json(),
+            "onnxruntime_default": None if self.ort_default is None else self.ort_default.to_json(),
         }
 
 
@@ -627,6 +877,25 @@ class QuantisationReport:
             "mean_abs": _finite(self.mean_abs),
             "psnr_db": _finite(self.psnr_db),
             "peak": _finite(self.peak),
+        }
+
+
+@dataclass(frozen=True)
+class DefaultSessionReport:
+    """``int8-qdq`` run by onnxruntime with DEFAULT session options (reported, never a failure).
+
+    The check session keeps float activations (:data:`ORT_QDQ_ACCURACY_KEY`); a default session
+    lets onnxruntime's ``DequantizeLinear -> MatMul`` fusion quantise the activations too. These
+    are the figures a deployment engineer gets from ``ort.InferenceSession(path)`` as is.
+    """
+
+    max_abs_vs_reference: float
+    float_reference: QuantisationReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_abs_vs_reference": _finite(self.max_abs_vs_reference),
+            "float_reference": self.float_reference.to_json(),
         }
 
 
@@ -664,9 +933,16 @@ def export_stages(options: ExportOptions) -> int:
 
 
 def build_module(store: LoadedStore, options: ExportOptions) -> tuple[Any, bool]:
-    """``(module, needs_depth)`` for a product and its ``weights``."""
+    """``(module, needs_depth)`` for a product and its ``weights``.
+
+    ``int8-qdq``: the FLOAT ``MatrixLift`` with its weight buffers overwritten by the dequantised
+    int8 weights (:func:`qdq_module`); the module carries them as ``qdq_weights``.
+    """
     from . import torch as bt
 
+    if options.weights == "int8-qdq":
+        module = qdq_module(store, options.product)
+        return module, module.mode == "frustum"
     if options.product == "gather":
         if options.weights == "float32":
             return bt.GridGather(store, reduce=options.reduce), False
@@ -678,16 +954,59 @@ def build_module(store: LoadedStore, options: ExportOptions) -> tuple[Any, bool]
     return module, module.mode == "frustum"
 
 
+def qdq_weights(module: Any) -> list[QdqWeight]:
+    """The int8 weight matrices of a ``MatrixLift(weights="int8")`` with their row scales.
+
+    Convention: ``ell``: one ``ell_weight`` ``(rows_pad, k_pad)`` with ``row_scale``; ``tiles``:
+    ``tile{t}_block`` ``(R, n_cols_t)`` per tile with ``tile_row_scale[t*R:(t+1)*R]``. The names
+    are the float module's buffers the values replace.
+    """
+    if module.form == "ell":
+        return [QdqWeight("ell_weight", module.ell_weight_int8.numpy().copy(), module.row_scale.numpy().copy())]
+    r = module.tile_rows
+    scale = module.tile_row_scale.numpy()
+    return [
+        QdqWeight(f"tile{t}_block", getattr(module, f"tile{t}_block").numpy().copy(), scale[t * r : (t + 1) * r].copy())
+        for t in range(len(module.tiles))
+    ]
+
+
+def qdq_module(store: LoadedStore, form: str) -> Any:
+    """``MatrixLift(form=form)`` (float32) whose weights are the store's dequantised int8 weights.
+
+    The int8 values and row scales are read (and checked) through ``MatrixLift(weights="int8")``;
+    every float weight buffer (``ell_weight``, or each ``tile{t}_block`` view of ``tile_weight``)
+    is overwritten with ``float32(q) * scale[:, None]``. Its forward is then the float graph with
+    exactly the values ``DequantizeLinear`` produces; ``module.qdq_weights`` lists them
+    (:class:`QdqWeight`) for :func:`attach_dequantize_linear`.
+    """
+    from . import torch as bt
+
+    torch = _require_torch()
+    weights = qdq_weights(bt.MatrixLift(store, form=form, weights="int8"))
+    module: Any = bt.MatrixLift(store, form=form)  # Any: it gains the plain attribute qdq_weights
+    with torch.no_grad():
+        for w in weights:
+            buffer = getattr(module, w.name)
+            if tuple(buffer.shape) != w.q.shape:
+                raise StoreError(
+                    f"{store.path}: matrix/ float weights {w.name} {tuple(buffer.shape)} and the int8 values {w.q.shape} differ in shape"
+                )
+            buffer.copy_(torch.from_numpy(w.dequantised))
+    module.qdq_weights = weights
+    return module
+
+
 def _torch_export(module: Any, args: tuple[Any, ...], path: Path, options: ExportOptions, names: list[str]) -> str:
     """Export with the chosen exporter; returns the exporter actually used.
 
-    Constant folding is on for float32 weights and OFF for quantised ones: folding would
-    evaluate the in-graph dequantisation (it depends on constants only) and store float32
-    weights again.
+    Constant folding is on for float32 weights (and ``int8-qdq``: a float graph made QDQ
+    afterwards) and OFF for ``lut``/``int8``: folding would evaluate the in-graph dequantisation
+    (it depends on constants only) and store float32 weights again.
     """
     torch = _require_torch()
     exporter = options.exporter
-    fold = not options.quantised
+    fold = options.exporter_folding
     common: dict[str, Any] = {"input_names": names, "output_names": ["bev"], "opset_version": options.opset}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -759,7 +1078,7 @@ def export_onnx(
         float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"))
     if options.weights == "lut":
         reference = reference_gather_lut(store, inputs["features"], options.reduce)
-    elif options.weights == "int8":
+    elif options.weights in ("int8", "int8-qdq"):
         reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product)
     else:
         reference = float_reference
@@ -775,7 +1094,10 @@ def export_onnx(
         raise CheckFailed(f"torch.onnx.export failed for product {options.product}: {type(exc).__name__}: {first}") from None
     export_seconds = time.perf_counter() - t0
     model = onnx.load(str(tmp))
-    if options.quantised:
+    qdq: QdqReport | None = None
+    if options.weights == "int8-qdq":
+        qdq = attach_dequantize_linear(model, list(getattr(module, "qdq_weights", None) or []))
+    elif options.quantised:
         fold_constants_keep_quantised(model)
     _add_metadata(model, store, options, used)
     onnx.save(model, str(tmp))
@@ -784,13 +1106,22 @@ def export_onnx(
     step(1)
 
     failures: list[str] = []
+    if qdq is not None and (qdq.missing or not qdq.nodes):
+        missing = ", ".join(qdq.missing[:3]) + (f" and {len(qdq.missing) - 3} more" if len(qdq.missing) > 3 else "")
+        failures.append(
+            f"int8-qdq: weight matrices not found among the exported graph's float32 constants ({missing or 'none given'}); "
+            "no DequantizeLinear attached for them"
+        )
     failures += [f"forbidden op {f}" for f in scan.forbidden]
     failures += [f"non-static shape {d}" for d in scan.dynamic[:10]]
     if len(scan.dynamic) > 10:
         failures.append(f"... and {len(scan.dynamic) - 10} more non-static shapes")
     t0 = time.perf_counter()
     try:
-        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        session_options = ort.SessionOptions()
+        if options.weights == "int8-qdq":
+            session_options.add_session_config_entry(ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY)
+        session = ort.InferenceSession(str(tmp), session_options, providers=["CPUExecutionProvider"])
         (ort_out,) = session.run(["bev"], {name: inputs[name] for name in names})
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -815,8 +1146,11 @@ def export_onnx(
     )
     quantisation: QuantisationReport | None = None
     float32_export: Float32Export | None = None
+    ort_default: DefaultSessionReport | None = None
     if options.quantised:
         quantisation = _quantisation_report(ort_out, float_reference, options.product)
+        if options.weights == "int8-qdq" and np.isfinite(ort_out).all():
+            ort_default = _default_session_report(ort, tmp, {name: inputs[name] for name in names}, reference, float_reference, options.product)
         float32_export = _float32_export(store, args, names, out, options)
         step(1)
 
@@ -839,6 +1173,8 @@ def export_onnx(
         weights=options.weights,
         float_reference=quantisation,
         float32_export=float32_export,
+        qdq=qdq,
+        ort_default=ort_default,
     )
     if used != options.exporter:
         result.notes.append(f"exporter {options.exporter} unavailable in this torch; used {used}")
@@ -869,6 +1205,20 @@ def _quantisation_report(ort_out: np.ndarray, float_reference: np.ndarray, produ
     peak = peak if peak > 0 else 1.0
     mse = float(np.mean(diff * diff)) if diff.size else 0.0
     return QuantisationReport(name, float(diff.max()) if diff.size else 0.0, float(diff.mean()) if diff.size else 0.0, psnr_db(mse, peak), peak)
+
+
+def _default_session_report(
+    ort: Any, path: Path, feeds: dict[str, np.ndarray], reference: np.ndarray, float_reference: np.ndarray, product: str
+) -> DefaultSessionReport | None:
+    """Run ``path`` with default onnxruntime session options; None if that fails."""
+    try:
+        (out,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["bev"], feeds)
+    except Exception:
+        return None
+    if out.shape != reference.shape:
+        return None
+    max_abs = float(np.abs(out.astype(np.float64) - reference).max()) if out.size else 0.0
+    return DefaultSessionReport(max_abs, _quantisation_report(out, float_reference, product))
 
 
 def _float32_export(store: LoadedStore, args: tuple[Any, ...], names: list[str], out: Path, options: ExportOptions) -> Float32Export | None:

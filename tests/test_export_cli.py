@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +57,16 @@ def test_export_onnx_json(store: Path, tmp_path: Path) -> None:
         (["--channels", "0"], "error: --channels must be in [1, 4096], got 0"),
         (["--exporter", "tvm"], "error: --exporter must be one of legacy, dynamo"),
         (["--product", "ell", "--weights", "lut"],
-         "error: --weights lut applies to --product gather only, got --product ell (use --weights float32 or int8)"),
+         "error: --weights lut applies to --product gather only, got --product ell (use --weights float32, int8 or int8-qdq)"),
         (["--product", "tiles", "--weights", "lut"],
-         "error: --weights lut applies to --product gather only, got --product tiles (use --weights float32 or int8)"),
+         "error: --weights lut applies to --product gather only, got --product tiles (use --weights float32, int8 or int8-qdq)"),
         (["--weights", "int8"],
          "error: --weights int8 applies to --product ell or tiles only, got --product gather (use --weights float32 or lut)"),
-        (["--weights", "int4"], "error: --weights must be one of float32, lut, int8, got 'int4'"),
+        (["--weights", "int8-qdq", "--product", "gather"],
+         "error: --weights int8-qdq applies to --product ell or tiles only, got --product gather (use --weights float32 or lut)"),
+        (["--product", "tiles", "--weights", "int8-qdq", "--opset", "12"],
+         "error: --weights int8-qdq needs --opset 13 or higher (DequantizeLinear with a per-row scale), got --opset 12"),
+        (["--weights", "int4"], "error: --weights must be one of float32, lut, int8, int8-qdq, got 'int4'"),
     ],
 )
 def test_export_onnx_usage_errors(store: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -104,6 +109,32 @@ def test_export_onnx_weights_int8_summary(int8_store: Path, tmp_path: Path) -> N
     assert "vs the float32 export: constants (initializers + Constant nodes)" in text
     assert f"wrote {out}" in text
     assert "Cast" in {n.op_type for n in onnx.load(str(out)).graph.node}
+
+
+def test_export_onnx_weights_int8_qdq(int8_store: Path, tmp_path: Path) -> None:
+    """tiles: one DequantizeLinear per tile (int8 block, per-row scale), reported ok; the default
+    onnxruntime session is reported next to the check; ell --json carries the qdq summary."""
+    out = tmp_path / "tiles.onnx"
+    result = runner.invoke(app, ["export-onnx", str(int8_store), "--product", "tiles", "--weights", "int8-qdq", "--out", str(out), "--channels", "3"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    n_tiles = len(load(int8_store)["matrix"]["tile_col_offsets"]) - 1
+    assert re.search(rf"DequantizeLinear\W+{n_tiles}\W+ok", text)
+    assert "weights int8-qdq" in text and "(same dequantised weights)" in text and "int8-qdq vs float reference" in text
+    assert "onnxruntime, default session" in text
+    assert f"QDQ: {n_tiles} DequantizeLinear (int8 weights, per-row float32 scales, zero point 0; axis 1: {n_tiles})" in text
+    assert f"wrote {out}" in text
+    assert sum(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node) == n_tiles
+    out = tmp_path / "ell.onnx"
+    result = runner.invoke(app, ["export-onnx", str(int8_store), "--product", "ell", "--weights", "int8-qdq", "--out", str(out), "--channels", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["passed"] is True and data["weights"] == "int8-qdq" and data["max_abs_vs_reference"] <= 1e-5
+    assert data["graph"]["op_histogram"]["DequantizeLinear"] == 1 and "Cast" not in data["graph"]["op_histogram"]
+    assert data["qdq"]["n_dequantize_linear"] == 1 and data["qdq"]["axes"] == {"0": 1} and data["qdq"]["missing"] == []
+    assert data["qdq"]["nodes"][0]["weight"] == "ell_weight" and data["qdq"]["nodes"][0]["quantized"] == "ell_weight_quantized"
+    assert data["onnxruntime_default"]["max_abs_vs_reference"] <= 1e-5  # ELL: DequantizeLinear feeds a Mul, nothing to fuse
+    assert 0 < data["constant_bytes_vs_float32"] < 1 and data["float32_export"]["file_bytes"] > data["file_bytes"]
 
 
 def test_export_onnx_quantised_weights_need_the_quantised_store(store: Path, tmp_path: Path, small: RigConfig) -> None:

@@ -12,14 +12,25 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from bevcompile import onnx_export
 from bevcompile.config import RigConfig
 from bevcompile.errors import CheckFailed, DependencyError, StoreError, UsageError
 from bevcompile.loader import load, matrix_layout
 from bevcompile.matrix import MatrixOptions
-from bevcompile.onnx_export import EXPECTED_OPS, FORBIDDEN_OPS, ExportOptions, export_onnx, make_inputs, scan_graph
+from bevcompile.onnx_export import (
+    EXPECTED_OPS,
+    FORBIDDEN_OPS,
+    ORT_QDQ_ACCURACY_KEY,
+    ORT_QDQ_CHECK_ACCURACY,
+    ExportOptions,
+    QdqWeight,
+    attach_dequantize_linear,
+    export_onnx,
+    make_inputs,
+    scan_graph,
+)
 
 from .test_torch_modules import (
     INT8_CASES,
@@ -45,10 +56,19 @@ def matrix_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     return store
 
 
-def _ort(path: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+def _ort_all(path: Path, inputs: dict[str, np.ndarray], *, float_activations: bool = False) -> list[np.ndarray]:
+    """Run ``path``; ``float_activations``: keep onnxruntime's DequantizeLinear+MatMul fusion in
+    float32 (its default quantises the activations, see ``ORT_QDQ_ACCURACY_KEY``)."""
+    options = ort.SessionOptions()
+    if float_activations:
+        options.add_session_config_entry(ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY)
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == list(inputs)
-    return session.run(None, inputs)[0]
+    return list(session.run(None, inputs))
+
+
+def _ort(path: Path, inputs: dict[str, np.ndarray], *, float_activations: bool = False) -> np.ndarray:
+    return _ort_all(path, inputs, float_activations=float_activations)[0]
 
 
 def _assert_clean(result: onnx_export.ExportResult) -> onnx.ModelProto:
@@ -195,15 +215,152 @@ def test_dynamo_exporter_keeps_the_quantised_weights(gather_store: Path, tmp_pat
 
 def test_export_quantised_weight_errors(gather_store: Path, matrix_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "x.onnx"
-    with pytest.raises(UsageError, match=r"--weights lut applies to --product gather only, got --product ell"):
+    with pytest.raises(UsageError, match=r"--weights lut applies to --product gather only, got --product ell \(use --weights float32, int8 or int8-qdq\)"):
         export_onnx(matrix_store, out, ExportOptions(product="ell", weights="lut"))
-    with pytest.raises(UsageError, match=r"--weights int8 applies to --product ell or tiles only, got --product gather"):
+    with pytest.raises(UsageError, match=r"--weights int8 applies to --product ell or tiles only, got --product gather \(use --weights float32 or lut\)"):
         export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8"))
-    with pytest.raises(UsageError, match=r"--weights must be one of float32, lut, int8, got 'fp16'"):
+    with pytest.raises(UsageError, match=r"--weights int8-qdq applies to --product ell or tiles only, got --product gather"):
+        export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8-qdq"))
+    with pytest.raises(UsageError, match=r"--weights int8-qdq needs --opset 13 or higher \(DequantizeLinear with a per-row scale\), got --opset 12"):
+        export_onnx(matrix_store, out, ExportOptions(product="tiles", weights="int8-qdq", opset=12))
+    with pytest.raises(UsageError, match=r"--weights must be one of float32, lut, int8, int8-qdq, got 'fp16'"):
         export_onnx(gather_store, out, ExportOptions(weights="fp16"))
-    with pytest.raises(StoreError, match=r"`bevcompile matrix --quantize int8`"):  # matrix_store has no int8
-        export_onnx(matrix_store, out, ExportOptions(product="tiles", weights="int8"))
+    for weights in ("int8", "int8-qdq"):  # matrix_store has no int8
+        with pytest.raises(StoreError, match=r"`bevcompile matrix --quantize int8"):
+            export_onnx(matrix_store, out, ExportOptions(product="tiles", weights=weights))
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------
+# --weights int8-qdq: int8 initializers + DequantizeLinear (QDQ)
+# --------------------------------------------------------------------------------------
+
+
+def _float_constants(model: onnx.ModelProto) -> list[np.ndarray]:
+    """Every float32 constant of the main graph: initializers and Constant-node values."""
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
+    return [numpy_helper.to_array(t) for t in tensors if t.data_type == TensorProto.FLOAT]
+
+
+def _assert_qdq(model: onnx.ModelProto, product: str, store: Path) -> list[onnx.NodeProto]:
+    """DequantizeLinear nodes reading int8 initializers with per-row float32 scales and int8 zero
+    points of shape (rows,) — the store's int8 values and scales, bit for bit — and no float32
+    constant holding a dequantised weight matrix left anywhere in the graph."""
+    inits = {i.name: i for i in model.graph.initializer}
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    group = load(store)["matrix"]
+    r = matrix_layout(load(store)).tile_rows
+    expected = 1 if product == "ell" else len(np.asarray(group["tile_col_offsets"])) - 1
+    assert len(dq) == expected
+    row_axis = 0 if product == "ell" else 1  # tiles: the MatMul's (n_cols, R) right operand, rows along axis 1
+    rows_q: list[np.ndarray] = []
+    scales: list[np.ndarray] = []
+    for node in dq:
+        axis = next(a.i for a in node.attribute if a.name == "axis")
+        assert axis == row_axis
+        q, scale, zero = (inits[name] for name in node.input)
+        assert q.data_type == TensorProto.INT8 and scale.data_type == TensorProto.FLOAT and zero.data_type == TensorProto.INT8
+        assert list(scale.dims) == list(zero.dims) == [q.dims[axis]]
+        assert not numpy_helper.to_array(zero).any()
+        values = numpy_helper.to_array(q)
+        rows_q.append(values if axis == 0 else values.T)
+        scales.append(numpy_helper.to_array(scale))
+    if product == "ell":
+        assert np.array_equal(rows_q[0], np.asarray(group["ell_weight_int8"]))
+        assert np.array_equal(scales[0], np.asarray(group["row_scale"]))
+    else:
+        assert all(block.shape[0] == r for block in rows_q)
+        assert np.array_equal(np.concatenate([b.ravel() for b in rows_q]), np.asarray(group["tile_weight_int8"]))
+        assert np.array_equal(np.concatenate(scales), np.asarray(group["tile_row_scale"]))
+    # the float weights are not ALSO in the file, in any layout (compared as sorted values)
+    dequantised = [np.sort((q.astype(np.float32) * scale[:, None]).ravel()) for q, scale in zip(rows_q, scales, strict=True)]
+    for constant in _float_constants(model):
+        values = np.sort(constant.ravel())
+        assert not any(d.size == values.size and np.array_equal(d, values) for d in dequantised), constant.shape
+    return dq
+
+
+@pytest.mark.parametrize("product", ["ell", "tiles"])
+def test_export_matrix_int8_qdq(int8_store: Path, tmp_path: Path, product: str) -> None:
+    result = export_onnx(int8_store, tmp_path / "qdq.onnx", ExportOptions(product=product, channels=4, weights="int8-qdq"))
+    model = _assert_clean(result)
+    assert result.passed and result.max_abs <= 1e-5 and result.weights == "int8-qdq"
+    assert result.scan.unexpected == [] and result.scan.op_histogram["DequantizeLinear"] >= 1
+    assert "Cast" not in result.scan.op_histogram  # the legacy float graph has none; QDQ adds none
+    dq = _assert_qdq(model, product, int8_store)
+    assert result.qdq is not None and result.qdq.missing == [] and len(result.qdq.nodes) == len(dq)
+    assert {p.key: p.value for p in model.metadata_props}["bevcompile.weights"] == "int8-qdq"
+    # onnxruntime (float activations) vs the same-weights reference, and vs the --weights int8 graph
+    frustum = matrix_layout(load(int8_store)).mode == "frustum"
+    inputs = make_inputs(load(int8_store), 4, 1, seed=5, with_depth=frustum)
+    got = _ort(result.path, inputs, float_activations=True)
+    assert np.max(np.abs(got - dequantised_int8_lift(int8_store, product, inputs))) <= 1e-5
+    int8 = export_onnx(int8_store, tmp_path / "int8.onnx", ExportOptions(product=product, channels=4, weights="int8"))
+    assert np.max(np.abs(got - _ort(int8.path, inputs))) <= 1e-6
+    # same distance to the float reference as --weights int8; smaller than float32, about as small as int8
+    assert result.float_reference is not None and int8.float_reference is not None
+    assert result.float_reference.max_abs == pytest.approx(int8.float_reference.max_abs, abs=1e-6)
+    assert result.float32_export is not None and result.file_bytes < result.float32_export.file_bytes
+    ratio = result.constant_ratio_vs_float32
+    assert ratio is not None and 0 < ratio < 1
+    assert result.scan.constant_bytes <= int8.scan.constant_bytes * 1.05 + 1024
+    assert result.ort_default is not None  # a default session is measured too (reported only)
+    data = result.to_json()
+    assert data["qdq"]["n_dequantize_linear"] == len(dq) and data["qdq"]["missing"] == []
+    assert data["onnxruntime_default"]["max_abs_vs_reference"] is not None
+
+
+@pytest.mark.parametrize("int8_store", ["grid"], indirect=True)
+def test_dynamo_exporter_int8_qdq(int8_store: Path, tmp_path: Path) -> None:
+    """dynamo: its folded weight initializer (here ``view_1``, the flattened ``ell_weight``) becomes QDQ the same way."""
+    result = export_onnx(int8_store, tmp_path / "dyn.onnx", ExportOptions(product="ell", channels=3, weights="int8-qdq", exporter="dynamo"))
+    assert result.exporter == "dynamo" and result.passed and result.max_abs <= 1e-5
+    _assert_qdq(_assert_clean(result), "ell", int8_store)
+    assert result.qdq is not None and len(result.qdq.nodes) == 1 and result.qdq.missing == []
+
+
+def test_attach_dequantize_linear_finds_reshaped_and_transposed_weights(tmp_path: Path) -> None:
+    """By value: a flattened initializer (DequantizeLinear axis 0 + Reshape), a transposed Constant
+    node (axis 1), an unrelated float constant left alone, a weight absent from the graph reported."""
+    rng = np.random.default_rng(0)
+    weights = [
+        QdqWeight(name, rng.integers(-127, 128, shape, dtype=np.int8), rng.random(shape[0], dtype=np.float32) + 0.5)
+        for name, shape in (("ell_weight", (4, 3)), ("tile0_block", (4, 5)), ("absent", (2, 2)))
+    ]
+    flat = weights[0].dequantised.reshape(1, 12)
+    block_t = weights[1].dequantised.T.copy()  # (5, 4)
+    other = np.full((1, 12), 2.0, np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12])
+    z = helper.make_tensor_value_info("x5", TensorProto.FLOAT, [2, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [2, 4])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "flat"], ["xw"]),
+            helper.make_node("Add", ["xw", "other"], ["y"]),
+            helper.make_node("Constant", [], ["block"], value=numpy_helper.from_array(block_t)),
+            helper.make_node("MatMul", ["x5", "block"], ["w"]),
+        ],
+        "g", [x, z], [y, w],
+        [numpy_helper.from_array(flat, "flat"), numpy_helper.from_array(other, "other")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    report = attach_dequantize_linear(model, weights)
+    assert report.missing == ["absent 2x2"]
+    assert [(n.weight, n.replaced, n.axis, n.reshaped) for n in report.nodes] == [("ell_weight", "flat", 0, True), ("tile0_block", "block", 1, False)]
+    onnx.checker.check_model(model, full_check=True)
+    assert {i.name for i in model.graph.initializer} == {
+        "other", "ell_weight_quantized", "ell_weight_scale", "ell_weight_zero_point", "ell_weight_shape",
+        "tile0_block_quantized", "tile0_block_scale", "tile0_block_zero_point",
+    }
+    assert [n.op_type for n in model.graph.node] == ["DequantizeLinear", "Reshape", "Mul", "Add", "DequantizeLinear", "MatMul"]
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    feeds = {"x": rng.random((1, 12), dtype=np.float32), "x5": rng.random((2, 5), dtype=np.float32)}
+    y_out, w_float = _ort_all(path, feeds, float_activations=True)
+    assert np.array_equal(y_out, feeds["x"] * flat + other)  # DequantizeLinear gives the dequantised values bit for bit
+    assert np.allclose(w_float, feeds["x5"] @ block_t, rtol=1e-6, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------

@@ -36,7 +36,9 @@ def export_onnx_command(
         typer.Option(
             "--weights",
             help="float32; lut (gather: gather/weight_u8 + lut, dequantised in the graph); "
-            "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph).",
+            "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph by Cast + Mul); "
+            "int8-qdq (ell/tiles: the same values as int8 initializers + DequantizeLinear with per-row scales, "
+            "the QDQ form NPU/GPU toolchains recognise; --opset 13+).",
         ),
     ] = "float32",
     quiet: QuietOption = False,
@@ -44,7 +46,7 @@ def export_onnx_command(
 ) -> None:
     """Export the store's view transform as a static ONNX graph, then prove it: no GridSample/ScatterND/
     OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
-    (with --weights lut/int8: the reference with the same dequantised weights; the distance to the
+    (with --weights lut/int8/int8-qdq: the reference with the same dequantised weights; the distance to the
     float reference and the size against the float32 export are reported)."""
     from ..onnx_export import ExportOptions, ExportResult, export_onnx, export_stages
 
@@ -74,7 +76,7 @@ def export_onnx_command(
 
 
 def _print_export(result: object) -> None:
-    from ..onnx_export import FORBIDDEN_OPS, ExportResult
+    from ..onnx_export import FORBIDDEN_OPS, ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY, ExportResult
 
     assert isinstance(result, ExportResult)
     scan = result.scan
@@ -101,6 +103,15 @@ def _print_export(result: object) -> None:
         checks.add_row(f"{result.weights} vs float reference", "report",
                        f"PSNR {q.psnr_db:.1f} dB, max abs {q.max_abs:.2e} (mean {q.mean_abs:.2e}); "
                        f"reference {q.reference}, PSNR peak = its range {q.peak:.3g}")
+    d = result.ort_default
+    if d is not None:
+        fused = d.max_abs_vs_reference > result.tolerance
+        checks.add_row("onnxruntime, default session", "report",
+                       f"max abs {d.max_abs_vs_reference:.2e} vs the same-weights reference; PSNR {d.float_reference.psnr_db:.1f} dB "
+                       f"vs float reference" + (
+                           "; its DequantizeLinear+MatMul fusion (MatMulNBits) quantises the activations: "
+                           f"set session config {ORT_QDQ_ACCURACY_KEY}={ORT_QDQ_CHECK_ACCURACY} for float ones (as the check does)"
+                           if fused else "; agrees with the check session"))
     print_table(checks)
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in result.inputs.items())
     stdout_console.print(f"inputs: {shapes} -> bev {'x'.join(map(str, result.output))}")
@@ -108,6 +119,13 @@ def _print_export(result: object) -> None:
         f"{scan.n_initializers} initializers ({human_bytes(scan.initializer_bytes)}); file {human_bytes(result.file_bytes)}; "
         f"export {result.export_seconds:.2f} s, onnxruntime {result.ort_seconds:.2f} s"
     )
+    if result.qdq is not None and result.qdq.nodes:
+        axes = ", ".join(f"axis {axis}: {count}" for axis, count in result.qdq.axes.items())
+        reshaped = sum(node.reshaped for node in result.qdq.nodes)
+        stdout_console.print(
+            f"QDQ: {len(result.qdq.nodes)} DequantizeLinear (int8 weights, per-row float32 scales, zero point 0; {axes})"
+            + (f", {reshaped} followed by a Reshape" if reshaped else "")
+        )
     base = result.float32_export
     if quantised and base is not None:
         const_ratio, file_ratio = result.constant_ratio_vs_float32, result.file_ratio_vs_float32
