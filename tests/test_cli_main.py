@@ -38,3 +38,14 @@ def test_success_exits_0(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
         main(["grid", "--out", str(tmp_path), "--quiet"])
     assert info.value.code == 0
     assert (tmp_path / "nuscenes.zarr").is_dir()
+
+
+def test_bare_command_prints_help_in_workflow_order_and_no_error_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2  # click's convention for a missing command
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    commands = ["grid", "matrix", "inspect", "verify", "render", "export-onnx", "export-interop"]
+    positions = [captured.out.find(f"│ {name} ") for name in commands]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions

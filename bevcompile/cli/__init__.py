@@ -10,8 +10,14 @@ from collections.abc import Sequence
 
 import typer
 
-from . import export_cmd, grid_cmd, inspect_cmd, matrix_cmd  # noqa: F401  (register commands)
 from ._app import app
+
+# isort: off
+# registering the commands: import order = their order in `bevcompile --help`
+from . import grid_cmd, matrix_cmd  # noqa: F401
+from . import inspect_cmd  # noqa: F401
+from . import export_cmd  # noqa: F401
+# isort: on
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -24,6 +30,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Exception as exc:
         format_message = getattr(exc, "format_message", None)
         exit_code = getattr(exc, "exit_code", None)
+        if exc.__class__.__name__ == "NoArgsIsHelpError":  # bare `bevcompile`: the help was printed
+            raise SystemExit(exit_code if isinstance(exit_code, int) else 2) from None
         if callable(format_message) and isinstance(exit_code, int):  # click/typer usage error
             ctx = getattr(exc, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""

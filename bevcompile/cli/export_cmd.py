@@ -16,7 +16,7 @@ from ._output import human_bytes, new_table, print_json, print_table, progress_b
 StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False)]
 
 
-@cli_command("export-onnx")
+@cli_command("export-onnx", short_help="Static ONNX graph of the store's lift (no GridSample/ScatterND/OneHot), checked with onnxruntime.")
 def export_onnx_command(
     store: StoreArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The ONNX file to write.")] = Path("model.onnx"),
@@ -141,11 +141,12 @@ def _print_export(result: object) -> None:
         stdout_console.print(f"wrote [bold]{result.path}[/bold]")
 
 
-@cli_command("export-interop")
+@cli_command("export-interop", short_help='BEVDet BEVPoolv2 arrays / Fast-BEV LUT into interop/ (and .npy files).')
 def export_interop_command(
     store: StoreArg,
     to: Annotated[
-        list[str], typer.Option("--to", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable).")
+        list[str],
+        typer.Option("--to", metavar="TARGET", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable)."),
     ],
     npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
     frustum_mapping: Annotated[

@@ -16,7 +16,7 @@ from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 
-@cli_command("grid")
+@cli_command("grid", short_help='IPM sampling grids, gather tables, fixed-point formats and delta-LUT -> grid/ gather/ delta/.')
 def grid(
     config: ConfigArg = None,
     out: OutOption = DEFAULT_OUT,
@@ -33,6 +33,7 @@ def grid(
             "--format",
             help=f"Also write this fixed-point grid format into grid/ (repeatable): {', '.join(FORMATS)}.",
             show_default=False,
+            metavar="NAME",
         ),
     ] = None,
     frac_bits: Annotated[

@@ -39,7 +39,7 @@ def _compact(value: Any) -> str:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("inspect")
+@cli_command("inspect", short_help='CI gate: check every invariant of every store (exit 1 on any failure).')
 def inspect(
     paths: Annotated[
         list[Path] | None,
@@ -119,7 +119,7 @@ def _print_store(store: StoreReport) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("verify")
+@cli_command("verify", short_help='Compare every NPU form with the float reference on seeded random features.')
 def verify(
     target: Annotated[
         Path | None,
@@ -198,7 +198,7 @@ def _print_verify(report: VerifyReport) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("render")
+@cli_command("render", short_help="PNG of the camera coverage on the BEV plane (and the matrix's per-cell weight).")
 def render(
     store: Annotated[Path, typer.Argument(help="The store to draw.", show_default=False)],
     out: Annotated[

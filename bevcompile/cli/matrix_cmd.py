@@ -14,7 +14,7 @@ from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 
-@cli_command("matrix")
+@cli_command("matrix", short_help='The lift as one sparse matrix F_bev = W @ F_img (COO, ELL, tiles, int8) -> matrix/.')
 def matrix(
     config: ConfigArg = None,
     out: OutOption = DEFAULT_OUT,
