@@ -76,7 +76,8 @@ def export_onnx_command(
 
 
 def _print_export(result: object) -> None:
-    from ..onnx_export import FORBIDDEN_OPS, ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY, ExportResult
+    from ..onnx_export import ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY, ExportResult
+    from ..onnx_graph import FORBIDDEN_OPS
 
     assert isinstance(result, ExportResult)
     scan = result.scan
