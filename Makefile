@@ -12,12 +12,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[plot]'
+$(STAMP_RUN): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c constraints.txt -e '.[plot]'
 	@touch $@
 
-$(STAMP_TEST): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+$(STAMP_TEST): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	@touch $@ $(STAMP_RUN)
 
 ## make demo: install, then build the default nuScenes store into artifacts/ and print the summary
