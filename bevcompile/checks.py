@@ -4,8 +4,9 @@
 
 1. checks the root: ``zarr.json`` readable, ``format`` readable by this tool, ``tool_version``
    present, the stored ``config`` re-parses with :func:`bevcompile.config.parse_config` and
-   hashes to the recorded ``config_sha256`` (recomputed), ``conventions`` equal to
-   :data:`bevcompile.conventions.CONVENTIONS`, no damaged node (a group or array directory
+   hashes to the recorded ``config_sha256`` (recomputed), every recorded ``conventions``
+   sentence equal to :data:`bevcompile.conventions.CONVENTIONS` (append-only: sentences a newer
+   tool added may be absent), no damaged node (a group or array directory
    whose ``zarr.json`` is missing or unreadable);
 2. reads every array of every group (each unreadable array -> one failed check naming the
    array and the reason: missing/truncated/garbage chunk, unreadable metadata) and compares its
@@ -462,8 +463,18 @@ def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
     elif not isinstance(conventions, Mapping):
         report.add("conventions", ROOT, False, f"no conventions attribute (got {type(conventions).__name__})")
     else:
-        differ = sorted(k for k in set(CONVENTIONS) | set(conventions) if conventions.get(k) != CONVENTIONS.get(k))
-        report.add("conventions", ROOT, False, f"built under other conventions: {', '.join(differ)} differ from this tool's")
+        # conventions are append-only: a sentence never changes meaning, newer tools may add ones
+        # (e.g. a new pixel_mapping); a store that lacks only those is still read correctly
+        differ = sorted(k for k in conventions if conventions.get(k) != CONVENTIONS.get(k))
+        added = sorted(k for k in CONVENTIONS if k not in conventions)
+        if differ:
+            report.add("conventions", ROOT, False, f"built under other conventions: {', '.join(differ)} differ from this tool's")
+        else:
+            report.add(
+                "conventions", ROOT, True,
+                f"all {len(conventions)} recorded convention sentences match this tool's; "
+                f"{len(added)} added since the store was built ({', '.join(added)})",
+            )
 
 
 def key_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,12 @@ QUATERNION_TOLERANCE = 1e-6
 ROTATION_TOLERANCE = 1e-6
 DEFAULT_CONFIG_NAME = "nuscenes.yaml"
 DISTORTION_MODELS = ("none", "opencv", "fisheye")
-PIXEL_MAPPINGS = ("stride", "linspace")
+PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
+"""``feature.pixel_mapping``: where feature pixel ``j`` sits on the network input (README
+"Conventions"): ``stride`` ``j*s + (s-1)/2`` (the centre of its ``s`` input pixels);
+``linspace`` ``j*(W_in-1)/(W_f-1)`` (BEVDet's frustum); ``corner`` ``j*s`` (intrinsics divided
+by the stride: Fast-BEV, M2BEV); ``normalized`` ``j*s + s/2`` (input pixels normalised by the
+input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR)."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -110,7 +115,8 @@ class Camera:
 class FeatureSpec:
     """Network input -> feature map. ``stride``: feature pixel j covers input pixels
     ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
-    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum)."""
+    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
+    ``normalized``: at input ``j*s + s/2`` (see :data:`PIXEL_MAPPINGS`)."""
 
     stride: int
     pixel_mapping: str

@@ -14,6 +14,8 @@ CONVENTIONS: dict[str, str] = {
     "image_aug": "Image augmentation (BEVDet post_rot/post_tran): calibrated pixel u becomes input pixel u * resize - crop_left, v becomes v * resize - crop_top.",
     "feature_stride": "pixel_mapping stride: feature pixel j covers input pixels [j*s, (j+1)*s), so input u_in sits at feature (u_in - (s - 1) / 2) / s.",
     "feature_linspace": "pixel_mapping linspace: feature pixel j sits at input j * (W_in - 1) / (W_f - 1) (BEVDet frustum).",
+    "feature_corner": "pixel_mapping corner: feature pixel j sits at input j * s, so input u_in sits at feature u_in / s (intrinsics divided by the stride: Fast-BEV, M2BEV).",
+    "feature_normalized": "pixel_mapping normalized: feature pixel j sits at input j * s + s / 2, so input u_in sits at feature u_in * W_f / W_in - 1/2 (input pixels divided by the input size, then grid_sample align_corners=False: BEVFormer, DETR3D, PETR).",
     "valid_rule": "A cell is valid in a camera iff its centre is in front of the camera (z_cam > 1e-6 m), inside the lens's monotonic field of view, and its nearest feature pixel exists: -0.5 <= u < W_f - 0.5 and -0.5 <= v < H_f - 0.5.",
     "invalid_cells": "Invalid cells hold coords (-2, -2), two pixels outside the map, so bilinear grid_sample with zeros padding returns exactly 0 there.",
     "grid_sample": "norm follows torch.nn.functional.grid_sample: align_corners=False norm = (2 u + 1) / W_f - 1; align_corners=True norm = 2 u / (W_f - 1) - 1; bilinear, padding_mode zeros.",

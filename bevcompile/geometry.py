@@ -12,7 +12,8 @@ Frames and pixel chain (see README "Conventions")::
 * pixels: ``(u, v)`` = (column, row); integer values are pixel centres (OpenCV).
 * image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``.
 * feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
-  ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``.
+  ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``; ``corner`` mapping:
+  ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``).
 
 Lens models follow OpenCV exactly: ``none`` (pinhole), ``opencv`` (radial-tangential with the
 rational extension, coefficients ``k1 k2 p1 p2 k3 k4 k5 k6``) and ``fisheye``
@@ -282,9 +283,16 @@ def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArr
     u_in = uv[..., 0] * aug.resize - aug.crop_left
     v_in = uv[..., 1] * aug.resize - aug.crop_top
     s = rig.feature.stride
-    if rig.feature.pixel_mapping == "stride":
+    mapping = rig.feature.pixel_mapping
+    if mapping == "stride":
         u_f = (u_in - (s - 1) / 2.0) / s
         v_f = (v_in - (s - 1) / 2.0) / s
+    elif mapping == "corner":
+        u_f = u_in / s
+        v_f = v_in / s
+    elif mapping == "normalized":
+        u_f = u_in / s - 0.5
+        v_f = v_in / s - 0.5
     else:
         w_f, h_f = rig.feature_size
         u_f = u_in * (w_f - 1) / (aug.input_width - 1)
@@ -297,9 +305,16 @@ def feature_px_to_image_px(rig: RigConfig, camera: Camera, uv_feature_px: FloatA
     aug = camera.image_aug
     uv = np.asarray(uv_feature_px, dtype=np.float64)
     s = rig.feature.stride
-    if rig.feature.pixel_mapping == "stride":
+    mapping = rig.feature.pixel_mapping
+    if mapping == "stride":
         u_in = uv[..., 0] * s + (s - 1) / 2.0
         v_in = uv[..., 1] * s + (s - 1) / 2.0
+    elif mapping == "corner":
+        u_in = uv[..., 0] * s
+        v_in = uv[..., 1] * s
+    elif mapping == "normalized":
+        u_in = (uv[..., 0] + 0.5) * s
+        v_in = (uv[..., 1] + 0.5) * s
     else:
         w_f, h_f = rig.feature_size
         u_in = uv[..., 0] * (aug.input_width - 1) / (w_f - 1)

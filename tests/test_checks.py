@@ -134,6 +134,7 @@ DAMAGES: list[tuple[str, Callable[[Path], object], str, str, str]] = [
     ("config edited", lambda s: damage.edit_attr(s, "", ["config", "depth", "bins"], [1.0, 30.0, 1.0]), "/", "config", "vs recorded"),
     ("config broken", lambda s: damage.edit_attr(s, "", ["config", "bev", "x"], [1.0, -1.0, 0.5]), "/", "config", "bev.x: min must be < max"),
     ("conventions changed", lambda s: damage.edit_attr(s, "", ["conventions", "pixel_centres"], "corners"), "/", "conventions", "pixel_centres differ"),
+    ("convention unknown to this tool", lambda s: damage.edit_attr(s, "", ["conventions", "feature_wavelet"], "x"), "/", "conventions", "feature_wavelet differ"),
     ("format unknown", lambda s: damage.edit_attr(s, "", ["format"], "bevcompile/99"), "/", "format", "'bevcompile/99'"),
     ("tool_version missing", lambda s: damage.edit_attr(s, "", ["tool_version"], ""), "/", "tool_version", "built by bevcompile ''"),
     (
@@ -165,6 +166,18 @@ def test_damage_yields_a_named_failed_check(
     assert reason in matching[0].reason
     for line in report.failure_lines():
         assert "\n" not in line and line.startswith(f"{small_copy}: ")
+
+
+def test_conventions_are_append_only(small_copy: Path) -> None:
+    """A store built before a sentence was added (here: without the two newest pixel mappings)
+    still passes, and the report says which sentences it lacks."""
+    conventions = damage.get_attr(small_copy, "", ["conventions"])
+    del conventions["feature_corner"], conventions["feature_normalized"]
+    damage.edit_attr(small_copy, "", ["conventions"], conventions)
+    report = inspect_store(small_copy)
+    assert report.passed, report.failure_lines()
+    (check,) = [c for c in report.checks if c.name == "conventions"]
+    assert check.passed and "2 added since the store was built (feature_corner, feature_normalized)" in check.reason
 
 
 def test_a_corrupt_array_does_not_hide_its_siblings(small_copy: Path) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -126,6 +128,54 @@ def test_feature_mapping_conventions() -> None:
     np.testing.assert_allclose(image, [[0.0, 0.0], [95.0 / 0.5, 63.0 / 0.5]])
     back = image_px_to_feature_px(linspace, linspace.cameras[0], image)
     np.testing.assert_allclose(back, [[0.0, 0.0], [11.0, 7.0]], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "input_of_feature_11_7"),
+    [
+        ("stride", (8 * 11 + 3.5, 8 * 7 + 3.5)),  # centre of its 8 input pixels
+        ("linspace", (95.0, 63.0)),  # j * (W_in - 1) / (W_f - 1)
+        ("corner", (8 * 11, 8 * 7)),  # j * s: intrinsics divided by the stride (Fast-BEV)
+        ("normalized", (8 * 11 + 4, 8 * 7 + 4)),  # j * s + s / 2 (BEVFormer's normalisation)
+    ],
+)
+def test_convention_feature_pixel_mappings(mapping: str, input_of_feature_11_7: tuple[float, float]) -> None:
+    """Where feature pixel (11, 7) of the 12x8 map sits on the 96x64 input (resize 0.5, no crop),
+    written out by hand for every ``feature.pixel_mapping``; and the inverse."""
+    rig = small_rig(pixel_mapping=mapping)
+    camera = rig.cameras[0]
+    image = feature_px_to_image_px(rig, camera, np.array([11.0, 7.0]))
+    np.testing.assert_allclose(image * 0.5, input_of_feature_11_7, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(image_px_to_feature_px(rig, camera, image), [11.0, 7.0], rtol=0, atol=1e-12)
+
+
+def test_convention_normalized_mapping_is_bevformer_sampling(small_distorted_multi: RigConfig) -> None:
+    """BEVFormer / DETR3D sample image features by projecting to input pixels (x, y), dividing by
+    the input size and calling grid_sample(align_corners=False) on 2 * loc - 1. With
+    ``pixel_mapping: normalized`` our grid/norm is that grid: same samples as torch on it."""
+    import dataclasses
+
+    rig = dataclasses.replace(small_distorted_multi, feature=dataclasses.replace(small_distorted_multi.feature, pixel_mapping="normalized"))
+    w_in, h_in = rig.input_size
+    w_f, h_f = rig.feature_size
+    rng = np.random.default_rng(7)
+    points_ego = np.stack([rng.uniform(-15, 15, 200), rng.uniform(-15, 15, 200), rng.uniform(-0.5, 1.0, 200)], axis=-1)
+    feats = torch.from_numpy(rng.random((1, 3, h_f, w_f)))
+    for camera in rig.cameras:
+        uv_f, ok = project_ego_to_feature(rig, camera, points_ego)
+        # BEVFormer: lidar2img -> input pixels (OpenCV centres), / (W_in, H_in), * 2 - 1
+        uv_img, ok_img = project_cam_to_image(camera, transform_points(cam_from_ego_matrix(camera), points_ego))
+        aug = camera.image_aug
+        x_in = uv_img[:, 0] * aug.resize - aug.crop_left
+        y_in = uv_img[:, 1] * aug.resize - aug.crop_top
+        grid_bevformer = np.stack([x_in / w_in, y_in / h_in], axis=-1) * 2 - 1
+        grid_ours = np.stack([(2 * uv_f[:, 0] + 1) / w_f - 1, (2 * uv_f[:, 1] + 1) / h_f - 1], axis=-1)
+        keep = ok & ok_img
+        assert keep.sum() > 20
+        np.testing.assert_allclose(grid_ours[keep], grid_bevformer[keep], rtol=0, atol=1e-12)
+        ours = F.grid_sample(feats, torch.from_numpy(grid_ours[keep][None, None]), align_corners=False)
+        theirs = F.grid_sample(feats, torch.from_numpy(grid_bevformer[keep][None, None]), align_corners=False)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
 
 
 def test_behind_the_camera_is_never_valid(nuscenes: RigConfig) -> None:
