@@ -88,3 +88,9 @@ def test_version_and_help() -> None:
     assert runner.invoke(app, ["--version"]).stdout.startswith("bevcompile ")
     result = runner.invoke(app, ["grid", "--help"])
     assert result.exit_code == 0 and "--align-corners" in result.stdout
+
+
+def test_summary_never_rounds_a_seen_camera_to_zero_coverage() -> None:
+    from bevcompile.cli.grid_cmd import _percent
+
+    assert [_percent(f) for f in (0.0, 0.000123, 0.00099, 0.148, 1.0)] == ["0.0 %", "0.012 %", "0.099 %", "14.8 %", "100.0 %"]

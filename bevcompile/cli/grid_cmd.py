@@ -103,7 +103,7 @@ def grid(
     for cam in result.cameras:
         u = f"{cam.u_range[0]:.2f} .. {cam.u_range[1]:.2f}" if cam.u_range else "-"
         v = f"{cam.v_range[0]:.2f} .. {cam.v_range[1]:.2f}" if cam.v_range else "-"
-        table.add_row(cam.name, *(f"{100 * c:.1f} %" for c in cam.coverage), u, v)
+        table.add_row(cam.name, *(_percent(c) for c in cam.coverage), u, v)
     print_table(table)
     sizes = new_table("bytes written", "array", "shape", "dtype", "on disk", right=("on disk",))
     arrays: dict[str, Any] = result.extra.get("arrays", {})
@@ -180,3 +180,10 @@ def _print_npu_summary(extra: dict[str, Any]) -> None:
             f" = {100 * delta['ratio_vs_norm_int16']:.1f} %",
         )
         print_table(table)
+
+
+def _percent(fraction: float) -> str:
+    """``12.3 %``; a small non-zero share keeps two significant digits (never shown as 0.0 %)."""
+    if 0 < fraction < 1e-3:
+        return f"{100 * fraction:.2g} %"
+    return f"{100 * fraction:.1f} %"
