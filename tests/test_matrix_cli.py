@@ -126,3 +126,12 @@ def test_summary_reports_tiles_int8_and_topk_figures(tmp_path: Path) -> None:
     assert "tiles (9 x 64 rows) vs dense" in out and "int8 max error (rel. to row max)" in out
     for product in ("coo", "ell", "tiles", "ell_int8", "tiles_int8", "camera_mass", "dense (rows x cols float32)"):
         assert product in out
+
+
+@pytest.mark.parametrize(("normalize", "topk", "noted"), [("sum", 2, True), ("mean", 2, False), ("sum", 0, False)])
+def test_summary_notes_the_mass_topk_drops_under_sum(tmp_path: Path, normalize: str, topk: int, noted: bool) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--topk", str(topk), "--normalize", normalize])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert ("note: Top-2 keeps" in out and "cells with the most sources lose mass" in out) == noted

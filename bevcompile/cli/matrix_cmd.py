@@ -93,6 +93,10 @@ def matrix(
     _print_summary(result)
 
 
+TOPK_SUM_NOTE_BELOW = 0.9
+"""The summary notes the Top-K mass loss of ``--normalize sum`` below this kept fraction."""
+
+
 def _print_summary(result: MatrixRunResult) -> None:
     rig, p = result.rig, result.products
     o, f = p.options, p.figures
@@ -133,4 +137,10 @@ def _print_summary(result: MatrixRunResult) -> None:
         sizes.add_row(name, human_bytes(nbytes))
     sizes.add_row("dense (rows x cols float32)", human_bytes(f.dense_bytes))
     print_table(sizes)
+    if o.topk and o.normalize == "sum" and f.kept_weight_fraction_total < TOPK_SUM_NOTE_BELOW:
+        stdout_console.print(
+            f"note: Top-{o.topk} keeps {100 * f.kept_weight_fraction_total:.1f} % of the weight and --normalize sum "
+            "keeps raw weights, so the cells with the most sources lose mass; `bevcompile verify` measures what "
+            "that costs (matrix/topk_vs_unpruned), --normalize mean re-normalises each row"
+        )
     stdout_console.print(f"wrote [bold]{result.store}[/bold] matrix/ ({human_bytes(result.write.total_bytes)} on disk)")
