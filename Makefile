@@ -43,6 +43,7 @@ typecheck: $(STAMP_TEST)
 
 bench: $(STAMP_TEST)
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/bevpoolv2.py
 
 clean:
 	rm -rf artifacts/*.zarr artifacts/.*.zarr.* .pytest_cache .mypy_cache .ruff_cache
