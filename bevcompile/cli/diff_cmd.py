@@ -1,0 +1,207 @@
+"""``bevcompile diff OLD NEW``: how far a calibration change moves the tables (and a gate for it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..diff import SHIFT_PERCENTILE, CameraDiff, ShiftStats, StoreDiff, diff_stores
+from ..errors import CheckFailed
+from ..verify import DEFAULT_CHANNELS, format_psnr
+from ._app import cli_command
+from ._options import JsonOption, QuietOption
+from ._output import new_table, print_json, print_table, stdout_console
+
+VALUE_WIDTH = 120
+
+
+def _short(value: Any) -> Any:
+    """Floats to 10 significant digits for display (JSON keeps them exact)."""
+    if isinstance(value, float):
+        return float(f"{value:.10g}")
+    if isinstance(value, list | tuple):
+        return [_short(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _short(v) for k, v in value.items()}
+    return value
+
+
+def _compact(value: Any) -> str:
+    if value is None:
+        return "(absent)"
+    text = json.dumps(_short(value), separators=(", ", ": "), default=str)
+    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 1] + "…"
+
+
+def _px(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def _nearest(stats: ShiftStats) -> str:
+    fraction = stats.nearest_pixel_changed_fraction
+    return "–" if fraction is None else f"{stats.nearest_pixel_changed:,} ({100 * fraction:.1f} %)"
+
+
+def _nearest_pct(stats: ShiftStats) -> str:
+    fraction = stats.nearest_pixel_changed_fraction
+    return "–" if fraction is None else f"{100 * fraction:.1f}%"
+
+
+def _count(value: int | None, total: int) -> str:
+    return "not counted" if value is None else f"{value:,} of {total:,}"
+
+
+def _coverage(stats: ShiftStats) -> list[str]:
+    return [f"{stats.cells_both:,}", f"{stats.cells_only_old:,}", f"{stats.cells_only_new:,}"]
+
+
+def _result(camera: CameraDiff, gated: bool) -> str:
+    if not gated:
+        return ""
+    return "[green]pass[/green]" if camera.passed else "[bold red]FAIL[/bold red]"
+
+
+def _no_wrap_first(table: Table) -> None:
+    """Camera names stay on one line (the figures wrap instead)."""
+    table.columns[0].no_wrap = True
+
+
+def _print_diff(report: StoreDiff) -> None:
+    w_f, h_f = report.feature_size
+    stdout_console.print(
+        f"[bold]{escape(report.old)}[/bold] -> [bold]{escape(report.new)}[/bold]  rig {escape(report.old_name)}"
+        + (f" -> {escape(report.new_name)}" if report.new_name != report.old_name else "")
+        + f"  feature map {w_f}x{h_f}  align_corners={report.align_corners}  seed {report.seed}  channels {report.channels}"
+    )
+    if report.config_changes:
+        table = new_table("config changes", "field", "old", "new")
+        for change in report.config_changes:
+            table.add_row(escape(change.field), escape(_compact(change.old)), escape(_compact(change.new)))
+        print_table(table)
+    else:
+        stdout_console.print(f"config: identical (config_sha256 {report.old_config_sha256[:12]}…)")
+
+    gated = report.gated
+    p = f"p{SHIFT_PERCENTILE:g}"
+    pose = new_table(
+        "cameras: pose change and coverage (BEV cells over all heights: valid in both, lost = only old, gained = only new)",
+        "camera", "rot deg", "trans mm", "both", "lost", "gained",
+        right=("rot deg", "trans mm", "both", "lost", "gained"),
+    )
+    _no_wrap_first(pose)
+    for cam in report.cameras:
+        pose.add_row(escape(cam.camera), f"{cam.rotation_deg:.4g}", f"{cam.translation_mm:.4g}", *_coverage(cam.total))
+    print_table(pose)
+    columns = ["camera", "max px", "mean px", f"{p} px", "nearest px changed"]
+    if gated:
+        columns.append("result")
+    shift = new_table(
+        "cameras: sampling shift (grid/coords float32, feature px, cells valid in both)",
+        *columns, right=("max px", "mean px", f"{p} px", "nearest px changed"),
+    )
+    _no_wrap_first(shift)
+    for cam in report.cameras:
+        t = cam.total
+        row = [escape(cam.camera), _px(t.shift_max_px), _px(t.shift_mean_px), _px(t.shift_p99_px), _nearest(t)]
+        if gated:
+            row.append(_result(cam, gated))
+        shift.add_row(*row)
+    print_table(shift)
+
+    if len(report.heights) > 1:
+        per_height = new_table(
+            "per camera and height (shift in feature px; nearest: % of cells whose nearest pixel changed)",
+            "camera", "z m", "both", "lost", "gained", "max", "mean", p, "nearest",
+            right=("z m", "both", "lost", "gained", "max", "mean", p, "nearest"),
+        )
+        _no_wrap_first(per_height)
+        for cam in report.cameras:
+            for height, s in cam.heights:
+                per_height.add_row(escape(cam.camera), f"{height:g}", *_coverage(s), _px(s.shift_max_px), _px(s.shift_mean_px),
+                                   _px(s.shift_p99_px), _nearest_pct(s))
+        print_table(per_height)
+
+    output = new_table(
+        f"output change  (sum over cameras of grid_sample on grid/norm: bilinear, zeros, align_corners={report.align_corners};"
+        " features uniform [0, 1), PSNR peak 1)",
+        "height", "max abs", "mean abs", "PSNR dB", "coverage changed", "max abs elsewhere",
+        right=("max abs", "mean abs", "PSNR dB", "coverage changed", "max abs elsewhere"),
+    )
+    for out in report.output:
+        changed = "–" if out.cells_coverage_changed is None else f"{out.cells_coverage_changed:,} cells"
+        output.add_row(escape(out.label), f"{out.max_abs:.4g}", f"{out.mean_abs:.4g}", format_psnr(out.psnr_db), changed,
+                       _px(out.max_abs_same_coverage))
+    print_table(output)
+
+    if report.matrix is not None:
+        m = report.matrix
+        options = ", ".join(f"{k}={v}" for k, v in m.build_options.items() if v is not None)
+        table = new_table(f"matrix/  ({escape(options)})", "figure", "value", right=("value",))
+        table.add_row("nnz old / new", f"{m.nnz_old:,} / {m.nnz_new:,}")
+        table.add_row("rows (BEV cells) whose entry set changed", _count(m.rows_entry_set_changed, m.n_rows))
+        table.add_row("rows whose entries or weights changed", _count(m.rows_changed, m.n_rows))
+        table.add_row("COO output max abs / mean abs", f"{m.output.max_abs:.4g} / {m.output.mean_abs:.4g}")
+        table.add_row(f"COO output PSNR dB (peak {m.output.peak:.4g} = range of the old output)", format_psnr(m.output.psnr_db))
+        print_table(table)
+    for note in report.notes:
+        stdout_console.print(f"note: {escape(note)}")
+    if gated:
+        gates = ", ".join(
+            g for g in (
+                f"--max-shift-px {report.max_shift_px:g}" if report.max_shift_px is not None else "",
+                f"--max-coverage-change {report.max_coverage_change:g}" if report.max_coverage_change is not None else "",
+            ) if g
+        )
+        n_fail = len(report.failing_cameras)
+        style = "green" if report.passed else "red"
+        stdout_console.print(f"[{style}]{len(report.cameras) - n_fail} of {len(report.cameras)} cameras within {gates}[/{style}]")
+
+
+def _stderr_lines(lines: list[str]) -> None:
+    for line in lines:
+        print(" ".join(line.split()), file=sys.stderr)
+    sys.stderr.flush()
+
+
+@cli_command("diff", short_help="How far a recalibration moves the tables: pose, grid shift, coverage, output change (gate: exit 1).")
+def diff(
+    old: Annotated[Path, typer.Argument(help="The reference store (e.g. the nominal calibration the model was validated with).", show_default=False)],
+    new: Annotated[Path, typer.Argument(help="The store to judge (e.g. one car's recalibration).", show_default=False)],
+    max_shift_px: Annotated[
+        float | None,
+        typer.Option("--max-shift-px", help="Gate: fail (exit 1) if a camera's max sampling shift exceeds X feature pixels.", show_default=False),
+    ] = None,
+    max_coverage_change: Annotated[
+        float | None,
+        typer.Option(
+            "--max-coverage-change",
+            help="Gate: fail (exit 1) if a camera loses or gains more than this fraction of its BEV cells (0..1).",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random features (as bevcompile verify).")] = 0,
+    channels: Annotated[int, typer.Option("--channels", help="Feature channels C.")] = DEFAULT_CHANNELS,
+    json_output: JsonOption = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Compare two stores of the same layout (same cameras, feature map, BEV grid, heights, align_corners).
+
+    Reports the config changes, each camera's pose change (degrees, mm), the grid change
+    (coverage, sampling shift in feature pixels, nearest-pixel changes), the output change on
+    seeded random features and the matrix/ change. Exit 0, 1 when a gate fails (one line per
+    failing camera on stderr), 2 when a path is not a store or the stores cannot be compared.
+    """
+    report = diff_stores(old, new, seed=seed, channels=channels, max_shift_px=max_shift_px, max_coverage_change=max_coverage_change)
+    if json_output:
+        print_json(report.to_json())
+    elif not quiet:
+        _print_diff(report)
+    _stderr_lines(report.failure_lines())
+    if not report.passed:
+        raise CheckFailed(f"diff gate failed: {len(report.failing_cameras)} of {len(report.cameras)} cameras of {report.new}")
