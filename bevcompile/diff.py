@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .checks_api import psnr_db
 from .config import RigConfig, config_to_dict
 from .errors import StoreError, UsageError
 from .loader import LoadedStore, load, matrix_layout
-from .reference import grid_sample
-from .verify import DEFAULT_CHANNELS, MAX_CHANNELS
+from .reference import grid_sample, random_depth_probs
+from .verify import DEFAULT_CHANNELS, check_feature_options
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -520,13 +521,6 @@ def _shift_stats(
 # --------------------------------------------------------------------------------------
 
 
-def _check_feature_options(seed: int, channels: int) -> None:
-    if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1 or channels > MAX_CHANNELS:
-        raise UsageError(f"--channels must be in [1, {MAX_CHANNELS}], got {channels}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
-
-
 class SeededInputs:
     """The seeded inputs of ``bevcompile verify`` (:func:`bevcompile.verify.make_features`), drawn lazily.
 
@@ -540,7 +534,7 @@ class SeededInputs:
     """
 
     def __init__(self, rig: RigConfig, channels: int, seed: int) -> None:
-        _check_feature_options(seed, channels)
+        check_feature_options(seed, channels)
         self.rig = rig
         w_f, h_f = rig.feature_size
         self._rng = np.random.default_rng(seed)
@@ -554,15 +548,8 @@ class SeededInputs:
         self._depth_drawn = True
         w_f, h_f = self.rig.feature_size
         for _ in range(self.rig.n_cam):
-            # random_depth_probs(rng, (1, D, H_f, W_f), axis=1)[0], the same operations in place
-            # (one float64 camera block alive instead of three; tests pin the bytes)
-            logits = self._rng.standard_normal((self.rig.depth.n_bins, h_f, w_f))
-            logits -= logits.max(axis=0, keepdims=True)
-            np.exp(logits, out=logits)
-            logits /= logits.sum(axis=0, keepdims=True)
-            probs = logits.astype(np.float32)
-            del logits  # not alive while the caller uses probs
-            yield probs
+            # one camera's block of make_features' draw (the generator fills in C order)
+            yield random_depth_probs(self._rng, (1, self.rig.depth.n_bins, h_f, w_f), axis=1)[0]
 
 
 # --------------------------------------------------------------------------------------
@@ -591,8 +578,7 @@ class _Accumulator:
     def result(self, label: str, peak: float) -> OutputChange:
         mean_abs = self.sum_abs / self.count if self.count else 0.0
         mse = self.sum_sq / self.count if self.count else 0.0
-        psnr = math.inf if mse == 0.0 else 10.0 * math.log10(peak * peak / mse)
-        return OutputChange(label, self.max_abs, mean_abs, psnr, peak)
+        return OutputChange(label, self.max_abs, mean_abs, psnr_db(mse, peak), peak)
 
 
 def grid_output_change(
@@ -813,7 +799,7 @@ def diff_stores(
         StoreError: not a store, missing ``grid/``, damaged arrays (exit 2).
         UsageError: incomparable stores (``cannot compare: ...``) or bad options (exit 2).
     """
-    _check_feature_options(seed, channels)
+    check_feature_options(seed, channels)
     _check_gates(max_shift_px, max_coverage_change)
     store_old, store_new = load(old), load(new)
     store_old.group("grid")

@@ -34,6 +34,14 @@ MAX_CHANNELS = 512
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
+def check_feature_options(seed: int, channels: int) -> None:
+    """``--seed`` / ``--channels`` of the seeded inputs (``verify``, ``diff``): one-line usage errors."""
+    if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1 or channels > MAX_CHANNELS:
+        raise UsageError(f"--channels must be in [1, {MAX_CHANNELS}], got {channels}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+
+
 def make_features(
     rig: RigConfig, channels: int, seed: int
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
@@ -44,10 +52,7 @@ def make_features(
         depth_probs: ``(n_cam, D, H_f, W_f)`` float32, softmax over ``D`` (sums to 1 within float32).
         Both from ``numpy.random.default_rng(seed)``, features drawn first: same seed, same bytes.
     """
-    if channels < 1 or channels > MAX_CHANNELS:
-        raise UsageError(f"--channels must be in [1, {MAX_CHANNELS}], got {channels}")
-    if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
+    check_feature_options(seed, channels)
     w_f, h_f = rig.feature_size
     rng = np.random.default_rng(seed)
     features = rng.random((rig.n_cam, channels, h_f, w_f), dtype=np.float32)
