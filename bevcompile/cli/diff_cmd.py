@@ -15,7 +15,7 @@ from ..diff import SHIFT_PERCENTILE, CameraDiff, ShiftStats, StoreDiff, diff_sto
 from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, format_psnr
 from ._app import cli_command
-from ._options import JsonOption, QuietOption
+from ._options import FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
 from ._output import new_table, print_json, print_table, stdout_console
 
 VALUE_WIDTH = 120
@@ -185,8 +185,8 @@ def diff(
             show_default=False,
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random features (as bevcompile verify).")] = 0,
-    channels: Annotated[int, typer.Option("--channels", help="Feature channels C.")] = DEFAULT_CHANNELS,
+    seed: FeatureSeedOption = 0,
+    channels: FeatureChannelsOption = DEFAULT_CHANNELS,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:

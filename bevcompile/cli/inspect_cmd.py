@@ -16,7 +16,7 @@ from ..checks import InspectReport, StoreReport, count_arrays, inspect_store, re
 from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
-from ._options import DEFAULT_OUT, JsonOption, OutOption, QuietOption
+from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, OutOption, QuietOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 ATTR_VALUE_WIDTH = 90
@@ -128,8 +128,8 @@ def verify(
             show_default=False,
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random features.")] = 0,
-    channels: Annotated[int, typer.Option("--channels", help="Feature channels C.")] = DEFAULT_CHANNELS,
+    seed: FeatureSeedOption = 0,
+    channels: FeatureChannelsOption = DEFAULT_CHANNELS,
     out: OutOption = DEFAULT_OUT,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
