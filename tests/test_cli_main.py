@@ -49,3 +49,13 @@ def test_bare_command_prints_help_in_workflow_order_and_no_error_line(capsys: py
     commands = ["grid", "matrix", "inspect", "verify", "render", "export-onnx", "export-interop"]
     positions = [captured.out.find(f"│ {name} ") for name in commands]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
+
+
+def test_tables_are_120_columns_wide_in_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a terminal (CI log, pipe): 120 columns, so store tables do not fold; COLUMNS overrides."""
+    from bevcompile.cli._output import LOG_WIDTH, _console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _console(stderr=False).width == LOG_WIDTH == 120
+    monkeypatch.setenv("COLUMNS", "100")
+    assert _console(stderr=False).width == 100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,8 +13,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-stdout_console = Console(soft_wrap=True)
-stderr_console = Console(stderr=True, soft_wrap=True)
+LOG_WIDTH = 120
+"""Table width when the output is not a terminal (CI logs, pipes); rich's default there is 80,
+which folds the store tables. ``COLUMNS`` overrides it."""
+
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else LOG_WIDTH
+    return Console(stderr=stderr, soft_wrap=True, width=width)
+
+
+stdout_console = _console(stderr=False)
+stderr_console = _console(stderr=True)
 
 
 @contextmanager
