@@ -62,7 +62,11 @@ class ImageAug:
     """Calibrated image -> network input (BEVDet ``post_rot``/``post_tran``).
 
     Convention: input pixel ``u_in = u_image * resize - crop_left`` and
-    ``v_in = v_image * resize - crop_top`` (pixel centres at integers).
+    ``v_in = v_image * resize - crop_top`` (pixel centres at integers). The network input is
+    ``input_width x input_height``; its last ``pad_right`` columns and ``pad_bottom`` rows are
+    zero padding appended after the crop (mmdet's ``PadMultiViewImage``), so the crop window is
+    ``(input_width - pad_right) x (input_height - pad_bottom)`` and pixel coordinates are
+    unchanged by the padding.
     """
 
     resize: float
@@ -70,6 +74,8 @@ class ImageAug:
     crop_top: float
     input_width: int
     input_height: int
+    pad_right: int = 0
+    pad_bottom: int = 0
 
 
 @dataclass(frozen=True)
@@ -408,7 +414,7 @@ def _check_rotation(ctx: _Ctx, rotation: list[list[float]], field: str) -> None:
 # section parsers
 # --------------------------------------------------------------------------------------
 
-_AUG_KEYS = ("resize", "crop", "input_size")
+_AUG_KEYS = ("resize", "crop", "input_size", "pad")
 
 
 def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
@@ -430,6 +436,12 @@ def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
             if v <= 0:
                 raise ctx.fail(f"{field}.input_size[{i}]", f"must be > 0, got {v}")
         out["input_size"] = size
+    if "pad" in data:
+        pad = [_integer(ctx, v, f"{field}.pad[{i}]") for i, v in enumerate(_list(ctx, data["pad"], f"{field}.pad", 2))]
+        for i, v in enumerate(pad):
+            if v < 0:
+                raise ctx.fail(f"{field}.pad[{i}]", f"must be >= 0, got {v}")
+        out["pad"] = pad
     return out
 
 
@@ -531,24 +543,38 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
     override: dict[str, Any] = {}
     if "image_aug" in data:
         override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
-    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0]} | shared_aug | override
+    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | shared_aug | override
     aug_field = f"{field}.image_aug" if override else "image_aug"
     if "input_size" not in merged:
         raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
     resize = merged["resize"]
     crop_left, crop_top = merged["crop"]
     input_w, input_h = merged["input_size"]
+    pad_right, pad_bottom = merged["pad"]
+    if pad_right >= input_w or pad_bottom >= input_h:
+        pad_field = f"{field}.image_aug.pad" if "pad" in override else "image_aug.pad"
+        raise ctx.fail(pad_field, f"padding [{pad_right}, {pad_bottom}] must be smaller than input_size {input_w}x{input_h}")
+    window_w, window_h = input_w - pad_right, input_h - pad_bottom
     # BEVDet: resized image is (int(W * resize), int(H * resize)).
     resized_w = math.floor(width * resize + 1e-9)
     resized_h = math.floor(height * resize + 1e-9)
-    crop_field = f"{field}.image_aug.crop" if "crop" in override or "input_size" in override or "resize" in override else "image_aug.crop"
-    if crop_left < 0 or crop_top < 0 or crop_left + input_w > resized_w + 1e-9 or crop_top + input_h > resized_h + 1e-9:
+    crop_field = (
+        f"{field}.image_aug.crop"
+        if any(k in override for k in ("crop", "input_size", "resize", "pad"))
+        else "image_aug.crop"
+    )
+    if crop_left < 0 or crop_top < 0 or crop_left + window_w > resized_w + 1e-9 or crop_top + window_h > resized_h + 1e-9:
+        window = f"input_size {input_w}x{input_h}" if not (pad_right or pad_bottom) else (
+            f"input_size {input_w}x{input_h} - pad [{pad_right}, {pad_bottom}] = {window_w}x{window_h}"
+        )
         raise ctx.fail(
             crop_field,
-            f"crop window [{crop_left:g}, {crop_top:g}] + input_size {input_w}x{input_h} lies outside the resized "
+            f"crop window [{crop_left:g}, {crop_top:g}] + {window} lies outside the resized "
             f"image of camera {name!r} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
         )
-    image_aug = ImageAug(float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h))
+    image_aug = ImageAug(
+        float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom)
+    )
     return Camera(
         name=name,
         image_width=width,
@@ -730,6 +756,8 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
             "crop": [aug.crop_left, aug.crop_top],
             "input_size": [aug.input_width, aug.input_height],
         }
+        if aug.pad_right or aug.pad_bottom:  # only when used: configs without padding keep their hash
+            entry["image_aug"]["pad"] = [aug.pad_right, aug.pad_bottom]
         cameras.append(entry)
     bev = rig.bev
     out: dict[str, Any] = {"name": rig.name}

@@ -12,6 +12,7 @@ CONVENTIONS: dict[str, str] = {
     "bev_cells": "BEV arrays are [..., ny, nx]; cell (iy, ix) has centre (x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy); nx = round((x_max - x_min) / dx); flattened cell index = iy * nx + ix.",
     "pixel_centres": "Pixel coordinates are (u, v) = (column, row); integer values are pixel centres (OpenCV convention); grid coordinates are in FEATURE-map pixels.",
     "image_aug": "Image augmentation (BEVDet post_rot/post_tran): calibrated pixel u becomes input pixel u * resize - crop_left, v becomes v * resize - crop_top.",
+    "image_pad": "Image padding (image_aug pad [right, bottom]): the last right columns and bottom rows of the network input are zeros appended after the crop; pixel coordinates are unchanged and the feature map covers the padded input.",
     "feature_stride": "pixel_mapping stride: feature pixel j covers input pixels [j*s, (j+1)*s), so input u_in sits at feature (u_in - (s - 1) / 2) / s.",
     "feature_linspace": "pixel_mapping linspace: feature pixel j sits at input j * (W_in - 1) / (W_f - 1) (BEVDet frustum).",
     "feature_corner": "pixel_mapping corner: feature pixel j sits at input j * s, so input u_in sits at feature u_in / s (intrinsics divided by the stride: Fast-BEV, M2BEV).",

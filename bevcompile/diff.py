@@ -48,7 +48,7 @@ SHIFT_PERCENTILE = 99.0
 FEATURE_PEAK = 1.0
 MATRIX_CHUNK_ENTRIES = 1 << 18
 """Matrix entries lifted at once (bounds the ``(chunk, C)`` float64 working set)."""
-AUG_FIELDS = ("resize", "crop", "input_size")
+AUG_FIELDS = ("resize", "crop", "input_size", "pad")
 
 
 # --------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ Frames and pixel chain (see README "Conventions")::
 * ego: x forward, y left, z up, metres.
 * camera: OpenCV (x right, y down, z = optical axis), metres.
 * pixels: ``(u, v)`` = (column, row); integer values are pixel centres (OpenCV).
-* image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``.
+* image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``;
+  right/bottom padding of the network input (``image_aug.pad``) leaves coordinates unchanged.
 * feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
   ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``; ``corner`` mapping:
   ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``).

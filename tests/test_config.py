@@ -154,6 +154,11 @@ BAD_CASES: list[tuple[str, list[Any], Any, str, str]] = [
     ("image-size", ["cameras", 4, "image_size", 1], 0, "cameras[4].image_size[1]", "must be > 0"),
     ("crop", ["image_aug", "crop"], [0, 141], "image_aug.crop", "outside the resized image"),
     ("crop-negative", ["image_aug", "crop"], [-1, 0], "image_aug.crop", "outside the resized image"),
+    ("pad-negative", ["image_aug", "pad"], [0, -4], "image_aug.pad[1]", "must be >= 0, got -4"),
+    ("pad-length", ["image_aug", "pad"], [4], "image_aug.pad", "expected 2 values"),
+    ("pad-whole-input", ["image_aug", "pad"], [0, 256], "image_aug.pad", "must be smaller than input_size 704x256"),
+    ("pad-window-outside", ["cameras", 1, "image_aug"], {"crop": [0, 300], "pad": [0, 32]}, "cameras[1].image_aug.crop",
+     "input_size 704x256 - pad [0, 32] = 704x224 lies outside the resized image"),
     ("stride", ["feature", "stride"], 24, "image_aug.input_size", "not divisible by feature.stride 24"),
     ("step", ["bev", "y", 2], 0.0, "bev.y[2]", "step must be > 0"),
     ("min-max", ["bev", "x"], [10.0, -10.0, 0.5], "bev.x", "min must be < max"),
@@ -179,6 +184,35 @@ def test_bad_field_is_named(tmp_path: Path, case: str, path: list[Any], value: A
     assert message.startswith(f"{config}: {field}: "), message
     assert phrase in message, message
     assert "\n" not in message
+
+
+def test_convention_image_pad(tmp_path: Path) -> None:
+    """BEVFormer-style: the 1600x900 image, no resize, padded at the bottom to 1600x928 (a multiple of 32).
+    The crop window is input_size - pad; coordinates are unchanged by the padding; the feature map
+    covers the padded input; the stored config carries ``pad`` only when it is not zero (so configs
+    without padding keep their hash)."""
+    data = nuscenes_data()
+    data["image_aug"] = {"resize": 1.0, "crop": [0, 0], "input_size": [1600, 928], "pad": [0, 28]}
+    data["feature"] = {"stride": 32, "pixel_mapping": "normalized"}
+    rig = load_config(write_yaml(tmp_path / "rig.yaml", data))
+    aug = rig.cameras[0].image_aug
+    assert (aug.input_width, aug.input_height, aug.pad_right, aug.pad_bottom) == (1600, 928, 0, 28)
+    assert rig.feature_size == (50, 29)
+    assert config_to_dict(rig)["cameras"][0]["image_aug"]["pad"] == [0, 28]
+    again = parse_config(config_to_dict(rig))
+    assert config_sha256(again) == config_sha256(rig)
+    assert [c.image_aug for c in again.cameras] == [c.image_aug for c in rig.cameras]
+    # same augmentation without the padding field: no "pad" key, the hash of the unpadded form
+    plain = load_config(NUSCENES_YAML)
+    assert "pad" not in config_to_dict(plain)["cameras"][0]["image_aug"]
+    data["image_aug"]["pad"] = [0, 0]
+    data["image_aug"]["input_size"] = [1600, 896]
+    unpadded = load_config(write_yaml(tmp_path / "unpadded.yaml", data))
+    assert "pad" not in config_to_dict(unpadded)["cameras"][0]["image_aug"]
+    # the crop window (not the padded input) must lie inside the image: 900 rows fit, 901 do not
+    data["image_aug"] = {"input_size": [1600, 928], "pad": [0, 27]}
+    with pytest.raises(ConfigError, match="input_size 1600x928 - pad \\[0, 27\\] = 1600x901 lies outside"):
+        load_config(write_yaml(tmp_path / "bad.yaml", data))
 
 
 def test_duplicate_camera_names(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from bevcompile.geometry import (
     unproject_feature_to_ego,
     unproject_image_to_cam,
 )
+from bevcompile.grid import inside_feature_map
 
 from .rigs import distorted_rig, nuscenes_rig, small_rig, small_rig_data
 
@@ -149,17 +150,25 @@ def test_convention_feature_pixel_mappings(mapping: str, input_of_feature_11_7: 
     np.testing.assert_allclose(image_px_to_feature_px(rig, camera, image), [11.0, 7.0], rtol=0, atol=1e-12)
 
 
-def test_convention_normalized_mapping_is_bevformer_sampling(small_distorted_multi: RigConfig) -> None:
+@pytest.mark.parametrize("pad_bottom", [0, 8])
+def test_convention_normalized_mapping_is_bevformer_sampling(pad_bottom: int) -> None:
     """BEVFormer / DETR3D sample image features by projecting to input pixels (x, y), dividing by
-    the input size and calling grid_sample(align_corners=False) on 2 * loc - 1. With
-    ``pixel_mapping: normalized`` our grid/norm is that grid: same samples as torch on it."""
-    import dataclasses
-
-    rig = dataclasses.replace(small_distorted_multi, feature=dataclasses.replace(small_distorted_multi.feature, pixel_mapping="normalized"))
+    the (padded) input size and calling grid_sample(align_corners=False) on 2 * loc - 1. With
+    ``pixel_mapping: normalized`` our grid/norm is that grid: same samples as torch on it; with
+    ``image_aug.pad`` the padded rows are part of the map (BEVFormer pads 900 -> 928)."""
+    data = small_rig_data(distortion=True, heights=(-0.5, 0.0, 1.0), bev_half_m=20.0, pixel_mapping="normalized")
+    data["image_aug"]["input_size"] = [96, 64 + pad_bottom]
+    data["image_aug"]["pad"] = [0, pad_bottom]
+    rig = parse_config(data)
+    assert rig.feature_size == (12, 8 + pad_bottom // 8)
+    in_pad = 0
     w_in, h_in = rig.input_size
     w_f, h_f = rig.feature_size
     rng = np.random.default_rng(7)
     points_ego = np.stack([rng.uniform(-15, 15, 200), rng.uniform(-15, 15, 200), rng.uniform(-0.5, 1.0, 200)], axis=-1)
+    near_x, near_y = np.meshgrid(np.arange(-6.0, 6.01, 0.25), np.arange(-6.0, 6.01, 0.25))  # ground close to the rig:
+    near = np.stack([near_x.ravel(), near_y.ravel(), np.zeros(near_x.size)], axis=-1)  # the bottom image rows
+    points_ego = np.concatenate([points_ego, near])
     feats = torch.from_numpy(rng.random((1, 3, h_f, w_f)))
     for camera in rig.cameras:
         uv_f, ok = project_ego_to_feature(rig, camera, points_ego)
@@ -170,12 +179,14 @@ def test_convention_normalized_mapping_is_bevformer_sampling(small_distorted_mul
         y_in = uv_img[:, 1] * aug.resize - aug.crop_top
         grid_bevformer = np.stack([x_in / w_in, y_in / h_in], axis=-1) * 2 - 1
         grid_ours = np.stack([(2 * uv_f[:, 0] + 1) / w_f - 1, (2 * uv_f[:, 1] + 1) / h_f - 1], axis=-1)
-        keep = ok & ok_img
+        keep = ok & ok_img & inside_feature_map(uv_f, rig.feature_size)  # the VALID RULE
         assert keep.sum() > 20
+        in_pad += int(np.count_nonzero(keep & (y_in >= 64.0)))  # in the padded rows (edge of the real input at 64)
         np.testing.assert_allclose(grid_ours[keep], grid_bevformer[keep], rtol=0, atol=1e-12)
         ours = F.grid_sample(feats, torch.from_numpy(grid_ours[keep][None, None]), align_corners=False)
         theirs = F.grid_sample(feats, torch.from_numpy(grid_bevformer[keep][None, None]), align_corners=False)
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    assert (in_pad > 0) == (pad_bottom > 0)  # points in the padding are valid, as BEVFormer samples them
 
 
 def test_behind_the_camera_is_never_valid(nuscenes: RigConfig) -> None:
