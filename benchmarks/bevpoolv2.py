@@ -20,7 +20,6 @@ Results: a table on stdout and ``benchmarks/results/bevpoolv2-<rig>.json``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import resource
@@ -31,20 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from run import _digest, _machine  # the matrix benchmark's result hash and machine record (same folder)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "configs" / "dense-6cam.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _digest(arrays: dict[str, Any]) -> str:
-    import numpy as np
-
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(name.encode() + a.dtype.str.encode() + json.dumps(list(a.shape)).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
@@ -107,7 +97,7 @@ def child(kind: str, config: str, result_file: str) -> None:
         "points": rig.n_cam * rig.depth.n_bins * w_f * h_f,
         "kept": int(arrays["ranks_bev"].size),
         "intervals": int(arrays["interval_starts"].size),
-        "sha256": _digest(arrays),
+        "sha256": _digest(*(arrays[name] for name in sorted(arrays))),
     }))
 
 
@@ -149,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "equal_to_baseline": equal,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "threads": 1,
+        "machine": _machine(),
     }
     print(f"{best['points']:,} frustum points, {best['kept']:,} kept, {best['intervals']:,} intervals")
     print(f"{'build':<10} {'seconds':>9} {'peak RSS':>11}")

@@ -338,8 +338,6 @@ def layout_name(align: int, order: str) -> str:
     return f"flat_{order}"
 
 
-LAYOUTS = ("bev", "flat", *(f"flat_{order}" for order in ORDERS if order != "row"))
-
 
 def mean_index_jump(index_rows: npt.NDArray[np.integer], valid_rows: npt.NDArray[np.bool_]) -> float:
     """Mean ``|index[k+1, 0] - index[k, 0]|`` between consecutive VALID rows in gather order
@@ -375,7 +373,7 @@ def band_switches(
 class GatherLayout:
     """The tables as written to ``gather/`` (see the module docstring, LAYOUT)."""
 
-    layout: str  # one of LAYOUTS: "bev" | "flat" | "flat_cache" | "flat_feature"
+    layout: str  # layout_name(align, order): "bev" | "flat" | "flat_cache" | "flat_feature"
     index: npt.NDArray[np.int32]
     weight: npt.NDArray[np.float32]
     weight_u8: npt.NDArray[np.uint8]
