@@ -52,7 +52,7 @@ from .grid import (
     compute_sampling_grid,
     coverage_fraction,
 )
-from .store import STORE_FORMAT, GroupData, WriteReport, store_path, write_groups
+from .store import STORE_FORMAT, GroupData, WriteReport, check_replaceable, store_path, write_groups
 
 ProgressFn = Callable[[int], None]
 GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
@@ -471,11 +471,13 @@ def run_grid(
         max_error_px=max_error_px,
         npu=npu,
     ).validated()
-    built = build_grid_command(rig, options, progress=progress)
     path = store_path(out_dir, rig.name)
+    attrs = root_attributes(rig)
+    check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    built = build_grid_command(rig, options, progress=progress)
     report = write_groups(
         path,
-        root_attrs=root_attributes(rig),
+        root_attrs=attrs,
         groups=built.groups,
         force=force,
         replace_groups=GRID_COMMAND_GROUPS,

@@ -520,7 +520,8 @@ def check_context(loaded: InspectedStore, rig: RigConfig) -> CheckContext:
     )
 
 
-def _plugin_checks(loaded: InspectedStore) -> None:
+def run_plugin_checks(loaded: InspectedStore) -> None:
+    """Run every plug-in's ``check_<group>`` on a loaded store (inspect without --strict; verify too)."""
     report = loaded.report
     ctx: CheckContext | None = None
     for summary in report.groups:
@@ -618,7 +619,7 @@ def inspect_store(path: str | Path, *, strict: bool = False, progress: Callable[
     loaded.report.strict = strict
     if loaded.reader is None:
         return loaded.report
-    _plugin_checks(loaded)
+    run_plugin_checks(loaded)
     if strict:
         _strict_checks(loaded)
     return loaded.report

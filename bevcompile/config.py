@@ -29,6 +29,7 @@ import yaml
 from .errors import ConfigError
 
 MAX_BEV_CELLS = 10**8
+MAX_DEPTH_BINS = 4096
 QUATERNION_TOLERANCE = 1e-6
 ROTATION_TOLERANCE = 1e-6
 DEFAULT_CONFIG_NAME = "nuscenes.yaml"
@@ -324,7 +325,10 @@ def _number(ctx: _Ctx, value: Any, field: str) -> float:
             value = float(value)
         except ValueError:
             raise ctx.fail(field, f"expected a number, got string {value!r}") from None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ctx.fail(field, f"number too large ({len(str(value))} digits)") from None
     if not math.isfinite(number):
         raise ctx.fail(field, f"must be finite, got {number}")
     return number
@@ -544,7 +548,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
     if "image_aug" in data:
         override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
     merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | shared_aug | override
-    aug_field = f"{field}.image_aug" if override else "image_aug"
+    aug_field = f"{field}.image_aug" if override and not shared_aug else "image_aug"
     if "input_size" not in merged:
         raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
     resize = merged["resize"]
@@ -600,6 +604,8 @@ def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     if step <= 0:
         raise ctx.fail(f"{field}[2]", f"step must be > 0, got {step:g}")
     ratio = (hi - lo) / step
+    if not math.isfinite(ratio) or ratio > MAX_BEV_CELLS:
+        raise ctx.fail(field, f"{ratio:.3g} steps of {step:g} m from {lo:g} to {hi:g} m exceeds the limit of {MAX_BEV_CELLS:,} cells")
     n = round(ratio)
     if n < 1 or abs(ratio - n) > 1e-6 * max(1.0, ratio):
         raise ctx.fail(field, f"range {hi - lo:g} m is not a whole number of {step:g} m steps ({ratio:.6g})")
@@ -638,9 +644,12 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
         raise ctx.fail("depth.bins[0]", f"depths are distances in front of the camera and must be > 0, got {start:g}")
     if stop <= start:
         raise ctx.fail("depth.bins", f"stop must be > start, got [{start:g}, {stop:g}]")
-    n_bins = math.ceil((stop - start) / step - 1e-9)  # len(torch.arange(start, stop, step))
-    if n_bins > 4096:
-        raise ctx.fail("depth.bins", f"{n_bins} depth bins is more than the limit of 4096")
+    ratio = (stop - start) / step
+    if not math.isfinite(ratio) or ratio > 2 * MAX_DEPTH_BINS:
+        raise ctx.fail("depth.bins", f"{ratio:.6g} depth bins is more than the limit of {MAX_DEPTH_BINS}")
+    n_bins = math.ceil(ratio - 1e-9)  # len(torch.arange(start, stop, step))
+    if n_bins > MAX_DEPTH_BINS:
+        raise ctx.fail("depth.bins", f"{n_bins} depth bins is more than the limit of {MAX_DEPTH_BINS}")
     return DepthSpec(start, stop, step, n_bins)
 
 
@@ -691,7 +700,7 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
         aug = camera.image_aug
         for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
             if size % feature.stride:
-                where = f"cameras[{i}].image_aug.input_size" if camera.image_aug_override else "image_aug.input_size"
+                where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
                 raise ctx.fail(where, f"input {axis} {size} is not divisible by feature.stride {feature.stride}")
         if cameras:
             first = cameras[0].image_aug

@@ -705,6 +705,8 @@ def run_export_interop(
     for target in targets:
         if target not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+    if npy_dir is not None and Path(npy_dir).exists() and not Path(npy_dir).is_dir():
+        raise UsageError(f"--npy {npy_dir}: is a file; give a folder for the .npy files")
     store = load(store_path, verify=False)
     rig = store.rig
     notes: list[str] = []

@@ -160,9 +160,9 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
         return out
     valid = ctx.grid_arrays.get("valid")
     coords = ctx.grid_arrays.get("coords")
-    if valid is None or coords is None:
-        out.append(Check("matches grid/", where, False, "grid/valid or grid/coords unavailable: cannot check the LUT"))
-        return out
+    if valid is None or coords is None:  # a store without grid/ (matrix + export-interop): the projection itself
+        truth = ctx.sampling_grid()
+        valid, coords = truth.valid, truth.coords_feature_px
     valid = np.asarray(valid, dtype=bool)
     coords64 = np.asarray(coords, dtype=np.float64)
     seen = valid.any(axis=0)

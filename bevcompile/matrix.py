@@ -64,6 +64,8 @@ from .errors import UsageError
 from .matrix_entries import CameraRays, Entries, camera_rays, frustum_entries, grid_entries, select_topk
 from .matrix_layout import (
     INT8_MAX,
+    MAX_PRODUCT_SLOTS,
+    check_product_slots,
     coo_to_dense,
     dequantize_rows_int8,
     ell_layout,
@@ -75,10 +77,11 @@ from .matrix_layout import (
     tile_layout,
     tile_scales_and_int8,
 )
-from .store import GroupData, WriteReport, store_path, write_groups
+from .store import GroupData, WriteReport, check_replaceable, store_path, write_groups
 
 __all__ = [
     "INT8_MAX",
+    "MAX_PRODUCT_SLOTS",
     "CameraRays",
     "Entries",
     "MatrixFigures",
@@ -163,6 +166,8 @@ class MatrixOptions:
             isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int) or self.tile_rows < 1
         ):
             raise UsageError(f"--tile-rows must be an integer >= 1, got {self.tile_rows!r}")
+        if self.mode == "grid" and self.rounding != "floor":
+            raise UsageError(f"--rounding {self.rounding} applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)")
         if self.align > 65536:
             raise UsageError(f"--align must be <= 65536, got {self.align}")
         if not isinstance(self.compact_rows, bool):
@@ -291,6 +296,33 @@ def n_columns(rig: RigConfig, mode: str) -> int:
     return rig.n_cam * per_cam
 
 
+def check_planned_sizes(options: MatrixOptions, n_cells: int) -> None:
+    """Refuse, before any work, options whose padded products could not be allocated.
+
+    Lower bounds only (the K = 0 ELL and the exact tile sizes are checked again once known):
+    ELL ``round_up(rows, align) x round_up(K, align)``; tiles at least ``ceil(rows / R) R x align``.
+    """
+    a = options.align
+    rows_low = 1 if options.compact_rows else n_cells
+    rows_pad = round_up(rows_low, a)
+    if options.topk > 0:
+        k_pad = round_up(options.topk, a)
+        check_product_slots(
+            f"ELL ({rows_pad:,} rows_pad x {k_pad:,} k_pad, from --topk {options.topk:,} --align {a:,})",
+            rows_pad * k_pad,
+            "lower --topk or --align",
+        )
+    else:
+        check_product_slots(f"ELL (at least {rows_pad:,} rows_pad x {a:,} k_pad, from --align {a:,})", rows_pad * a, "lower --align")
+    if options.tile_rows is not None:
+        r = options.tile_rows
+        check_product_slots(
+            f"the tiles (at least {-(-rows_low // r) * r:,} rows x {a:,} columns, from --tile-rows {r:,} --align {a:,})",
+            -(-rows_low // r) * r * a,
+            "use fewer --tile-rows or a smaller --align",
+        )
+
+
 def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None) -> MatrixProducts:
     """Build every product of the sparse aggregation matrix of ``rig`` (see module docstring).
 
@@ -306,6 +338,7 @@ def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress:
     n_cols = n_columns(rig, options.mode)
     if n_cols > MAX_INDEX or n_cells > MAX_INDEX:
         raise UsageError(f"matrix of {n_cells:,} rows x {n_cols:,} columns does not fit int32 indices")
+    check_planned_sizes(options, n_cells)
     if options.mode == "frustum":
         res = frustum_entries(rig, splat=options.splat, rounding=options.rounding, topk=options.topk, progress=progress)
         kept, total_mass = res.kept, res.total_mass
@@ -382,6 +415,7 @@ def assemble_products(
     rows_pad = round_up(max(n_rows, 1), align)
     cols_pad = round_up(n_cols, align)
     k_pad = round_up(options.topk, align) if options.topk > 0 else round_up(max(max_nnz, 1), align)
+    check_product_slots(f"ELL ({rows_pad:,} rows_pad x {k_pad:,} k_pad)", rows_pad * k_pad, "set --topk to bound the row length")
     coo_row = rows.astype(np.int32)
     coo_col = kept.col.astype(np.int32)
     ell_index, ell_weight = ell_layout(coo_row, coo_col, coo_val, rows_pad, k_pad)
@@ -691,13 +725,15 @@ def run_matrix(
     (atomically; creates the store if needed, keeps the other groups of a same-config store,
     refuses another config's store unless ``force``)."""
     options = (options or MatrixOptions()).validate()
+    path = store_path(out_dir, rig.name)
+    attrs = root_attributes(rig)
+    check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
     t0 = time.perf_counter()
     products = build_matrix(rig, options, progress=progress)
     seconds = time.perf_counter() - t0
-    path = store_path(out_dir, rig.name)
     report = write_groups(
         path,
-        root_attrs=root_attributes(rig),
+        root_attrs=attrs,
         groups={"matrix": matrix_group(products, rig)},
         force=force,
         replace_groups=MATRIX_COMMAND_GROUPS,

@@ -140,7 +140,7 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         n_rows = int(row_ids.size)
         good = bool(row_ids.size == 0 or (row_ids.min() >= 0 and row_ids.max() < n_cells and np.all(np.diff(row_ids) > 0)))
         out.add("row_ids", "row_ids", good, f"{n_rows} row ids strictly increasing in [0, {n_cells})" if good else f"row_ids not strictly increasing within [0, {n_cells})")
-        row_cells = row_ids
+        row_cells: I64 | None = row_ids if good else None
     else:
         n_rows = n_cells
         row_cells = np.arange(n_cells, dtype=np.int64)
@@ -178,17 +178,20 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     if "ell_index" in ok_arrays and "ell_weight" in ok_arrays:
         _check_ell(out, ok_arrays["ell_index"], ok_arrays["ell_weight"], row, col, val, nnz_row, (rows_pad, k_pad), n_cols)
     # tiles
+    tiles_ok: bool | None = None  # None: no tiles, or tile arrays missing (the contract check says so)
     if options.tile_rows is not None and all(n in ok_arrays for n in TILE_ARRAYS):
-        _check_tiles(out, ok_arrays, options, row, col, val, n_rows, n_cols, attrs)
+        tiles_ok = _check_tiles(out, ok_arrays, options, row, col, val, n_rows, n_cols, attrs)
     # int8
     if options.quantize == "int8":
-        _check_int8(out, ok_arrays, options, attrs)
+        _check_int8(out, ok_arrays, options, attrs, tiles_ok)
     # camera mass
     if "camera_mass" in ok_arrays:
         mass = ok_arrays["camera_mass"]
         want_shape = (rig.n_cam, ny, nx)
         if mass.shape != want_shape:
             out.add("camera_mass", "camera_mass", False, f"shape {mass.shape} vs {want_shape}")
+        elif row_cells is None:
+            out.add("camera_mass", "camera_mass", False, "not checked: row_ids is invalid, so rows cannot be mapped to BEV cells")
         else:
             cam = col // (n_cols // rig.n_cam)
             cells = row_cells[row]
@@ -230,6 +233,18 @@ def _check_ell(
     pad_weight = weight[~used]
     pad_ok = bool(np.all(pad_weight == 0))
     out.add("ell_padding_zero", "ell_weight", pad_ok, f"{pad_weight.size} padding slot(s), all weight 0" if pad_ok else f"{int(np.count_nonzero(pad_weight))} padding slot(s) with non-zero weight")
+    starts = np.flatnonzero(counts[: nnz_row.size] > 0)
+    first_col = np.zeros(rows_pad, dtype=np.int64)
+    first_col[starts] = col[np.cumsum(np.r_[0, nnz_row])[starts]] if col.size else 0
+    pad_index = index[~used].astype(np.int64)
+    want_pad = np.broadcast_to(first_col[:, None], index.shape)[~used]
+    n_bad_pad = int(np.count_nonzero(pad_index != want_pad))
+    out.add(
+        "ell_padding_index",
+        "ell_index",
+        n_bad_pad == 0,
+        "every padding slot indexes its row's first column (0 for empty rows)" if n_bad_pad == 0 else f"{n_bad_pad} padding slot(s) do not index their row's first column",
+    )
     got_col = index[used].astype(np.int64)
     got_val = weight[used]
     same = bool(got_col.size == col.size and np.array_equal(got_col, col) and np.array_equal(got_val, val))
@@ -246,31 +261,34 @@ def _check_tiles(
     n_rows: int,
     n_cols: int,
     attrs: Mapping[str, Any],
-) -> None:
+) -> bool:
     r = int(options.tile_rows or 1)
     cols = arrays["tile_cols"].astype(np.int64)
     offsets = arrays["tile_col_offsets"]
     weight = arrays["tile_weight"]
     n_tiles = -(-n_rows // r) if n_rows else 0
     widths = np.diff(offsets)
-    layout_ok = bool(
-        offsets.size == n_tiles + 1
-        and offsets[0] == 0
-        and offsets[-1] == cols.size
-        and np.all(widths >= options.align)
-        and np.all(widths % options.align == 0)
-        and weight.size == r * cols.size
-    )
+    problems = []
+    if offsets.size != n_tiles + 1:
+        problems.append(f"{offsets.size} offsets, want n_tiles + 1 = {n_tiles + 1}")
+    if offsets.size and offsets[0] != 0:
+        problems.append(f"first offset {int(offsets[0])}, want 0")
+    if offsets.size and offsets[-1] != cols.size:
+        problems.append(f"last offset {int(offsets[-1])}, want len(tile_cols) = {cols.size}")
+    bad_width = np.flatnonzero((widths < options.align) | (widths % options.align != 0))
+    if bad_width.size:
+        problems.append(f"{bad_width.size} tile width(s) not a positive multiple of align {options.align} (tile {int(bad_width[0])}: {int(widths[bad_width[0]])})")
+    if weight.size != r * cols.size:
+        problems.append(f"tile_weight holds {weight.size} values, want R x len(tile_cols) = {r * cols.size}")
+    layout_ok = not problems
     out.add(
         "tiles_layout",
         "tile_col_offsets",
         layout_ok,
-        f"{n_tiles} tiles of {r} rows, widths multiples of align {options.align}, tile_weight = R x sum(widths)"
-        if layout_ok
-        else f"offsets {offsets.size} (want {n_tiles + 1}), first {offsets[:1].tolist()}, last {offsets[-1:].tolist()} vs {cols.size} cols, weight size {weight.size} vs {r * cols.size}",
+        f"{n_tiles} tiles of {r} rows, widths multiples of align {options.align}, tile_weight = R x sum(widths)" if layout_ok else "; ".join(problems),
     )
     if not layout_ok:
-        return
+        return False
     in_range = bool(cols.size == 0 or (cols.min() >= 0 and cols.max() < n_cols))
     out.add("tiles_in_range", "tile_cols", in_range, f"every tile column in [0, {n_cols})")
     sorted_ok = all(np.all(np.diff(cols[offsets[t] : offsets[t + 1]]) >= 0) for t in range(n_tiles))
@@ -297,15 +315,19 @@ def _check_tiles(
     out.add("tiles_reconstruct_coo", "tile_weight", same, "non-zero tile entries equal the COO entries exactly" if same else f"tiles hold {t_row.size} non-zero entries vs {row.size} in COO, or values/columns differ")
     recorded = attrs.get("tiles", {}).get("n_tiles") if isinstance(attrs.get("tiles"), Mapping) else None
     out.add("attrs", "", recorded == n_tiles, f"tiles.n_tiles {recorded} vs recomputed {n_tiles}")
+    return True
 
 
-def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixOptions, attrs: Mapping[str, Any]) -> None:
+def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixOptions, attrs: Mapping[str, Any], tiles_ok: bool | None) -> None:
     info = attrs.get("int8") if isinstance(attrs.get("int8"), Mapping) else {}
     recorded = info.get("max_rel_error") if isinstance(info, Mapping) else None
     worst = 0.0
     pairs: list[tuple[str, str, str, int | None]] = [("ell_weight", "ell_weight_int8", "row_scale", None)]
     if options.tile_rows is not None:
-        pairs.append(("tile_weight", "tile_weight_int8", "tile_row_scale", options.tile_rows))
+        if tiles_ok or tiles_ok is None:
+            pairs.append(("tile_weight", "tile_weight_int8", "tile_row_scale", options.tile_rows))
+        else:
+            out.add("int8_values", "tile_weight_int8", False, "not checked: the tile layout is invalid (see tiles_layout)")
     for wname, qname, sname, tile_rows in pairs:
         if not all(n in arrays for n in (wname, qname, sname)):
             continue

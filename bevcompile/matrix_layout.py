@@ -10,11 +10,26 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .errors import UsageError
+
 INT8_MAX = 127
+MAX_PRODUCT_SLOTS = 1 << 28
+"""Largest padded product (ELL ``rows_pad * k_pad``, tile blocks ``R * sum(widths)``) a build
+allocates: 2^28 slots = 1 GiB per float32 array. Larger requests are a :class:`UsageError`
+raised before any allocation (they come from a mistyped ``--topk``/``--align``/``--tile-rows``)."""
 
 
 def round_up(value: int, multiple: int) -> int:
     return -(-int(value) // int(multiple)) * int(multiple)
+
+
+def check_product_slots(what: str, n_slots: int, hint: str) -> None:
+    """Raise :class:`UsageError` if a padded product of ``n_slots`` would exceed :data:`MAX_PRODUCT_SLOTS`."""
+    if n_slots > MAX_PRODUCT_SLOTS:
+        raise UsageError(
+            f"{what} would hold {n_slots:,} slots ({n_slots * 4 / 2**30:,.1f} GiB per float32 array), "
+            f"over the {MAX_PRODUCT_SLOTS:,}-slot limit of one product; {hint}"
+        )
 
 
 def coo_to_dense(
@@ -85,6 +100,11 @@ def tile_layout(
     np.cumsum(padded, out=offsets[1:])
     first_unique = np.zeros(n_tiles + 1, dtype=np.int64)
     np.cumsum(counts, out=first_unique[1:])
+    check_product_slots(
+        f"the tiles ({n_tiles:,} tiles of --tile-rows {tile_rows:,} rows, {int(offsets[-1]):,} columns in all)",
+        tile_rows * int(offsets[-1]),
+        "use fewer --tile-rows",
+    )
     tile_cols = np.zeros(int(offsets[-1]), dtype=np.int32)
     for t in range(n_tiles):
         used = unique_col[first_unique[t] : first_unique[t + 1]]

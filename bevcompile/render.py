@@ -194,6 +194,11 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
     if out_path.is_dir():
         raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
+    if not reader.has_group("grid"):
+        raise StoreError(
+            f"{store}: has no grid/ group, and the picture draws camera coverage from grid/valid; "
+            f"run `bevcompile grid` on the rig (it keeps the matrix/ group) and render again"
+        )
     valid = reader.read("grid", "valid")
     expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
     if valid.dtype != np.bool_ or valid.shape != expected:

@@ -171,6 +171,84 @@ def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
     return sizes
 
 
+def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) -> bool:
+    """Whether a write of config ``new_sha`` may go to ``path``; True if an existing store of the
+    same config is there (its other groups are kept), False if there is nothing to keep.
+
+    Raises :class:`StoreConflictError` (unless ``force``) for a store of another config, a zarr
+    store that is not a bevcompile store, or a directory that is not a readable store;
+    :class:`StoreError` for a path that exists and is not a directory. Cheap: the builders call
+    it before any work so that a refusal costs nothing, and :func:`write_groups` again.
+    """
+    path = Path(path)
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise StoreError(f"{path}: exists and is not a directory")
+    try:
+        old_sha = open_store(path).root_attrs.get("config_sha256")
+    except StoreError as exc:
+        if not force:
+            raise StoreConflictError(f"{path}: exists but is not a readable bevcompile store ({exc}); pass --force to replace it") from None
+        return False
+    if old_sha == new_sha:
+        return True
+    if force:
+        return False
+    if not isinstance(old_sha, str):
+        raise StoreConflictError(f"{path}: exists but is not a bevcompile store (no config_sha256 in its root attributes); pass --force to replace it")
+    raise StoreConflictError(
+        f"{path}: was built from a different config (config_sha256 {old_sha[:12]}…, new {new_sha[:12]}…); pass --force to replace it"
+    )
+
+
+TMP_MARK = ".tmp-"
+OLD_MARK = ".old-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's) or cannot tell: leave its files alone
+    return True
+
+
+def recover_interrupted_writes(path: str | Path) -> list[Path]:
+    """Clean up after writers of ``path`` that were killed (SIGKILL, power loss) mid-write.
+
+    A writer builds ``.<name>.tmp-<pid>-<rand>`` beside the store and swaps it in through
+    ``.<name>.old-<pid>-<rand>``. For a writer whose process no longer exists: its temporary is
+    deleted; its ``.old-`` copy is renamed back to ``<name>`` if the kill fell between the two
+    renames (no store at ``path``), else deleted. Files of live processes are left alone.
+    Returns the paths removed or restored.
+    """
+    path = Path(path)
+    touched: list[Path] = []
+    if not path.parent.is_dir():
+        return touched
+    prefix = f".{path.name}"
+    for sibling in sorted(path.parent.iterdir()):
+        name = sibling.name
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix) :]
+        mark = TMP_MARK if rest.startswith(TMP_MARK) else OLD_MARK if rest.startswith(OLD_MARK) else None
+        if mark is None:
+            continue
+        pid_text = rest[len(mark) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        if mark == OLD_MARK and not path.exists():
+            os.rename(sibling, path)
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+        touched.append(sibling)
+    return touched
+
+
 def write_groups(
     path: str | Path,
     *,
@@ -197,28 +275,11 @@ def write_groups(
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"{parent}: cannot create output folder ({exc.strerror or exc})") from None
-    if path.exists() and not path.is_dir():
-        raise StoreError(f"{path}: exists and is not a directory")
-
-    carry_over = False
+    recover_interrupted_writes(path)
     existed = path.exists()
-    if existed:
-        try:
-            old_attrs = open_store(path).root_attrs
-            old_sha = old_attrs.get("config_sha256")
-        except StoreError as exc:
-            if not force:
-                raise StoreConflictError(f"{path}: exists but is not a readable bevcompile store ({exc}); pass --force to replace it") from None
-            old_sha = None
-        if old_sha == new_sha:
-            carry_over = True
-        elif old_sha is not None and not force:
-            raise StoreConflictError(
-                f"{path}: was built from a different config (config_sha256 {str(old_sha)[:12]}…, "
-                f"new {new_sha[:12]}…); pass --force to replace it"
-            )
+    carry_over = check_replaceable(path, new_sha, force=force)
 
-    tmp = parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = parent / f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     sizes: dict[str, int] = {}
     kept: list[str] = []
     try:
@@ -250,7 +311,7 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
     if not path.exists():
         os.rename(tmp, path)
         return
-    old = path.parent / f".{path.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    old = path.parent / f".{path.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.rename(path, old)
     try:
         os.rename(tmp, path)

@@ -6,9 +6,9 @@ peak, the feature range, is 1) and LSS depth probabilities ``(n_cam, D, H_f, W_f
 every plug-in's ``verify_<group>`` compares its products with the float reference and returns
 one :class:`~bevcompile.checks_api.VerifyRow` per product and camera.
 
-The store is read with the same robust loader as ``inspect``: an unreadable array, a content
-hash mismatch or an unusable stored config becomes a failed row (product ``integrity``), never
-a traceback. Pure: nothing here prints.
+The store is read with the same robust loader as ``inspect`` and gets inspect's integrity
+checks (without ``--strict``): an unreadable array, a content hash mismatch, an unusable stored
+config or a broken invariant becomes a failed row (product ``integrity``), never a traceback. Pure: nothing here prints.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .checks import call_plugin, check_context, load_store, plugin_functions
+from .checks import call_plugin, check_context, load_store, plugin_functions, run_plugin_checks
 from .checks_api import VerifyRow
 from .config import RigConfig, config_sha256, load_config
 from .errors import CheckFailed, StoreError, UsageError
@@ -192,6 +192,7 @@ def verify_store(
         raise StoreError(f"{path}: not a readable store ({loaded.report.checks[0].reason})")
     if expected_rig is not None:
         check_not_stale(Path(path), expected_rig, loaded.root_attrs.get("config_sha256"))
+    run_plugin_checks(loaded)  # the integrity checks of inspect (without --strict): a damaged store fails verify too
     report.notes.extend(loaded.report.notes)
     for check in loaded.report.failures:
         report.rows.append(_integrity_row(check.array, f"{check.name}: {check.reason}"))

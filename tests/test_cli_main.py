@@ -59,3 +59,24 @@ def test_tables_are_120_columns_wide_in_logs(monkeypatch: pytest.MonkeyPatch) ->
     assert _console(stderr=False).width == LOG_WIDTH == 120
     monkeypatch.setenv("COLUMNS", "100")
     assert _console(stderr=False).width == 100
+
+
+def test_out_of_memory_is_one_line_exit_2_and_writes_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A config under the 10^8-cell limit can still exceed the machine's memory: one line, not a traceback."""
+    import bevcompile.build as build_module
+
+    def too_big(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise MemoryError("Unable to allocate 2.24 GiB for an array with shape (6, 1, 5000, 5000, 2) and data type float64")
+
+    monkeypatch.setattr(build_module, "build_grid_command", too_big)
+    with pytest.raises(SystemExit) as info:
+        main(["grid", "--out", str(tmp_path), "--quiet"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: out of memory (Unable to allocate 2.24 GiB for an array with shape (6, 1, 5000, 5000, 2) and data type float64); "
+        "nothing was written. The rig is too large for this machine: use coarser bev steps, fewer heights, cameras or depth bins\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -170,7 +170,25 @@ BAD_CASES: list[tuple[str, list[Any], Any, str, str]] = [
     ("depth-step", ["depth", "bins"], [1.0, 60.0, -1.0], "depth.bins[2]", "step must be > 0"),
     ("heights-empty", ["bev", "heights"], [], "bev.heights", "at least one height"),
     ("name-unsafe", ["name"], "../evil", "name", "file-name-safe"),
+    ("huge-integer", ["cameras", 0, "intrinsic", 0, 0], 10**400, "cameras[0].intrinsic[0][0]", "number too large (401 digits)"),
+    ("range-overflows", ["bev", "x"], [-1e308, 1e308, 1e300], "bev.x", "inf steps of 1e+300 m from -1e+308 to 1e+308 m exceeds the limit"),
+    ("tiny-step", ["bev", "y"], [-1.0, 1.0, 1e-300], "bev.y", "2e+300 steps of 1e-300 m from -1 to 1 m exceeds the limit of 100,000,000 cells"),
+    ("depth-bins-overflow", ["depth", "bins"], [1.0, 1e308, 1e-300], "depth.bins", "inf depth bins is more than the limit of 4096"),
+    ("depth-bins-many", ["depth", "bins"], [1.0, 5000.0, 1.0], "depth.bins", "4999 depth bins is more than the limit of 4096"),
 ]
+
+
+def test_stride_error_names_the_top_level_input_size_when_a_camera_overrides_other_fields(tmp_path: Path) -> None:
+    data = nuscenes_data()
+    data["image_aug"]["input_size"] = [700, 256]
+    data["cameras"][0]["image_aug"] = {"crop": [0, 100]}
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    with pytest.raises(ConfigError, match=r"rig.yaml: image_aug.input_size: input width 700 is not divisible by feature.stride 16$"):
+        load_config(config)
+    data["cameras"][0]["image_aug"] = {"input_size": [700, 256]}
+    data["image_aug"]["input_size"] = [704, 256]
+    with pytest.raises(ConfigError, match=r"rig.yaml: cameras\[0\].image_aug.input_size: input width 700 is not divisible"):
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
 
 
 @pytest.mark.parametrize(("case", "path", "value", "field", "phrase"), BAD_CASES, ids=[c[0] for c in BAD_CASES])

@@ -90,6 +90,20 @@ def test_version_and_help() -> None:
     assert result.exit_code == 0 and "--align-corners" in result.stdout
 
 
+@pytest.mark.parametrize("command", ["grid", "matrix", "inspect", "verify", "render", "diff", "export-onnx", "export-interop"])
+def test_help_shows_no_value_type_for_flags(command: str) -> None:
+    """Flags take no value: a `<bool>` type column would read as `--force true` (then `true` is the CONFIG path)."""
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    assert "<bool>" not in result.stdout and "--json" in result.stdout
+
+
+def test_align_corners_clamp_warning_is_on_stderr_even_when_quiet(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["grid", "--out", str(tmp_path), "--align-corners", "--quiet"])
+    assert result.exit_code == 0 and result.stdout == ""
+    assert " ".join(result.stderr.split()).startswith("warning: with --align-corners, norm_int16 clamps 362 valid border cell(s) by up to 0.5 px")
+
+
 def test_summary_never_rounds_a_seen_camera_to_zero_coverage() -> None:
     from bevcompile.cli.grid_cmd import _percent
 

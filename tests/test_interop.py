@@ -475,8 +475,8 @@ def _context(store: Path) -> tuple[CheckContext, dict[str, np.ndarray], dict]:
         rig=loaded.rig,
         store_path=str(store),
         root_attrs=dict(loaded.root_attrs),
-        grid_arrays={k: np.asarray(loaded["grid"][k]) for k in ("valid", "coords", "norm")},
-        grid_attrs=dict(loaded["grid"].attrs),
+        grid_arrays={k: np.asarray(loaded["grid"][k]) for k in ("valid", "coords", "norm")} if loaded.has_group("grid") else {},
+        grid_attrs=dict(loaded["grid"].attrs) if loaded.has_group("grid") else {},
     )
     group = loaded["interop"]
     return ctx, {k: np.array(group[k]) for k in group}, json.loads(json.dumps(dict(group.attrs), default=lambda o: list(o) if isinstance(o, tuple) else dict(o)))
@@ -551,3 +551,27 @@ def test_interop_plugin_reports_missing_array_and_options(interop_store: Path) -
     assert [(c.name, c.array) for c in failed] == [("present", "interop/bevpoolv2_ranks_feat")]
     failed = [c for c in check_interop(ctx, arrays, {}) if not c.passed]
     assert failed and "no build_options" in failed[0].reason
+
+
+def test_interop_on_a_store_without_grid_passes_inspect(tmp_path: Path, small_distorted_multi: RigConfig) -> None:
+    """matrix -> export-interop -> inspect: without grid/ the LUT is checked against the projection
+    recomputed from the stored config, so a correct store passes and a damaged LUT still fails."""
+    from bevcompile.checks import inspect_store
+    from bevcompile.matrix import run_matrix
+
+    store = run_matrix(small_distorted_multi, tmp_path, MatrixOptions(topk=4, align=4)).store
+    run_export_interop(store, {"fastbev-lut": FastBevOptions("nearest-centre").to_dict()})
+    report = inspect_store(store)
+    assert report.passed, report.failure_lines()
+    assert any(c.name.startswith("overlap policy") and c.passed for c in report.checks)
+    ctx, arrays, attrs = _context(store)
+    arrays["fastbev_lut"] = np.where(arrays["fastbev_lut"] < 0, 0, arrays["fastbev_lut"]).astype(np.int32)
+    assert any(c.name.startswith("-1 exactly where") for c in check_interop(ctx, arrays, attrs) if not c.passed)
+
+
+def test_npy_into_an_existing_file_is_a_usage_error(interop_store: Path, tmp_path: Path) -> None:
+    target = tmp_path / "arrays.npy"
+    target.write_bytes(b"keep")
+    with pytest.raises(UsageError, match=r"--npy .*arrays.npy: is a file; give a folder for the .npy files"):
+        run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=target)
+    assert target.read_bytes() == b"keep"

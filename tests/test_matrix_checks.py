@@ -19,6 +19,7 @@ from bevcompile.cli import app
 from bevcompile.config import RigConfig
 from bevcompile.matrix import MatrixOptions, build_matrix, matrix_attributes, run_matrix
 from bevcompile.reference_pool import bev_pool
+from bevcompile.store import open_store
 from bevcompile.verify import make_features
 
 from .rigs import small_rig
@@ -92,7 +93,24 @@ DAMAGE: list[tuple[str, Callable[[dict[str, np.ndarray], dict[str, Any]], None],
     ("negative value", lambda a, _: a["coo_val"].__setitem__(3, -a["coo_val"][3]), {("coo_values", "matrix/coo_val")}),
     ("row_ids", lambda a, _: a["row_ids"].__setitem__(1, a["row_ids"][0]), {("row_ids", "matrix/row_ids")}),
     ("dtype", lambda a, _: a.__setitem__("coo_val", a["coo_val"].astype(np.float64)), {("contract", "matrix/coo_val")}),
+    ("ell padding moved", lambda a, _: _move_padding_index(a), {("ell_padding_index", "matrix/ell_index")}),
+    (
+        "row_ids out of range",
+        lambda a, _: a["row_ids"].__setitem__(-1, 10**6),
+        {("row_ids", "matrix/row_ids"), ("camera_mass", "matrix/camera_mass")},
+    ),
+    (
+        "negative tile offset",
+        lambda a, _: a["tile_col_offsets"].__setitem__(1, -8),
+        {("tiles_layout", "matrix/tile_col_offsets"), ("int8_values", "matrix/tile_weight_int8")},
+    ),
 ]
+
+
+def _move_padding_index(a: dict[str, np.ndarray]) -> None:
+    """Point the last (padding) slot of the first non-full row at another in-range column."""
+    r = int(np.flatnonzero(a["ell_weight"][:, -1] == 0)[0])
+    a["ell_index"][r, -1] = a["ell_index"][r, 0] + 1
 
 
 @pytest.mark.parametrize(("label", "damage", "expected"), DAMAGE, ids=[d[0] for d in DAMAGE])
@@ -101,6 +119,18 @@ def test_each_damage_fails_the_check_that_names_it(label: str, damage: Callable[
     damage(arrays, attrs)
     failed = _failed(mc.check_matrix(_ctx(MULTI), arrays, attrs))
     assert expected <= failed, (label, failed)
+
+
+def test_a_broken_precondition_keeps_the_specific_failures() -> None:
+    """An out-of-range row id or a broken tile layout is named; the dependent checks do not crash."""
+    arrays, attrs = _group(MULTI, FULL)
+    arrays["row_ids"][-1] = 10**6
+    arrays["tile_col_offsets"][[1, 2]] = arrays["tile_col_offsets"][[2, 1]]
+    checks = mc.check_matrix(_ctx(MULTI), arrays, attrs)
+    by_name = {c.name: c for c in checks if not c.passed}
+    assert "plugin_error" not in by_name
+    assert "not a positive multiple of align" in by_name["tiles_layout"].reason
+    assert by_name["camera_mass"].reason.startswith("not checked: row_ids is invalid")
 
 
 def test_unusable_build_options_fail_one_check() -> None:
@@ -218,3 +248,17 @@ def test_inspect_strict_and_verify_cli_pass_on_a_fresh_store(tmp_path: Path) -> 
     report = json.loads(runner.invoke(app, ["verify", store, "--json"]).stdout)
     info = [row for row in report["rows"] if row["informational"]]
     assert [row["product"] for row in info] == ["matrix/topk_vs_unpruned"] and report["n_judged"] == report["n_rows"] - 1
+
+
+def test_verify_fails_a_store_that_inspect_fails(tmp_path: Path) -> None:
+    """A deleted camera_mass, or one doubled with its sha256 recomputed, breaks only an inspect
+    invariant (no verify row compares it); verify runs inspect's checks and exits 1 naming it."""
+    from .damage import rewrite_array
+
+    run_matrix(MULTI, tmp_path, FULL)
+    store = tmp_path / "small.zarr"
+    mass = np.asarray(open_store(store).read("matrix", "camera_mass"))
+    rewrite_array(store, "matrix/camera_mass", mass * 2)
+    result = CliRunner().invoke(app, ["verify", str(store), "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert "matrix/camera_mass" in result.stderr and "camera_mass: max |camera_mass - recomputed from COO|" in result.stderr

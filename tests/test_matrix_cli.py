@@ -86,6 +86,22 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
         (["--quantize", "int4"], "error: --quantize must be int8, got 'int4'"),
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
+        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
+        (
+            ["--align", "65536"],
+            "error: ELL (at least 65,536 rows_pad x 65,536 k_pad, from --align 65,536) would hold 4,294,967,296 slots "
+            "(16.0 GiB per float32 array), over the 268,435,456-slot limit of one product; lower --align",
+        ),
+        (
+            ["--topk", "100000000"],
+            "error: ELL (16,384 rows_pad x 100,000,000 k_pad, from --topk 100,000,000 --align 16) would hold "
+            "1,638,400,000,000 slots (6,103.5 GiB per float32 array), over the 268,435,456-slot limit of one product; lower --topk or --align",
+        ),
+        (
+            ["--tile-rows", "100000000"],
+            "error: the tiles (at least 100,000,000 rows x 16 columns, from --tile-rows 100,000,000 --align 16) would hold "
+            "1,600,000,000 slots (6.0 GiB per float32 array), over the 268,435,456-slot limit of one product; use fewer --tile-rows or a smaller --align",
+        ),
     ],
 )
 def test_bad_values_are_one_line_exit_2_and_write_nothing(tmp_path: Path, args: list[str], message: str) -> None:
@@ -135,3 +151,19 @@ def test_summary_notes_the_mass_topk_drops_under_sum(tmp_path: Path, normalize: 
     assert result.exit_code == 0, result.output
     out = _flat(result.stdout)
     assert ("note: Top-2 keeps" in out and "cells with the most sources lose mass" in out) == noted
+
+
+def test_an_empty_matrix_is_written_and_flagged(tmp_path: Path) -> None:
+    """A BEV box no camera reaches: the build succeeds and the summary says the matrix is empty."""
+    data = small_rig_data()
+    data["bev"]["x"] = [400.0, 410.0, 1.0]
+    data["bev"]["y"] = [400.0, 410.0, 1.0]
+    config = write_yaml(tmp_path / "far.yaml", data)
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--topk", "3", "--tile-rows", "8"])
+    assert result.exit_code == 0, result.output
+    flat = _flat(result.stdout)
+    assert "warning: the matrix is empty" in " ".join(result.stderr.split())
+    assert "nnz 0 " in flat
+    assert "Top-K kept weight" not in flat and "%)" not in flat
+    quiet = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stdout == "" and "the matrix is empty" in quiet.stderr

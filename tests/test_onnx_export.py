@@ -131,6 +131,31 @@ def test_export_nuscenes_gather_done_when(tmp_path: Path, nuscenes: RigConfig) -
     assert result.max_abs <= 1e-5
 
 
+def test_export_gather_tolerance_covers_the_float32_norm_of_a_large_feature_map(tmp_path: Path) -> None:
+    """The dense rig (640 x 360 feature map): the float32 ``grid/norm`` the reference samples is
+    itself ~1.3e-5 from the float64 projection the gather weights come from. The check allows
+    ``k 2^-25 (W_f + H_f)`` there (k = most cameras at a cell) and the correct graph passes;
+    measured against the float64 projection directly, the graph is within 1e-6."""
+    from bevcompile.config import load_config
+    from bevcompile.grid import compute_sampling_grid
+    from bevcompile.reference import bilinear_sample_px
+
+    rig = load_config(Path(__file__).parents[1] / "configs" / "dense-6cam.yaml")
+    store = build_grid_store(rig, tmp_path, npu=True)
+    result = export_onnx(store, tmp_path / "gather.onnx", ExportOptions(product="gather", channels=2))
+    _assert_clean(result)
+    overlap = int(load(store)["grid"]["valid"].sum(axis=0).max())
+    assert result.tolerance == pytest.approx(overlap * 2.0**-25 * (640 + 360)) and result.tolerance > 1e-5
+    assert 1e-5 < result.max_abs <= result.tolerance
+    inputs = make_inputs(load(store), 2, 1, 0, with_depth=False)
+    (got,) = _ort_all(result.path, inputs)
+    truth = compute_sampling_grid(rig)
+    exact = sum(
+        np.where(truth.valid[cam], bilinear_sample_px(inputs["features"][0, cam], truth.coords_feature_px[cam]), 0.0) for cam in range(rig.n_cam)
+    )
+    assert float(np.abs(got[0] - exact).max()) <= 1e-6
+
+
 # --------------------------------------------------------------------------------------
 # quantised weights: --weights lut (gather) / int8 (ell, tiles)
 # --------------------------------------------------------------------------------------

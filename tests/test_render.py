@@ -180,3 +180,12 @@ def test_bad_output_and_damaged_store(nuscenes_store: Path, tmp_path: Path) -> N
     with pytest.raises(StoreError, match="grid/valid: 1 of 6 chunk"):
         render_store(broken)
     assert not (broken.parent / "nuscenes_coverage.png").exists()
+
+
+def test_a_matrix_only_store_says_to_run_grid(tmp_path: Path) -> None:
+    from bevcompile.matrix import MatrixOptions, run_matrix
+
+    run_matrix(rigs.small_rig(), tmp_path, MatrixOptions(topk=4, align=4))
+    with pytest.raises(StoreError, match=r"has no grid/ group, .* run `bevcompile grid` on the rig"):
+        render_store(tmp_path / "small.zarr", tmp_path / "x.png")
+    assert not (tmp_path / "x.png").exists()

@@ -119,6 +119,18 @@ def test_a_non_store_directory_is_not_overwritten_without_force(tmp_path: Path) 
     assert (tmp_path / "small.zarr" / "precious.txt").read_text() == "keep me"
 
 
+def test_a_foreign_zarr_store_is_not_overwritten_without_force(tmp_path: Path) -> None:
+    import zarr
+
+    foreign = zarr.open_group(str(tmp_path / "small.zarr"), mode="w", zarr_format=3)
+    foreign.create_array("precious", data=np.arange(10))
+    with pytest.raises(StoreConflictError, match="is not a bevcompile store \\(no config_sha256"):
+        run_grid(small_rig(), tmp_path)
+    assert np.array_equal(zarr.open_group(str(tmp_path / "small.zarr"), mode="r")["precious"][:], np.arange(10))
+    run_grid(small_rig(), tmp_path, force=True)
+    assert "precious" not in zarr.open_group(str(tmp_path / "small.zarr"), mode="r")
+
+
 def test_writer_refuses_non_finite_values(tmp_path: Path) -> None:
     rig = small_rig()
     with pytest.raises(StoreError, match="non-finite"):
@@ -180,3 +192,87 @@ def test_default_chunks_bound_the_chunk_size() -> None:
 
 def test_small_rig_data_is_valid_yaml_material() -> None:
     assert parse_config(small_rig_data()).name == "small"
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_a_killed_writer_are_cleaned_and_a_moved_store_restored(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught: the next write of the same store removes a dead writer's
+    temporary, and puts back a store the writer had moved aside between its two renames."""
+    import os
+    import shutil
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    store = tmp_path / "small.zarr"
+    before = tree_digest(store)
+    dead = _dead_pid()
+    shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbeef")
+    os.rename(store, tmp_path / f".small.zarr.old-{dead}-cafebabe")  # killed between the renames
+    live = tmp_path / f".small.zarr.tmp-{os.getpid()}-0badf00d"  # a running writer: left alone
+    live.mkdir()
+    touched = store_module.recover_interrupted_writes(store)
+    assert sorted(p.name for p in touched) == [f".small.zarr.old-{dead}-cafebabe", f".small.zarr.tmp-{dead}-deadbeef"]
+    assert tree_digest(store) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "small.zarr"]
+    # a write does the same sweep (and keeps the restored store's config check)
+    shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbee2")
+    run_grid(rig, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "small.zarr"]
+
+
+def test_another_configs_store_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bevcompile.build as build_module
+    import bevcompile.matrix as matrix_module
+    from bevcompile.matrix import MatrixOptions, run_matrix
+
+    run_grid(small_rig(), tmp_path)
+
+    def must_not_build(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("built before refusing")
+
+    monkeypatch.setattr(build_module, "build_grid_command", must_not_build)
+    monkeypatch.setattr(matrix_module, "build_matrix", must_not_build)
+    other = small_rig(heights=(0.0, 2.0))
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_grid(other, tmp_path)
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_matrix(other, tmp_path, MatrixOptions(topk=2))
+
+
+def test_sigterm_during_a_write_leaves_the_old_store_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI timeout or `docker stop` sends SIGTERM: one line, exit 143, the earlier store untouched."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from .rigs import write_yaml
+
+    config = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    out = tmp_path / "out"
+    runner = CliRunner()
+    assert runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet"]).exit_code == 0
+    before = tree_digest(out / "small.zarr")
+
+    def terminated(root, name, data):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the write")
+
+    monkeypatch.setattr(store_module, "_write_group", terminated)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet", "--align-corners"])
+    assert result.exit_code == 143, result.output
+    assert result.stderr == "error: terminated (SIGTERM); no store was changed\n"
+    assert tree_digest(out / "small.zarr") == before
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+    assert signal.getsignal(signal.SIGTERM) == handler_before

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
@@ -12,6 +15,29 @@ import typer
 from ..errors import BevcompileError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+def _hide_flag_types() -> None:
+    """Typer >= 0.2x prints a type column for every option, ``<bool>`` for flags too, which reads
+    as "takes a value" (``--force true`` then parses ``true`` as the CONFIG path). Flags take no
+    value: show no type for them. A no-op if Typer's help internals differ."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - other Typer layouts
+        return
+    original = getattr(TyperOption, "display_type_rich", None)
+    if original is None or getattr(original, "_bevcompile_patched", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> Any:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._bevcompile_patched = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_hide_flag_types()
 
 app = typer.Typer(
     name="bevcompile",
@@ -29,20 +55,53 @@ def fail(message: str, exit_code: int) -> typer.Exit:
     return typer.Exit(exit_code)
 
 
+class Terminated(BaseException):
+    """SIGTERM (a CI timeout, ``docker stop``, ``kill``) raised in the main thread, so that the
+    store writer's cleanup runs as it does for Ctrl-C."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextmanager
+def _sigterm_as_exception() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
-    ``exit_code`` (2 for bad input, 1 for failed checks). Nothing else is caught here:
-    anything else is a bug and keeps its traceback."""
+    ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
+    with one line (exit 130 / 143) after the store writer has removed its temporary, and a
+    ``MemoryError`` (a config too large for this machine) is one line, exit 2. Nothing else is
+    caught here: anything else is a bug and keeps its traceback."""
 
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kw: Any) -> Any:
             try:
-                return func(*args, **kw)
+                with _sigterm_as_exception():
+                    return func(*args, **kw)
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
             except KeyboardInterrupt:
                 raise fail("interrupted; no store was changed", 130) from None
+            except Terminated:
+                raise fail("terminated (SIGTERM); no store was changed", 143) from None
+            except MemoryError as exc:
+                detail = " ".join(str(exc).split()) or "MemoryError"
+                raise fail(
+                    f"out of memory ({detail}); nothing was written. The rig is too large for this machine: "
+                    "use coarser bev steps, fewer heights, cameras or depth bins",
+                    2,
+                ) from None
 
         app.command(name, **kwargs)(wrapper)
         return func

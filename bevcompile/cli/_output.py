@@ -29,8 +29,9 @@ stderr_console = _console(stderr=True)
 
 
 @contextmanager
-def progress_bar(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """Yield an ``advance(n)`` callback drawing a transient rich bar on stderr."""
+def progress_bar(label: str, total: int | None, enabled: bool = True) -> Iterator[Callable[[int], None]]:
+    """Yield an ``advance(n)`` callback drawing a transient rich bar on stderr (``total=None``:
+    a pulsing bar with the elapsed time, for work whose size is not known up front)."""
     if not enabled or not stderr_console.is_terminal:
         yield lambda n: None
         return

@@ -13,7 +13,7 @@ from ..formats import FORMATS
 from ..gather import ORDERS
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
-from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
+from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
 
 
 @cli_command("grid", short_help='IPM sampling grids, gather tables, fixed-point formats and delta-LUT -> grid/ gather/ delta/.')
@@ -84,6 +84,12 @@ def grid(
             block=block,
             max_error_px=max_error_px,
         )
+    saturated = result.products.norm_int16_saturated_valid_cells
+    if saturated:  # on stderr, also under --quiet/--json: a CI log must show it
+        stderr_console.print(
+            f"[yellow]warning:[/yellow] with --align-corners, norm_int16 clamps {saturated} valid border cell(s) "
+            "by up to 0.5 px (the valid rule reaches past the outer pixel centres); use --format norm_q16, which has headroom"
+        )
     if json_output:
         print_json(result.to_json())
         return
@@ -116,12 +122,6 @@ def grid(
     stdout_console.print(
         f"norm_int16 max dequantisation error: {result.products.norm_int16_max_error_px:.2e} feature px"
     )
-    saturated = result.products.norm_int16_saturated_valid_cells
-    if saturated:
-        stdout_console.print(
-            f"[yellow]warning:[/yellow] with --align-corners, norm_int16 clamps {saturated} valid border cell(s) "
-            "by up to 0.5 px (the valid rule reaches past the outer pixel centres); use --format norm_q16, which has headroom"
-        )
     stdout_console.print(f"wrote [bold]{result.store}[/bold] ({human_bytes(result.write.total_bytes)} on disk)")
 
 

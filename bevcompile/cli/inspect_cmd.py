@@ -140,14 +140,15 @@ def verify(
     for the given config), 2 when the store is missing or unreadable.
     """
     store, rig = resolve_target(target, out)
-    report = verify_store(store, seed=seed, channels=channels, expected_rig=rig)
+    with progress_bar(f"verifying {store.name}", None, enabled=not (quiet or json_output)) as advance:
+        report = verify_store(store, seed=seed, channels=channels, expected_rig=rig, progress=advance)
     if json_output:
         print_json(report.to_json())
     elif not quiet:
         _print_verify(report)
     _stderr_lines(report.failure_lines())
     if not report.passed:
-        why = f"{len(report.failures)} of {len(report.rows)} rows failed" if report.rows else "nothing could be verified"
+        why = f"{len(report.failures)} of {report.n_judged} judged rows failed" if report.rows else "nothing could be verified"
         raise CheckFailed(f"{store}: verify failed: {why}")
 
 
@@ -210,6 +211,7 @@ def render(
         typer.Option("--height", help="Draw the coverage at this sampling height [m] (default: at any height).", show_default=False),
     ] = None,
     json_output: JsonOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Draw camera coverage on the BEV plane (x forward up) and the matrix's per-cell weight."""
     from ..render import render_store
@@ -217,6 +219,8 @@ def render(
     result = render_store(store, out, height=height)
     if json_output:
         print_json(result.to_json())
+        return
+    if quiet:
         return
     stdout_console.print(
         f"wrote [bold]{escape(str(result.path))}[/bold] ({result.width_px}x{result.height_px} px; coverage at "

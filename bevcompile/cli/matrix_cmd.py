@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..matrix import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
-from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
+from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
 
 
 @cli_command("matrix", short_help='The lift as one sparse matrix F_bev = W @ F_img (COO, ELL, tiles, int8) -> matrix/.')
@@ -85,6 +85,11 @@ def matrix(
     label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
     with progress_bar(label, matrix_work_units(rig, options), enabled=not (quiet or json_output)) as advance:
         result = run_matrix(rig, out, options, force=force, progress=advance)
+    if not result.products.figures.nnz:  # on stderr, also under --quiet/--json
+        stderr_console.print(
+            "[yellow]warning:[/yellow] the matrix is empty: no frustum point / grid sample of any camera lands in the "
+            "BEV x/y/z range (check bev.x/y/z, the extrinsics and depth.bins); `bevcompile render` shows the coverage"
+        )
     if json_output:
         print_json(result.to_json())
         return
@@ -115,7 +120,7 @@ def _print_summary(result: MatrixRunResult) -> None:
     table.add_row("per-row nnz min / median / max", f"{f.row_nnz_min} / {f.row_nnz_median:g} / {f.row_nnz_max}")
     table.add_row("empty BEV cells", f"{f.n_empty_rows:,}")
     table.add_row("ELL shape (rows_pad x k_pad)", f"{p.rows_pad:,} x {p.k_pad}")
-    if o.topk:
+    if o.topk and f.nnz:
         table.add_row(
             "Top-K kept weight (all rows / worst row)",
             f"{100 * f.kept_weight_fraction_total:.2f} % / {100 * f.kept_weight_fraction_worst_row:.2f} %",
@@ -125,7 +130,7 @@ def _print_summary(result: MatrixRunResult) -> None:
     if f.tile_bytes is not None:
         table.add_row(
             f"tiles ({p.n_tiles} x {o.tile_rows} rows) vs dense",
-            f"{human_bytes(f.tile_bytes)} vs {human_bytes(f.dense_bytes)} ({100 * f.tile_bytes / max(1, f.dense_bytes):.3f} %)",
+            f"{human_bytes(f.tile_bytes)} vs {human_bytes(f.dense_bytes)}" + (f" ({100 * f.tile_bytes / f.dense_bytes:.3f} %)" if f.nnz and f.dense_bytes else ""),
         )
     if f.int8_max_rel_error is not None:
         table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
@@ -137,7 +142,7 @@ def _print_summary(result: MatrixRunResult) -> None:
         sizes.add_row(name, human_bytes(nbytes))
     sizes.add_row("dense (rows x cols float32)", human_bytes(f.dense_bytes))
     print_table(sizes)
-    if o.topk and o.normalize == "sum" and f.kept_weight_fraction_total < TOPK_SUM_NOTE_BELOW:
+    if o.topk and f.nnz and o.normalize == "sum" and f.kept_weight_fraction_total < TOPK_SUM_NOTE_BELOW:
         stdout_console.print(
             f"note: Top-{o.topk} keeps {100 * f.kept_weight_fraction_total:.1f} % of the weight and --normalize sum "
             "keeps raw weights, so the cells with the most sources lose mass; `bevcompile verify` measures what "
