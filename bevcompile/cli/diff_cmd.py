@@ -16,7 +16,7 @@ from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, format_psnr
 from ._app import cli_command
 from ._options import FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
-from ._output import new_table, print_json, print_table, stdout_console
+from ._output import new_table, print_json, print_table, progress_bar, stdout_console
 
 VALUE_WIDTH = 120
 
@@ -197,7 +197,8 @@ def diff(
     seeded random features and the matrix/ change. Exit 0, 1 when a gate fails (one line per
     failing camera on stderr), 2 when a path is not a store or the stores cannot be compared.
     """
-    report = diff_stores(old, new, seed=seed, channels=channels, max_shift_px=max_shift_px, max_coverage_change=max_coverage_change)
+    with progress_bar(f"comparing {old.name} and {new.name}", None, enabled=not (quiet or json_output)):
+        report = diff_stores(old, new, seed=seed, channels=channels, max_shift_px=max_shift_px, max_coverage_change=max_coverage_change)
     if json_output:
         print_json(report.to_json())
     elif not quiet:
