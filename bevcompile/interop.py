@@ -736,6 +736,12 @@ def run_export_interop(
         arrays.update(target_arrays_)
         target_attrs[target] = attrs_
     attrs = interop_group_attrs(rig, build_options, target_attrs)
+    folder = Path(npy_dir) if npy_dir is not None else None
+    if folder is not None:  # before the store is touched: a bad --npy changes nothing
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
@@ -743,10 +749,8 @@ def run_export_interop(
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []
-    if npy_dir is not None:
-        folder = Path(npy_dir)
+    if folder is not None:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
             for target in [t for t in INTEROP_TARGETS if t in targets]:
                 for array_name, file_name in npy_names(target).items():
                     path = folder / file_name

@@ -92,6 +92,12 @@ ORT_QDQ_CHECK_ACCURACY = "1"
 own semantics (the default session's figures are reported separately)."""
 EXPORTERS = ("legacy", "dynamo")
 DEFAULT_OPSET = 17
+MIN_OPSET = 9
+"""Lowest opset whose graphs are static: below 9 the legacy exporter leaves the Reshape targets
+as Shape/Gather/Concat chains (no constant folding), which strict shape inference cannot resolve."""
+MAX_OPSET = 23
+DYNAMO_MIN_OPSET = 17
+"""torch 2.13's dynamo exporter writes opset 18 for a lower request (it cannot convert down)."""
 MAX_ABS_TOLERANCE = 1e-5
 
 
@@ -147,8 +153,16 @@ class ExportOptions:
                 f"--weights {self.weights} applies to --product {needs} only, got --product {self.product} "
                 f"(use --weights {', '.join(first)} or {last})"
             )
-        if not 7 <= self.opset <= 23:
-            raise UsageError(f"--opset must be in [7, 23], got {self.opset}")
+        if not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise UsageError(
+                f"--opset must be in [{MIN_OPSET}, {MAX_OPSET}], got {self.opset}"
+                + (" (below 9 the exporter cannot fold the Reshape targets into constants: the shapes would not be static)" if self.opset < MIN_OPSET else "")
+            )
+        if self.exporter == "dynamo" and self.opset < DYNAMO_MIN_OPSET:
+            raise UsageError(
+                f"--exporter dynamo writes opset {DYNAMO_MIN_OPSET} or higher (torch's dynamo exporter cannot convert down to "
+                f"--opset {self.opset}); use --exporter legacy for it"
+            )
         if self.weights == "int8-qdq" and self.opset < QDQ_MIN_OPSET:
             raise UsageError(
                 f"--weights int8-qdq needs --opset {QDQ_MIN_OPSET} or higher (DequantizeLinear with a per-row scale), "
@@ -620,6 +634,11 @@ def export_onnx(
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from None
 
+    if options.exporter == "dynamo":
+        try:
+            import onnxscript  # noqa: F401  (the dynamo exporter imports it; say which extra is missing)
+        except ImportError:
+            raise DependencyError(f"--exporter dynamo needs onnxscript: {EXTRA_HINT}") from None
     module, needs_depth = build_module(store, options)
     module.eval()
     inputs = make_inputs(store, options.channels, options.batch, options.seed, needs_depth)
@@ -668,6 +687,8 @@ def export_onnx(
             f"int8-qdq: weight matrices not found among the exported graph's float32 constants ({missing or 'none given'}); "
             "no DequantizeLinear attached for them"
         )
+    if scan.opset != options.opset:
+        failures.append(f"the {used} exporter wrote opset {scan.opset}, not the requested --opset {options.opset}")
     failures += [f"forbidden op {f}" for f in scan.forbidden]
     failures += [f"non-static shape {d}" for d in scan.dynamic[:10]]
     if len(scan.dynamic) > 10:

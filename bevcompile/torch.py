@@ -434,7 +434,6 @@ class MatrixLift(nn.Module):
             self.register_buffer("tile_col_offsets", _buffer(offsets, np.int64), persistent=True)
             if not int8:
                 self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
-                blocks = self.tile_weight
             else:
                 values, scale = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"])
                 n_tiles = offsets.size - 1
@@ -446,7 +445,6 @@ class MatrixLift(nn.Module):
                 # the flat array is not persistent: its per-tile views below are (no bytes twice in state_dict)
                 self.register_buffer("tile_weight_int8", _buffer(values, np.int8), persistent=False)
                 self.register_buffer("tile_row_scale", _buffer(scale, np.float32), persistent=True)
-                blocks = self.tile_weight_int8
             if self.mode == "frustum":
                 self.register_buffer("tile_feat_index", _buffer(feat_of(cols)), persistent=True)
             self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(offsets.size - 1)]
@@ -455,12 +453,8 @@ class MatrixLift(nn.Module):
             # blocks are persistent instead: a non-persistent buffer is traced as a constant and
             # the exporter folds its Cast, storing float32 blocks again; a persistent one becomes
             # an int8 initializer.
-            r = self.tile_rows
-            for t, (a, b) in enumerate(self.tiles):
-                self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
-                self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=int8)
-                if self.mode == "frustum":
-                    self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
+            self._tile_blocks_name = "tile_weight_int8" if int8 else "tile_weight"
+            self._register_tile_views()
             out_rows = len(self.tiles) * self.tile_rows
         # rows -> BEV cells: reshape when the rows are the cells; else one Gather (+ Mul by a
         # 0/1 mask for cells that have no row)
@@ -478,6 +472,26 @@ class MatrixLift(nn.Module):
             if not has_row.all():
                 self.register_buffer("cell_mask", _buffer(has_row, np.float32), persistent=True)
                 self.row_mapping = "gather+mask"
+
+    def _register_tile_views(self) -> None:
+        """(Re-)register the per-tile views of the flat tile buffers (shared memory)."""
+        blocks = getattr(self, self._tile_blocks_name)
+        int8 = self._tile_blocks_name == "tile_weight_int8"
+        r = self.tile_rows
+        for t, (a, b) in enumerate(self.tiles):
+            self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
+            self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=int8)
+            if self.mode == "frustum":
+                self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MatrixLift:
+        """``.to()``/``.cuda()``/``.double()`` convert every buffer on its own, which would cut the
+        per-tile views off the flat buffers (a later ``load_state_dict`` would then not reach
+        the views the forward reads): re-register the views on the converted flat buffers."""
+        super()._apply(fn, recurse)
+        if self.form == "tiles":
+            self._register_tile_views()
+        return self
 
     def extra_repr(self) -> str:
         w_f, h_f = self.feature_size
@@ -506,8 +520,8 @@ class MatrixLift(nn.Module):
         if self.form == "ell":
             rows = self.rows_pad
             entries = rows * self.k_pad
-            # int8: the integer values, exact in float32; the row scale is applied after the K-sum
-            weight = self.ell_weight_int8.to(torch.float32) if int8 else self.ell_weight
+            # int8: the integer values, exact in float32 (the module's float dtype: row_scale's); the row scale is applied after the K-sum
+            weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_weight
             if depth_flat is None:
                 gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
                 coeff = weight.reshape(1, 1, entries)
@@ -527,7 +541,7 @@ class MatrixLift(nn.Module):
                 else:
                     feat_cols = getattr(self, f"tile{t}_feat")
                     x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
-                block_t = block.transpose(0, 1).to(torch.float32) if int8 else block.transpose(0, 1)
+                block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if int8 else block.transpose(0, 1)
                 parts.append(torch.matmul(x, block_t))  # (N, C, R)
             out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
             if int8:

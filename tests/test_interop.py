@@ -575,3 +575,14 @@ def test_npy_into_an_existing_file_is_a_usage_error(interop_store: Path, tmp_pat
     with pytest.raises(UsageError, match=r"--npy .*arrays.npy: is a file; give a folder for the .npy files"):
         run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=target)
     assert target.read_bytes() == b"keep"
+
+
+def test_a_bad_npy_folder_leaves_the_store_unchanged(interop_store: Path, tmp_path: Path) -> None:
+    from .rigs import tree_digest
+
+    before = tree_digest(interop_store)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(Exception, match=r"cannot write \.npy files"):
+        run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=blocker / "sub")
+    assert tree_digest(interop_store) == before

@@ -366,3 +366,29 @@ def test_export_errors(gather_store: Path, tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(DependencyError, match=r"bevcompile\[onnx\]"):
         export_onnx(gather_store, tmp_path / "x.onnx", ExportOptions())
+
+
+def test_opset_limits_are_usage_errors_and_the_written_opset_is_checked(gather_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below opset 9 the graph cannot be static; torch's dynamo exporter cannot write below 17; a
+    graph whose opset differs from the request fails the export (never a silent opset 18)."""
+    with pytest.raises(UsageError, match=r"--opset must be in \[9, 23\], got 8 \(below 9"):
+        export_onnx(gather_store, tmp_path / "x.onnx", ExportOptions(opset=8))
+    with pytest.raises(UsageError, match=r"--exporter dynamo writes opset 17 or higher .* use --exporter legacy"):
+        export_onnx(gather_store, tmp_path / "x.onnx", ExportOptions(opset=13, exporter="dynamo"))
+    result = export_onnx(gather_store, tmp_path / "o9.onnx", ExportOptions(opset=9, channels=2))
+    assert result.scan.opset == 9 and onnx.load(str(result.path)).opset_import[0].version == 9
+    real_export = onnx_export._torch_export
+
+    def export_then_bump(module, args, path, options, names):  # type: ignore[no-untyped-def]
+        used = real_export(module, args, path, options, names)
+        model = onnx.load(str(path))
+        model.opset_import[0].version = 18
+        onnx.save(model, str(path))
+        return used
+
+    monkeypatch.setattr(onnx_export, "_torch_export", export_then_bump)
+    with pytest.raises(CheckFailed, match="the legacy exporter wrote opset 18, not the requested --opset 17"):
+        export_onnx(gather_store, tmp_path / "bumped.onnx", ExportOptions(channels=2))
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    with pytest.raises(DependencyError, match=r"--exporter dynamo needs onnxscript: .*bevcompile\[onnx\]"):
+        export_onnx(gather_store, tmp_path / "x.onnx", ExportOptions(exporter="dynamo"))

@@ -235,6 +235,33 @@ def test_matrix_lift_equals_coo_product(matrix_store: tuple[Path, MatrixOptions]
         assert np.all(out.reshape(2, 5, -1)[:, :, ~cells] == 0)
 
 
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_tiles_follow_a_loaded_state_dict_after_a_dtype_or_device_move(tmp_path: Path, small_distorted_multi: RigConfig, weights: str) -> None:
+    """``model.double()`` (or ``.cuda()``) then ``load_state_dict(ckpt)``: the forward must use the
+    checkpoint's tables (the per-tile views stay views of the converted flat buffers)."""
+    options = MatrixOptions(mode="grid", topk=4, align=4, tile_rows=100, quantize="int8" if weights == "int8" else None)
+    store = build_grid_store(small_distorted_multi, tmp_path)
+    add_matrix_group(store, small_distorted_multi, options)
+    inputs = make_inputs(load(store), channels=3, batch=1, seed=0, with_depth=False)
+    features = torch.from_numpy(inputs["features"]).double()
+    module = MatrixLift(store, form="tiles", weights=weights).double()
+    before = module(features)
+    state = module.state_dict()
+    if weights == "float32":
+        state["tile_weight"] = state["tile_weight"] * 2
+    else:
+        state["tile_row_scale"] = state["tile_row_scale"] * 2
+        for t in range(len(module.tiles)):
+            state[f"tile{t}_block"] = torch.zeros_like(state[f"tile{t}_block"])
+    module.load_state_dict(state)
+    after = module(features)
+    if weights == "float32":
+        assert torch.allclose(after, 2 * before) and before.abs().max() > 0.1
+    else:
+        assert after.abs().max() == 0 and before.abs().max() > 0.1
+    assert module.tile0_block.dtype == (torch.float64 if weights == "float32" else torch.int8)
+
+
 @pytest.mark.parametrize("rounding", ["floor", "trunc"])
 @pytest.mark.parametrize("form", ["ell", "tiles"])
 def test_matrix_lift_frustum_equals_independent_lss_pooling(
