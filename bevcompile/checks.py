@@ -42,7 +42,16 @@ from .checks_api import Check, CheckContext
 from .config import RigConfig, config_sha256, parse_config
 from .conventions import CONVENTIONS
 from .errors import BevcompileError, StoreError, UsageError
-from .store import READABLE_FORMATS, STORE_SUFFIX, StoreReader, array_sha256, find_stores, is_store, open_store
+from .store import (
+    GROUPS_ATTR,
+    READABLE_FORMATS,
+    STORE_SUFFIX,
+    StoreReader,
+    array_sha256,
+    find_stores,
+    is_store,
+    open_store,
+)
 
 ROOT = "/"
 KEY_ATTRIBUTES = (
@@ -349,6 +358,23 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             n_damaged += 1
             report.add("node_metadata", f"{group}/", False, "group folder has no readable zarr.json (metadata deleted or corrupt); its arrays cannot be read")
     report.add("groups", ROOT, bool(groups), f"product groups: {', '.join(groups) if groups else 'none (an empty store)'}")
+    for stray in reader.stray_entries():
+        n_damaged += 1
+        report.add("node_metadata", f"{stray}", False, "not a folder where a group should be (a file, or a broken or looping link)")
+    recorded = attrs.get(GROUPS_ATTR)
+    if recorded is None:
+        report.notes.append(f"no root `{GROUPS_ATTR}` attribute (built before bevcompile recorded it): a deleted group cannot be detected")
+    elif not (isinstance(recorded, list) and all(isinstance(g, str) for g in recorded)):
+        report.add("groups_recorded", ROOT, False, f"root attribute {GROUPS_ATTR!r} is not a list of names: {recorded!r}")
+    else:
+        missing = sorted(set(recorded) - set(group_dirs))
+        extra = sorted(set(group_dirs) - set(recorded))
+        why = []
+        if missing:
+            why.append(f"recorded group(s) missing: {', '.join(g + '/' for g in missing)} (deleted, or a partial copy)")
+        if extra:
+            why.append(f"group(s) not recorded by the last write: {', '.join(g + '/' for g in extra)}")
+        report.add("groups_recorded", ROOT, not why, "; ".join(why) if why else f"every recorded group present: {', '.join(recorded)}")
     for group in groups:
         summary = GroupSummary(group)
         report.groups.append(summary)
@@ -365,6 +391,9 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             report.add("node_metadata", f"{group}/", False, _strip_store(str(exc), path))
             n_damaged += 1
             names = []
+        for stray in reader.stray_entries(group):
+            n_damaged += 1
+            report.add("node_metadata", f"{group}/{stray}", False, "not a folder where an array should be (a file, or a broken or looping link)")
         readable: dict[str, np.ndarray] = {}
         for name in names:
             key = f"{group}/{name}"

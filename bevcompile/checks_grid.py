@@ -340,6 +340,18 @@ def _check_norm_int16(
                 f"{float(recorded):.6g} (+ float32 half-ulp of coords): {excess} value(s) over",
             )
         )
+        # nor inflated: verify derives its norm_int16 threshold from this attribute
+        ulps = half_ulp32(coords[valid])
+        ulp_slack = (float(ulps.max()) if ulps.size else 0.0) + 1e-12
+        agrees = measured - ulp_slack <= float(recorded) <= measured + ulp_slack
+        checks.append(
+            Check(
+                "recorded_error_is_measured",
+                key,
+                agrees,
+                f"recorded max_error_px {float(recorded):.6g} vs recomputed {measured:.6g} px (equal up to the float32 half-ulp of coords {ulp_slack:.3g})",
+            )
+        )
     else:
         checks.append(Check("decodes_within_recorded_error", key, False, f"attribute norm_int16.max_error_px missing or not a finite number ({recorded!r}); measured {measured:.6g} px"))
     # quantisation bound: half a quantum of norm, in pixels, per component, plus float32 rounding

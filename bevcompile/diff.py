@@ -84,7 +84,9 @@ class ShiftStats:
         valid in both whose nearest feature pixel ``(floor(u + 0.5), floor(v + 0.5))`` differs.
         ``max_shift_cell`` = ``(ih, iy, ix)`` of the largest shift (the first in row-major order
         on ties) and ``max_shift_cell_ego_m`` its centre ``(x, y, z)`` in ego metres (None when
-        no cell valid in both moved).
+        no cell valid in both moved). A non-finite ``grid/coords`` value at a cell valid in both
+        makes the shift figures non-finite (NaN is never dropped): ``shift_max_px`` is then NaN
+        (or inf) and ``max_shift_cell`` the first such cell.
     """
 
     n_cells: int
@@ -494,10 +496,10 @@ def _shift_stats(
     co = np.asarray(coords_old[idx][where], dtype=np.float64)
     cn = np.asarray(coords_new[idx][where], dtype=np.float64)
     shift = np.hypot(cn[:, 0] - co[:, 0], cn[:, 1] - co[:, 1])
-    k = int(np.argmax(shift))
+    k = int(np.argmax(shift))  # the first NaN when there is one (numpy's max propagates NaN)
     cell: tuple[int, int, int] | None = None
     centre: tuple[float, float, float] | None = None
-    if shift[k] > 0:
+    if not shift[k] <= 0:  # moved, or not finite
         ih, iy, ix = int(idx[where[0][k]]), int(where[1][k]), int(where[2][k])
         bev = rig.bev
         cell = (ih, iy, ix)
@@ -558,7 +560,10 @@ class SeededInputs:
 
 
 class _Accumulator:
-    """Running max |d|, sum |d|, sum d^2 and count of a difference."""
+    """Running max |d|, sum |d|, sum d^2 and count of a difference.
+
+    A NaN anywhere makes every figure NaN (Python's ``max(0.0, nan)`` is 0.0: not used here).
+    """
 
     def __init__(self) -> None:
         self.max_abs = 0.0
@@ -570,7 +575,7 @@ class _Accumulator:
         if diff.size == 0:
             return
         a = np.abs(diff)
-        self.max_abs = max(self.max_abs, float(a.max()))
+        self.max_abs = float(np.maximum(self.max_abs, a.max()))  # np.maximum propagates NaN
         self.sum_abs += float(a.sum())
         self.sum_sq += float(np.square(diff).sum())
         self.count += int(diff.size)
@@ -578,7 +583,8 @@ class _Accumulator:
     def result(self, label: str, peak: float) -> OutputChange:
         mean_abs = self.sum_abs / self.count if self.count else 0.0
         mse = self.sum_sq / self.count if self.count else 0.0
-        return OutputChange(label, self.max_abs, mean_abs, psnr_db(mse, peak), peak)
+        with np.errstate(divide="ignore", invalid="ignore"):  # inf or NaN MSE: -inf or NaN dB, no warning
+            return OutputChange(label, self.max_abs, mean_abs, psnr_db(mse, peak), peak)
 
 
 def grid_output_change(
@@ -597,7 +603,9 @@ def grid_output_change(
         ``grid/norm`` ``(n_cam, n_h, ny, nx, 2)``; numpy reference ``grid_sample`` (bilinear,
         zeros padding, ``align_corners`` as recorded), float64. valid_* ``grid/valid``
         ``(n_cam, n_h, ny, nx)`` (optional) split off the cells whose camera set changed.
-        One :class:`OutputChange` per height.
+        One :class:`OutputChange` per height. A cell where any camera's ``norm`` (either store)
+        is not finite gets a NaN output change (PyTorch's ``grid_sample`` propagates NaN; the
+        numpy reference would sample 0 and hide it), so the figures of that height are NaN.
     """
     n_cam = features.shape[0]
     out: list[OutputChange] = []
@@ -608,6 +616,11 @@ def grid_output_change(
             for sign, norm in ((-1.0, norm_old), (1.0, norm_new)):
                 sampled = grid_sample(feats64[cam], norm[cam, ih][None], align_corners=align_corners)[0]
                 total = sign * sampled if total is None else total + sign * sampled
+        if total is not None:
+            broken = np.zeros(total.shape[1:], dtype=bool)  # (ny, nx)
+            for norm in (norm_old, norm_new):
+                broken |= ~np.all(np.isfinite(norm[:, ih]), axis=(0, -1))
+            total[:, broken] = np.nan
         acc = _Accumulator()
         if total is not None:
             acc.add(total)
@@ -637,15 +650,35 @@ class _Coo:
 
 
 def _read_coo(store: LoadedStore) -> _Coo:
+    """The COO entries with their BEV cells; :class:`StoreError` (one line naming the store and
+    the array) unless they are 1-D of one length, in range, and strictly increasing in
+    ``(row, col)`` (sorted, no duplicates), and ``row_ids`` (if any) strictly increasing."""
     group = store["matrix"]
     layout = matrix_layout(store)
     row = np.asarray(group["coo_row"], dtype=np.int64)
     col = np.asarray(group["coo_col"], dtype=np.int64)
     val = np.asarray(group["coo_val"])
-    if not (row.size == col.size == val.size) or (row.size and (row.min() < 0 or row.max() >= layout.n_rows)):
-        raise StoreError(f"{store.path}: matrix/coo_row, coo_col, coo_val are inconsistent (lengths or row range)")
+    if not (row.ndim == col.ndim == val.ndim == 1 and row.size == col.size == val.size):
+        raise StoreError(
+            f"{store.path}: matrix/coo_row, coo_col, coo_val are inconsistent: shapes {row.shape}, {col.shape}, {val.shape} "
+            "(one 1-D length needed)"
+        )
+    if row.size and (row.min() < 0 or row.max() >= layout.n_rows):
+        raise StoreError(f"{store.path}: matrix/coo_row out of range [0, {layout.n_rows}) (min {row.min()}, max {row.max()})")
     if col.size and (col.min() < 0 or col.max() >= layout.n_cols):
-        raise StoreError(f"{store.path}: matrix/coo_col out of range [0, {layout.n_cols})")
+        raise StoreError(f"{store.path}: matrix/coo_col out of range [0, {layout.n_cols}) (min {col.min()}, max {col.max()})")
+    d_row, d_col = np.diff(row), np.diff(col)
+    duplicate = (d_row == 0) & (d_col == 0)
+    out_of_order = (d_row < 0) | ((d_row == 0) & (d_col < 0))
+    if duplicate.any() or out_of_order.any():
+        first = int(np.argmax(duplicate | out_of_order)) + 1
+        raise StoreError(
+            f"{store.path}: matrix/coo_row, coo_col: entries not sorted by (row, col) without duplicates: "
+            f"{int(np.count_nonzero(duplicate))} duplicate(s), {int(np.count_nonzero(out_of_order))} out of order "
+            f"(first between entries {first - 1} and {first})"
+        )
+    if layout.row_cells.size > 1 and not np.all(np.diff(layout.row_cells) > 0):
+        raise StoreError(f"{store.path}: matrix/row_ids not strictly increasing")
     return _Coo(layout.row_cells[row], col, val)
 
 
@@ -656,7 +689,9 @@ def _changed_rows(old: _Coo, new: _Coo, n_cols: int) -> tuple[int, int]:
     only = np.setxor1d(key_old, key_new, assume_unique=True)
     set_changed = np.unique(only // n_cols)
     _, i_old, i_new = np.intersect1d(key_old, key_new, assume_unique=True, return_indices=True)
-    value_changed = np.unique(old.cells[i_old[old.values[i_old] != new.values[i_new]]])
+    a, b = old.values[i_old], new.values[i_new]
+    differs = (a != b) & ~(np.isnan(a) & np.isnan(b))  # the same NaN is no change (the note reports it)
+    value_changed = np.unique(old.cells[i_old[differs]])
     return int(set_changed.size), int(np.union1d(set_changed, value_changed).size)
 
 
@@ -701,6 +736,8 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         )
         return None
     coo_old, coo_new = _read_coo(old), _read_coo(new)
+    for side, store, coo in (("OLD", old, coo_old), ("NEW", new, coo_new)):
+        _note_non_finite(notes, side, store, "matrix/coo_val", coo.values, "the COO output figures")
     n_cells = layout_old.n_cells
     n_cols = layout_old.n_cols
     set_changed: int | None = None
@@ -725,7 +762,7 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         for k, coo in enumerate((coo_old, coo_new)):
             entries = order[k][bounds[k][cam] : bounds[k][cam + 1]]
             _apply_camera(coo, entries, features_cam, depth_cam, plane, per_cam, outputs[k])
-    peak = float(outputs[0].max() - outputs[0].min()) if outputs[0].size else 0.0
+    peak = float(outputs[0].max() - outputs[0].min()) if outputs[0].size else 0.0  # NaN stays NaN below
     acc = _Accumulator()
     acc.add(outputs[1] - outputs[0])
     return MatrixDiff(
@@ -736,7 +773,7 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         n_rows=n_cells,
         rows_entry_set_changed=set_changed,
         rows_changed=changed,
-        output=acc.result("matrix COO", peak if peak > 0 else 1.0),
+        output=acc.result("matrix COO", 1.0 if peak <= 0 else peak),
     )
 
 
@@ -762,17 +799,35 @@ def _check_gates(max_shift_px: float | None, max_coverage_change: float | None) 
 
 
 def gate_failures(stats: ShiftStats, max_shift_px: float | None, max_coverage_change: float | None) -> tuple[str, ...]:
-    """The gate figures ``stats`` (one camera, all heights) exceeds, as stderr phrases (empty = passed)."""
+    """The gate figures ``stats`` (one camera, all heights) exceeds, as stderr phrases (empty = passed).
+
+    A non-finite figure (a NaN or inf shift from non-finite ``grid/coords``) fails its gate.
+    """
     out = []
-    if max_shift_px is not None and stats.shift_max_px is not None and stats.shift_max_px > max_shift_px:
-        out.append(f"max shift {stats.shift_max_px:.4g} px > --max-shift-px {max_shift_px:g}")
+    shift = stats.shift_max_px
+    if max_shift_px is not None and shift is not None and not math.isfinite(shift):
+        out.append(f"max shift not finite ({shift} px; non-finite grid/coords): --max-shift-px {max_shift_px:g} fails")
+    elif max_shift_px is not None and shift is not None and shift > max_shift_px:
+        out.append(f"max shift {shift:.4g} px > --max-shift-px {max_shift_px:g}")
     elif max_shift_px is not None and stats.cells_both == 0 and (stats.cells_only_old or stats.cells_only_new):
         out.append(f"no cell valid in both stores (lost {stats.cells_only_old}, gained {stats.cells_only_new}): shift unmeasurable, --max-shift-px {max_shift_px:g} fails")
     if max_coverage_change is not None:
         for verb, fraction, cells in (("lost", stats.lost_fraction, stats.cells_only_old), ("gained", stats.gained_fraction, stats.cells_only_new)):
-            if fraction > max_coverage_change:
+            if not math.isfinite(fraction):
+                out.append(f"{verb} fraction not finite ({fraction}): --max-coverage-change {max_coverage_change:g} fails")
+            elif fraction > max_coverage_change:
                 out.append(f"{verb} {cells} of {stats.n_cells} BEV cells ({fraction:.4g}) > --max-coverage-change {max_coverage_change:g}")
     return tuple(out)
+
+
+def _note_non_finite(notes: list[str], side: str, store: LoadedStore, array: str, values: npt.NDArray[Any], used_by: str) -> None:
+    """Append a note when ``values`` (one stored array) holds NaN or inf: a built store never does."""
+    bad = int(np.count_nonzero(~np.isfinite(values)))
+    if bad:
+        notes.append(
+            f"{side} {store.path}: {array} has {bad:,} non-finite value(s) (NaN/inf; a built store has none, "
+            f"`bevcompile inspect` checks it): {used_by} that use them are not finite"
+        )
 
 
 def diff_stores(
@@ -791,16 +846,34 @@ def diff_stores(
             content hashes verified.
         seed, channels: the seeded features (as ``bevcompile verify``).
         max_shift_px: gate: a camera fails if its max shift over cells valid in both exceeds it
-            (or if it has cells in one store but none valid in both).
+            or is not finite (non-finite ``grid/coords``), or if it has cells in one store but none
+            valid in both.
         max_coverage_change: gate: a camera fails if it loses or gains more than this fraction
             of its BEV cells (``n_heights * ny * nx``).
 
+    Non-finite values in ``grid/coords``, ``grid/norm`` or ``matrix/coo_val`` (a built store has
+    none) are not errors: the figures they reach are NaN/inf (never dropped) and a note names
+    the store, the array and the count.
+
     Raises:
-        StoreError: not a store, missing ``grid/``, damaged arrays (exit 2).
+        StoreError: not a store, missing ``grid/``, damaged arrays (wrong shapes; COO entries out
+            of range, unsorted or duplicated) (exit 2).
         UsageError: incomparable stores (``cannot compare: ...``) or bad options (exit 2).
     """
     check_feature_options(seed, channels)
     _check_gates(max_shift_px, max_coverage_change)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # non-finite inputs: NaN/inf figures and a note
+        return _diff_stores(old, new, seed, channels, max_shift_px, max_coverage_change)
+
+
+def _diff_stores(
+    old: str | Path | LoadedStore,
+    new: str | Path | LoadedStore,
+    seed: int,
+    channels: int,
+    max_shift_px: float | None,
+    max_coverage_change: float | None,
+) -> StoreDiff:
     store_old, store_new = load(old), load(new)
     store_old.group("grid")
     store_new.group("grid")
@@ -808,6 +881,10 @@ def diff_stores(
     rig_old, rig_new = store_old.rig, store_new.rig
     coords_old, valid_old, norm_old = _grid_arrays(store_old)
     coords_new, valid_new, norm_new = _grid_arrays(store_new)
+    notes: list[str] = []
+    for side, store, coords, norm in (("OLD", store_old, coords_old, norm_old), ("NEW", store_new, coords_new, norm_new)):
+        _note_non_finite(notes, side, store, "grid/coords", coords, "the shift figures")
+        _note_non_finite(notes, side, store, "grid/norm", norm, "the output-change figures")
     heights = tuple(float(h) for h in rig_old.bev.heights)
     all_heights = list(range(len(heights)))
     cameras: list[CameraDiff] = []
@@ -822,7 +899,6 @@ def diff_stores(
     inputs = SeededInputs(rig_old, channels, seed)
     align_corners = grid_align_corners(store_old)
     output = grid_output_change(inputs.features, norm_old, norm_new, heights, align_corners, valid_old, valid_new)
-    notes: list[str] = []
     matrix = matrix_diff(store_old, store_new, inputs, notes)
     return StoreDiff(
         old=str(old if not isinstance(old, LoadedStore) else old.path),

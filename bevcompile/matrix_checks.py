@@ -170,10 +170,47 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     rows_pad = round_up(max(n_rows, 1), options.align)
     cols_pad = round_up(n_cols, options.align)
     k_pad = round_up(options.topk, options.align) if options.topk > 0 else round_up(max(max_nnz, 1), options.align)
-    want_attrs = {"logical_shape": [n_rows, n_cols], "padded_shape": [rows_pad, cols_pad], "nnz": int(row.size)}
+    non_empty = nnz_row[nnz_row > 0]
+    frustum = options.mode == "frustum"
+    want_attrs: dict[str, Any] = {
+        "logical_shape": [n_rows, n_cols],
+        "padded_shape": [rows_pad, cols_pad],
+        "nnz": int(row.size),
+        # what a consumer reads without parsing build_options: must agree with it and the arrays
+        "mode": options.mode,
+        "splat": options.splat,
+        "normalize": options.normalize,
+        "rounding": options.rounding if frustum else None,
+        "topk": options.topk,
+        "align": options.align,
+        "n_cells": n_cells,
+        "bev_shape": [ny, nx],
+        "cameras": list(rig.camera_names),
+        "feature_size": list(rig.feature_size),
+        "cols_pad": cols_pad,
+        "columns_per_camera": n_cols // rig.n_cam,
+        "coo.shape": [n_rows, n_cols],
+        "ell.shape": [rows_pad, k_pad],
+        "ell.rows_pad": rows_pad,
+        "ell.k_pad": k_pad,
+        "row_nnz.min": int(non_empty.min()) if non_empty.size else 0,
+        "row_nnz.median": float(np.median(non_empty)) if non_empty.size else 0.0,
+        "row_nnz.max": int(non_empty.max()) if non_empty.size else 0,
+        "row_nnz.empty_rows": int(n_cells - non_empty.size),
+        "camera_mass.shape": [rig.n_cam, ny, nx],
+    }
+    if frustum:
+        want_attrs["depth_bins"] = list(rig.depth.values())
+        want_attrs["n_depth_bins"] = rig.depth.n_bins
+    else:
+        want_attrs["heights"] = list(rig.bev.heights)
+    if options.tile_rows is not None:
+        want_attrs["tiles.tile_rows"] = options.tile_rows
+    if options.compact_rows:
+        want_attrs["row_ids.shape"] = [n_rows]
     for name, want in want_attrs.items():
-        got = attrs.get(name)
-        out.add("attrs", "", got == want, f"{name} {got} vs recomputed {want}")
+        got = _attr(attrs, name)
+        out.add("attrs", "", _same(got, want), f"{name} {got!r} vs recomputed {want!r}")
     # ELL
     if "ell_index" in ok_arrays and "ell_weight" in ok_arrays:
         _check_ell(out, ok_arrays["ell_index"], ok_arrays["ell_weight"], row, col, val, nnz_row, (rows_pad, k_pad), n_cols)
@@ -203,6 +240,23 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
             diff = float(np.abs(recomputed.astype(np.float64) - mass.astype(np.float64)).max()) if mass.size else 0.0
             out.add("camera_mass", "camera_mass", diff == 0.0, f"max |camera_mass - recomputed from COO| = {diff:.3g}")
     return out.items
+
+
+def _attr(attrs: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = attrs
+    for key in dotted.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return "<missing>"
+        value = value[key]
+    return value
+
+
+def _same(got: Any, want: Any) -> bool:
+    if isinstance(want, float):
+        return isinstance(got, int | float) and not isinstance(got, bool) and math.isclose(float(got), want, rel_tol=1e-12, abs_tol=0.0)
+    if isinstance(want, list):
+        return isinstance(got, list | tuple) and len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
+    return type(got) is type(want) and bool(got == want)
 
 
 def _check_ell(
@@ -322,6 +376,7 @@ def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixO
     info = attrs.get("int8") if isinstance(attrs.get("int8"), Mapping) else {}
     recorded = info.get("max_rel_error") if isinstance(info, Mapping) else None
     worst = 0.0
+    worst_abs = 0.0
     pairs: list[tuple[str, str, str, int | None]] = [("ell_weight", "ell_weight_int8", "row_scale", None)]
     if options.tile_rows is not None:
         if tiles_ok or tiles_ok is None:
@@ -337,7 +392,7 @@ def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixO
                 out.add("int8_shape", qname, False, f"{qname} {q.shape}, {sname} {scale.shape} vs weights {weight.shape}")
                 continue
             want_q, want_scale = quantize_rows_int8(weight)
-            rel, _ = int8_errors(weight, q, scale)
+            rel, abs_err = int8_errors(weight, q, scale)
         else:
             offsets = arrays.get("tile_col_offsets")
             if offsets is None or q.shape != weight.shape or scale.size != (offsets.size - 1) * tile_rows:
@@ -349,13 +404,14 @@ def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixO
                 n = min(scale.size, ell_scale.size)
                 want_scale[:n] = ell_scale[:n]
             want_q = np.zeros_like(q)
-            rel = 0.0
+            rel = abs_err = 0.0
             for t, (block, qblock) in enumerate(zip(tile_blocks(weight, offsets, tile_rows), tile_blocks(q, offsets, tile_rows), strict=True)):
                 s = scale[t * tile_rows : (t + 1) * tile_rows]
                 wq, _ = quantize_rows_int8(block, s)
                 a = int(offsets[t]) * tile_rows
                 want_q[a : a + wq.size] = wq.ravel()
-                rel = max(rel, int8_errors(block, qblock, s)[0])
+                block_rel, block_abs = int8_errors(block, qblock, s)
+                rel, abs_err = max(rel, block_rel), max(abs_err, block_abs)
         scale_ok = bool(np.array_equal(scale, want_scale))
         out.add("int8_scale", sname, scale_ok, f"{sname} = float32(max|w row| / {INT8_MAX}) (recomputed)" if scale_ok else f"{sname} differs from float32(max|w row| / {INT8_MAX})")
         q_ok = bool(np.array_equal(q, want_q))
@@ -364,6 +420,13 @@ def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixO
         bound = 0.5 / INT8_MAX * (1 + 1e-3)
         out.add("int8_error_bound", qname, rel <= bound, f"max |decode - w| / max|w row| = {rel:.4g} (half a step is {0.5 / INT8_MAX:.4g})")
         worst = max(worst, rel)
+        worst_abs = max(worst_abs, abs_err)
+    recorded_abs = info.get("max_abs_error") if isinstance(info, Mapping) else None
+    if isinstance(recorded_abs, int | float) and not isinstance(recorded_abs, bool):
+        close = math.isclose(float(recorded_abs), worst_abs, rel_tol=1e-9, abs_tol=1e-15)
+        out.add("int8_recorded_error", "", close, f"recorded int8.max_abs_error {float(recorded_abs):.6g} vs recomputed {worst_abs:.6g}")
+    else:
+        out.add("int8_recorded_error", "", False, f"int8.max_abs_error missing or not a number: {recorded_abs!r}")
     if isinstance(recorded, int | float):
         close = math.isclose(float(recorded), worst, rel_tol=1e-9, abs_tol=1e-15)
         out.add("int8_recorded_error", "", close, f"recorded int8.max_rel_error {float(recorded):.6g} vs recomputed {worst:.6g}")

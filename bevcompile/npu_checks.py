@@ -23,6 +23,7 @@ against their recorded worst-case sample error ``+ 1e-6``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,6 +65,7 @@ from .formats import (
     samples_zero,
 )
 from .gather import (
+    band_switches,
     bilinear_corners,
     build_gather_tables,
     camera_base_offsets,
@@ -75,6 +77,7 @@ from .gather import (
     layout_tables,
     lut_table,
     lut_weights,
+    mean_index_jump,
     worst_case_sample_error,
 )
 from .grid import SamplingGrid, compute_sampling_grid, feature_px_to_norm
@@ -426,7 +429,12 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     weight = _expect(arrays, "gather", "weight", shape, ("float32",)).reshape(-1, 4)
     codes = _expect(arrays, "gather", "weight_u8", shape, ("uint8",)).reshape(-1, 4)
     lut = _expect(arrays, "gather", "lut", (1 << frac_bits,), ("float32",))
-    out: dict[str, Any] = {"layout": layout, "n_cells": n_cells, "n_pad": n_pad, "frac_bits": frac_bits, "lut": lut}
+    lut_value = attrs.get("lut")
+    lut_attrs: Mapping[str, Any] = lut_value if isinstance(lut_value, Mapping) else {}
+    for key, got, want in (("align", attrs.get("align"), align), ("order", attrs.get("order"), order), ("lut.frac_bits", lut_attrs.get("frac_bits"), frac_bits)):
+        if got != want:
+            raise _Bad(f"gather/ attrs {key} {got!r}, build_options say {want!r}")
+    out: dict[str, Any] = {"layout": layout, "n_cells": n_cells, "n_pad": n_pad, "frac_bits": frac_bits, "lut": lut, "stored_index": index}
     rows = np.arange(n_cells)
     if layout != "bev":
         cell_valid = _expect(arrays, "gather", "cell_valid", (n_pad,), ("bool",))
@@ -464,7 +472,33 @@ def check_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     if "index" not in state:
         return checks
     _guard(checks, "tables", "gather/index", lambda: _check_gather_tables(ctx, attrs, state))
+    _guard(checks, "order_figures", "gather/", lambda: _check_order_figures(ctx, attrs, state))
     return checks
+
+
+def _check_order_figures(ctx: CheckContext, attrs: Mapping[str, Any], state: Mapping[str, Any]) -> list[Check]:
+    """The recorded locality figures (mean index jump, 8-row band switches) recomputed from the
+    tables, in row order and in the stored (gather) order."""
+    valid = ctx.grid_arrays.get("valid")
+    valid_rows = (np.asarray(valid, dtype=bool) if valid is not None else ctx.sampling_grid().valid).reshape(-1)
+    index_row = np.asarray(state["index"], dtype=np.int64)
+    if "cell_valid" in state:
+        index_gather, valid_gather = np.asarray(state["stored_index"], dtype=np.int64), np.asarray(state["cell_valid"], dtype=bool)
+    else:
+        index_gather, valid_gather = index_row, valid_rows
+    feature_size = ctx.rig.feature_size
+    want = {
+        "mean_index_jump_row_order": mean_index_jump(index_row, valid_rows),
+        "mean_index_jump_gather_order": mean_index_jump(index_gather, valid_gather),
+        "band_switches_row_order": band_switches(index_row, valid_rows, feature_size),
+        "band_switches_gather_order": band_switches(index_gather, valid_gather, feature_size),
+    }
+    bad = [f"{k} {attrs.get(k)!r} vs recomputed {v!r}" for k, v in want.items() if not _same_figure(attrs.get(k), v)]
+    return [Check("order_figures", "gather/", not bad, "; ".join(bad) if bad else "mean index jump and band switches (row and gather order) equal the recomputation")]
+
+
+def _same_figure(recorded: Any, value: float | int) -> bool:
+    return isinstance(recorded, int | float) and not isinstance(recorded, bool) and math.isclose(float(recorded), float(value), rel_tol=1e-12, abs_tol=0.0)
 
 
 def _check_gather_tables(ctx: CheckContext, attrs: Mapping[str, Any], state: Mapping[str, Any]) -> list[Check]:

@@ -21,6 +21,7 @@ Missing chunks are detected (zarr would silently return the fill value).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -133,11 +134,14 @@ def _to_builtin(value: Any) -> Any:
 
 
 def _dir_bytes(path: Path) -> int:
+    """Bytes of the chunk files under ``path`` (links not followed; an entry that cannot be
+    stat-ed, e.g. a dangling link, counts 0: reading the array reports it)."""
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
             if name != "zarr.json":
-                total += (Path(root) / name).stat().st_size
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(root, name)).st_size
     return total
 
 
@@ -202,6 +206,8 @@ def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) ->
     )
 
 
+GROUPS_ATTR = "groups"
+"""Root attribute: the sorted names of the store's groups, rewritten by every write."""
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 
@@ -297,6 +303,7 @@ def write_groups(
             root.attrs.update(_json_safe(dict(root_attrs), "root"))
         for name, data in groups.items():
             sizes.update(_write_group(root, name, data))
+        root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
         del root
         for key in sizes:
             sizes[key] = _dir_bytes(tmp / key)
@@ -404,6 +411,15 @@ class StoreReader:
             return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot list {group + '/' if group else 'the store root'} ({_one_line(exc)})") from None
+
+    def stray_entries(self, group: str | None = None) -> list[str]:
+        """Entries of the root (or of ``group``) that should be folders but are not: files other
+        than ``zarr.json``, broken or looping links. Hidden names are skipped."""
+        base = self.path if group is None else self.path / group
+        try:
+            return sorted(p.name for p in base.iterdir() if not p.name.startswith(".") and p.name != "zarr.json" and not p.is_dir())
+        except OSError:
+            return []  # child_dirs reports an unlistable folder
 
     def _group(self, group: str) -> Any:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -144,6 +146,11 @@ DAMAGES: list[tuple[str, Callable[[Path], object], str, str, str]] = [
         "contract",
         "dtype float64; config implies (4, 1, 24, 24, 2) float32",
     ),
+    ("group deleted", lambda s: shutil.rmtree(s / "delta"), "/", "groups_recorded", "recorded group(s) missing: delta/ (deleted, or a partial copy)"),
+    ("group replaced by a file", lambda s: _replace_by_file(s / "gather"), "gather", "node_metadata", "not a folder where a group should be"),
+    ("array replaced by a dangling link", lambda s: _replace_by_link(s / "grid" / "norm", "/nonexistent"), "grid/norm", "node_metadata", "not a folder where an array should be"),
+    ("chunk replaced by a dangling link", lambda s: _replace_by_link(damage.chunk_files(s, "grid/coords")[0], "/nonexistent"), "grid/coords", "read", "1 of 4 chunk(s) missing"),
+    ("chunk replaced by a link loop", lambda s: _replace_by_link(damage.chunk_files(s, "grid/valid")[0], "loop"), "grid/valid", "read", "1 of 4 chunk(s) missing"),
     (
         "wrong dtype (hash kept)",
         lambda s: damage.rewrite_array(s, "grid/valid", open_store(s).read("grid", "valid").astype(np.uint8), update_sha256=False),
@@ -152,6 +159,20 @@ DAMAGES: list[tuple[str, Callable[[Path], object], str, str, str]] = [
         "does not match recorded",
     ),
 ]
+
+
+def _replace_by_file(path: Path) -> None:
+    shutil.rmtree(path)
+    path.write_text("not a group")
+
+
+def _replace_by_link(path: Path, target: str) -> None:
+    """``path`` (a file or folder) becomes a symlink to ``target``; ``"loop"``: a link to itself."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    os.symlink(path if target == "loop" else target, path)
 
 
 @pytest.mark.parametrize(("label", "corrupt", "array", "check", "reason"), DAMAGES, ids=[d[0] for d in DAMAGES])

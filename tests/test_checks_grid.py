@@ -156,7 +156,8 @@ def test_convention_invalid_cells_hold_sentinel_and_sample_exactly_zero_in_torch
         ("invalid_norm_inside", {"invalid_samples_zero", "norm_matches_coords", "encodes_norm"}),
         ("int16_off_by_two", {"decodes_within_recorded_error", "encodes_norm"}),
         ("int16_invalid_not_saturated", {"invalid_saturated", "encodes_norm"}),
-        ("max_error_lowered", {"decodes_within_recorded_error"}),
+        ("max_error_lowered", {"decodes_within_recorded_error", "recorded_error_is_measured"}),
+        ("max_error_raised", {"recorded_error_is_measured"}),
         ("max_error_missing", {"decodes_within_recorded_error"}),
         ("coverage_attr_edited", {"coverage_attr"}),
         ("align_attr_flipped", {"build_options"}),
@@ -189,6 +190,8 @@ def test_each_tamper_fails_its_check(small: RigConfig, tamper: str, failing: set
         arrays["norm_int16"][(*bad, 1)] = 0
     elif tamper == "max_error_lowered":
         attrs["norm_int16"]["max_error_px"] /= 2
+    elif tamper == "max_error_raised":  # would loosen verify's norm_int16 threshold
+        attrs["norm_int16"]["max_error_px"] *= 2
     elif tamper == "max_error_missing":
         del attrs["norm_int16"]["max_error_px"]
     elif tamper == "coverage_attr_edited":

@@ -27,14 +27,14 @@ from bevcompile.diff import (
     rotation_angle_deg,
     sampling_shift_px,
 )
-from bevcompile.errors import UsageError
+from bevcompile.errors import StoreError, UsageError
 from bevcompile.geometry import project_ego_to_feature
 from bevcompile.grid import compute_sampling_grid
 from bevcompile.matrix import MatrixOptions, run_matrix
 from bevcompile.matrix_checks import apply_entries, lifted_columns
 from bevcompile.verify import make_features
 
-from . import rigs
+from . import damage, rigs
 
 runner = CliRunner()
 HEIGHTS = (0.0, 0.5)
@@ -352,3 +352,199 @@ def test_cli_not_a_store_exit_2(stores: dict[str, Path], tmp_path: Path) -> None
     result = runner.invoke(app, ["diff", str(tmp_path), str(stores["old"])])
     assert result.exit_code == 2
     assert result.stderr == f"error: {tmp_path}: not a zarr store (no zarr.json at its root)\n"
+
+
+# --------------------------------------------------------------------------------------
+# damaged stores (content hash recomputed, so only diff's own checks can notice)
+# --------------------------------------------------------------------------------------
+
+
+def _damaged(stores: dict[str, Path], tmp_path: Path, array: str, edit: Any, key: str = "old") -> Path:
+    """A copy of ``stores[key]`` whose ``array`` is replaced by ``edit(copy of its values)``."""
+    store = damage.copy_store(stores[key], tmp_path / f"damaged-{key}")
+    values = np.array(load(store)[array.split("/")[0]][array.split("/")[1]])
+    damage.rewrite_array(store, array, edit(values))
+    return store
+
+
+def _first_valid_cell(stores: dict[str, Path], cam: int) -> tuple[int, int, int]:
+    valid = np.asarray(load(stores["old"])["grid"]["valid"], dtype=bool)[cam]
+    ih, iy, ix = (int(i) for i in np.argwhere(valid)[0])
+    return ih, iy, ix
+
+
+def _set_coords(cam: int, cell: tuple[int, int, int], value: float) -> Any:
+    def edit(coords: np.ndarray) -> np.ndarray:
+        coords[(cam, *cell, 0)] = value
+        return coords
+
+    return edit
+
+
+@pytest.mark.parametrize("side", ["old", "new"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_shift_fails_the_gate(stores: dict[str, Path], tmp_path: Path, side: str, value: float) -> None:
+    cell = _first_valid_cell(stores, 0)
+    damaged = _damaged(stores, tmp_path, "grid/coords", _set_coords(0, cell, value))
+    old, new = (damaged, stores["old"]) if side == "old" else (stores["old"], damaged)
+    report = diff_stores(old, new, max_shift_px=1000.0, max_coverage_change=1.0)
+    front = report.cameras[0].total
+    assert front.shift_max_px is not None and not math.isfinite(front.shift_max_px)
+    assert (math.isnan(front.shift_max_px) if math.isnan(value) else front.shift_max_px == math.inf)
+    assert front.max_shift_cell == cell  # the first non-finite cell is the one reported
+    assert report.cameras[0].failures == (
+        f"max shift not finite ({front.shift_max_px} px; non-finite grid/coords): --max-shift-px 1000 fails",
+    )
+    assert not report.passed and [c.camera for c in report.failing_cameras] == ["FRONT"]
+    assert all(c.passed and c.total.shift_max_px == 0.0 for c in report.cameras[1:])
+    side_name = "OLD" if side == "old" else "NEW"
+    assert report.notes == [
+        f"{side_name} {damaged}: grid/coords has 1 non-finite value(s) (NaN/inf; a built store has none, "
+        "`bevcompile inspect` checks it): the shift figures that use them are not finite"
+    ]
+    # no gate: the figure stays visible, nothing fails
+    assert diff_stores(old, new).passed
+
+
+def test_cli_nan_shift_gate_exit_1_one_line(stores: dict[str, Path], tmp_path: Path) -> None:
+    damaged = _damaged(stores, tmp_path, "grid/coords", _set_coords(0, _first_valid_cell(stores, 0), math.nan))
+    old = str(stores["old"])
+    result = runner.invoke(app, ["diff", old, str(damaged), "--max-shift-px", "0.25"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"{damaged}: FRONT: max shift not finite (nan px; non-finite grid/coords): --max-shift-px 0.25 fails (vs {old})",
+        f"error: diff gate failed: 1 of 4 cameras of {damaged}",
+    ]
+    out = _flat(result.stdout)
+    assert "FRONT nan nan nan" in out and "FAIL" in out and "3 of 4 cameras within --max-shift-px 0.25" in out
+    assert "note: NEW" in out and "grid/coords has 1 non-finite value(s)" in out
+    result = runner.invoke(app, ["diff", old, str(damaged), "--max-shift-px", "0.25", "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    front = data["cameras"][0]
+    assert front["shift_max_px"] is None and front["passed"] is False and "not finite" in front["failures"][0]
+    assert data["passed"] is False and len(data["failures"]) == 1 and len(data["notes"]) == 1
+
+
+def test_gate_rules_fail_non_finite_figures() -> None:
+    for value in (math.nan, math.inf):
+        stats = ShiftStats(1000, 100, 0, 0, value, value, value, 1, (0, 0, 0), (0.0, 0.0, 0.0))
+        assert gate_failures(stats, 1e9, None) == (f"max shift not finite ({value} px; non-finite grid/coords): --max-shift-px 1e+09 fails",)
+        assert gate_failures(stats, None, 1.0) == ()  # the coverage figures are finite
+        assert gate_failures(stats, None, None) == ()
+
+
+def _one_row_with_two_entries(rows: np.ndarray) -> int:
+    """Index ``i`` of an entry whose row also holds entry ``i + 1``."""
+    return int(np.flatnonzero(rows[1:] == rows[:-1])[0])
+
+
+def _swap_in_row(stores: dict[str, Path]) -> Any:
+    i = _one_row_with_two_entries(np.asarray(load(stores["old"])["matrix"]["coo_row"]))
+
+    def edit(cols: np.ndarray) -> np.ndarray:
+        cols[i], cols[i + 1] = cols[i + 1], cols[i]
+        return cols
+
+    return edit, f"0 duplicate(s), 1 out of order (first between entries {i} and {i + 1})"
+
+
+def _duplicate_in_row(stores: dict[str, Path]) -> Any:
+    i = _one_row_with_two_entries(np.asarray(load(stores["old"])["matrix"]["coo_row"]))
+
+    def edit(cols: np.ndarray) -> np.ndarray:
+        cols[i + 1] = cols[i]
+        return cols
+
+    return edit, f"1 duplicate(s), 0 out of order (first between entries {i} and {i + 1})"
+
+
+@pytest.mark.parametrize("make", [_swap_in_row, _duplicate_in_row], ids=["unsorted", "duplicate"])
+def test_unsorted_or_duplicate_coo_is_one_line_exit_2(stores: dict[str, Path], tmp_path: Path, make: Any) -> None:
+    edit, detail = make(stores)
+    damaged = _damaged(stores, tmp_path, "matrix/coo_col", edit)
+    message = f"{damaged}: matrix/coo_row, coo_col: entries not sorted by (row, col) without duplicates: {detail}"
+    with pytest.raises(StoreError) as info:
+        diff_stores(stores["old"], damaged)
+    assert str(info.value) == message
+    for old, new in ((stores["old"], damaged), (damaged, stores["moved"])):
+        result = runner.invoke(app, ["diff", str(old), str(new)])
+        assert result.exit_code == 2, result.output
+        assert result.stdout == ""
+        assert result.stderr == f"error: {message}\n"
+
+
+def test_coo_out_of_range_and_shape_are_one_line_exit_2(stores: dict[str, Path], tmp_path: Path) -> None:
+    _, ny, nx = load(stores["old"]).bev_shape
+    n_rows = ny * nx  # no compact rows: one row per BEV cell
+    damaged = _damaged(stores, tmp_path, "matrix/coo_row", lambda rows: np.concatenate([rows[:-1], [n_rows]]).astype(rows.dtype))
+    result = runner.invoke(app, ["diff", str(stores["old"]), str(damaged)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {damaged}: matrix/coo_row out of range [0, {n_rows})") and result.stderr.count("\n") == 1
+    short = _damaged(stores, tmp_path / "short", "matrix/coo_val", lambda vals: vals[:-1])
+    result = runner.invoke(app, ["diff", str(stores["old"]), str(short)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {short}: matrix/coo_row, coo_col, coo_val are inconsistent") and result.stderr.count("\n") == 1
+
+
+def test_compact_row_ids_not_increasing_is_one_line_exit_2(tmp_path: Path) -> None:
+    options = MatrixOptions(topk=TOPK, compact_rows=True)
+    clean = _build(_data(), tmp_path / "clean", matrix=options)
+    damaged = damage.copy_store(clean, tmp_path / "damaged")
+    row_ids = np.array(load(damaged)["matrix"]["row_ids"])
+    row_ids[1] = row_ids[0]
+    damage.rewrite_array(damaged, "matrix/row_ids", row_ids)
+    assert diff_stores(clean, clean).matrix is not None  # compact rows compare fine
+    result = runner.invoke(app, ["diff", str(clean), str(damaged)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"error: {damaged}: matrix/row_ids not strictly increasing\n"
+
+
+def test_nan_coo_value_makes_the_matrix_figures_nan(stores: dict[str, Path], tmp_path: Path) -> None:
+    def edit(vals: np.ndarray) -> np.ndarray:
+        vals[len(vals) // 2] = np.nan
+        return vals
+
+    damaged = _damaged(stores, tmp_path, "matrix/coo_val", edit)
+    report = diff_stores(stores["old"], damaged)
+    m = report.matrix
+    assert m is not None
+    assert math.isnan(m.output.max_abs) and math.isnan(m.output.mean_abs) and math.isnan(m.output.psnr_db)
+    assert m.rows_entry_set_changed == 0 and m.rows_changed == 1
+    assert report.notes == [
+        f"NEW {damaged}: matrix/coo_val has 1 non-finite value(s) (NaN/inf; a built store has none, "
+        "`bevcompile inspect` checks it): the COO output figures that use them are not finite"
+    ]
+    assert all(o.max_abs == 0.0 for o in report.output)  # the grid tables are untouched
+    # the same NaN on both sides: no row changed, but the product is still NaN (and both notes)
+    same = diff_stores(damaged, damaged)
+    assert same.matrix is not None and same.matrix.rows_changed == 0 and math.isnan(same.matrix.output.max_abs)
+    assert [n.split(":")[0] for n in same.notes] == [f"OLD {damaged}", f"NEW {damaged}"]
+    result = runner.invoke(app, ["diff", str(stores["old"]), str(damaged)])
+    assert result.exit_code == 0 and result.stderr == ""
+    out = _flat(result.stdout)
+    assert "COO output max abs / mean abs nan / nan" in out and "range of the old output) nan" in out
+
+
+def test_nan_grid_norm_makes_that_heights_output_nan(stores: dict[str, Path], tmp_path: Path) -> None:
+    cell = _first_valid_cell(stores, 0)
+
+    def edit(norm: np.ndarray) -> np.ndarray:
+        norm[(0, *cell, 1)] = np.nan
+        return norm
+
+    damaged = _damaged(stores, tmp_path, "grid/norm", edit)
+    report = diff_stores(stores["old"], damaged)
+    ih = cell[0]
+    hit, other = report.output[ih], report.output[1 - ih]
+    assert math.isnan(hit.max_abs) and math.isnan(hit.mean_abs) and math.isnan(hit.psnr_db)
+    assert hit.max_abs_same_coverage is not None and math.isnan(hit.max_abs_same_coverage)
+    assert other.max_abs == 0.0 and other.psnr_db == math.inf
+    assert report.cameras[0].total.shift_max_px == 0.0  # the shift uses grid/coords only
+    assert report.notes == [
+        f"NEW {damaged}: grid/norm has 1 non-finite value(s) (NaN/inf; a built store has none, "
+        "`bevcompile inspect` checks it): the output-change figures that use them are not finite"
+    ]
+    result = runner.invoke(app, ["diff", str(stores["old"]), str(damaged), "--max-shift-px", "0"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert f"z={HEIGHTS[ih]:g} m nan nan nan" in _flat(result.stdout)

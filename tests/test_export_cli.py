@@ -162,12 +162,7 @@ def test_export_onnx_missing_store(tmp_path: Path) -> None:
 def test_export_onnx_failed_check_exits_1(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bevcompile import onnx_export
 
-    original = onnx_export.ExportOptions
-
-    def tight(**kwargs: object) -> onnx_export.ExportOptions:
-        return original(**kwargs, tolerance=1e-30)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(onnx_export, "ExportOptions", tight)
+    monkeypatch.setattr(onnx_export, "export_tolerance", lambda store, options: 1e-30)
     result = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "m.onnx"), "--channels", "3"])
     assert result.exit_code == 1
     assert "onnxruntime output differs from the numpy reference by" in result.stderr

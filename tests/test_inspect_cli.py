@@ -209,3 +209,13 @@ def test_render_cli_errors(small_store: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["render", str(tmp_path)])
     assert result.exit_code == 2
     assert result.stderr == f"error: {tmp_path}: not a zarr store (no zarr.json at its root)\n"
+
+
+def test_inspect_json_survives_a_nan_attribute(small_copy: Path) -> None:
+    """A tampered attribute may hold NaN (zarr reads it): the report is still strict JSON (NaN -> null)."""
+    damage.edit_attr(small_copy, "delta", ["max_error_px"], float("nan"))
+    result = runner.invoke(app, ["inspect", str(small_copy), "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)  # strict parse: no NaN token
+    assert "NaN" not in result.stdout and "Traceback" not in result.output
+    assert report["passed"] is False

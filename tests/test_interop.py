@@ -11,6 +11,8 @@ per-cell loop and against ``torch.nn.functional.grid_sample(mode="nearest")``.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bevcompile.build import run_grid
-from bevcompile.checks_api import CheckContext
+from bevcompile.checks_api import Check, CheckContext
 from bevcompile.config import RigConfig
 from bevcompile.errors import UsageError
 from bevcompile.grid import compute_sampling_grid
@@ -35,6 +37,7 @@ from bevcompile.interop import (
     choose_camera,
     fastbev_gather,
     feat_rank_from_depth_rank,
+    frustum_shape,
     intervals_of,
     reference_frustum_pool,
     run_export_interop,
@@ -586,3 +589,143 @@ def test_a_bad_npy_folder_leaves_the_store_unchanged(interop_store: Path, tmp_pa
     with pytest.raises(Exception, match=r"cannot write \.npy files"):
         run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=blocker / "sub")
     assert tree_digest(interop_store) == before
+
+
+# --------------------------------------------------------------------------------------
+# plain inspect: the BEVPoolv2 arrays against a rebuild from config + build_options
+# --------------------------------------------------------------------------------------
+
+
+def _geometry_check(checks: list[Check]) -> Check:
+    from bevcompile.interop_checks import GEOMETRY_CHECK
+
+    found = [c for c in checks if c.name == GEOMETRY_CHECK]
+    assert len(found) == 1, checks
+    return found[0]
+
+
+def _edit_option(key: str, value: object) -> Callable[[dict[str, np.ndarray], dict], None]:
+    def edit(arrays: dict[str, np.ndarray], attrs: dict) -> None:
+        attrs["build_options"]["bevpoolv2"][key] = value
+
+    return edit
+
+
+def _move_point_to_another_pixel(arrays: dict[str, np.ndarray], attrs: dict) -> None:
+    """A single-point voxel's point moved one pixel along u (same camera and depth bin, a pixel
+    the group does not use yet); ranks_feat kept consistent, so every structural check passes."""
+    rd, rb = arrays["bevpoolv2_ranks_depth"], arrays["bevpoolv2_ranks_bev"]
+    _starts, lengths = intervals_of(rb)
+    singles = np.flatnonzero(np.repeat(lengths, lengths) == 1)
+    w_f = 12
+    used = set(rd.tolist())
+    for i in singles:
+        r = int(rd[i])
+        moved = r + 1 if r % w_f + 1 < w_f else r - 1
+        if moved not in used:
+            rd = rd.copy()
+            rd[i] = moved
+            arrays["bevpoolv2_ranks_depth"] = rd
+            arrays["bevpoolv2_ranks_feat"] = feat_rank_from_depth_rank(rd, (4, 8, 8, 12))
+            return
+    raise AssertionError("no single-point voxel with a free neighbour pixel")
+
+
+def _move_last_interval_to_next_voxel(arrays: dict[str, np.ndarray], attrs: dict) -> None:
+    rb = arrays["bevpoolv2_ranks_bev"].copy()
+    assert int(rb[-1]) + 1 < 40 * 40 * 1  # still inside the grid: the index range check passes
+    rb[int(arrays["bevpoolv2_interval_starts"][-1]):] += 1
+    arrays["bevpoolv2_ranks_bev"] = rb
+
+
+@pytest.mark.parametrize(
+    ("damage", "array"),
+    [
+        (_edit_option("rounding", "floor"), "bevpoolv2_ranks_bev"),
+        (_edit_option("frustum_mapping", "stride"), "bevpoolv2_ranks_bev"),
+        (_edit_option("frustum_mapping", "rig"), "bevpoolv2_ranks_bev"),
+        (_edit_option("z_bins", 2), "bevpoolv2_ranks_bev"),
+        (_edit_option("batch", 2), "bevpoolv2_ranks_bev"),
+        (_move_point_to_another_pixel, "bevpoolv2_ranks_depth"),
+        (_move_last_interval_to_next_voxel, "bevpoolv2_ranks_bev"),
+    ],
+    ids=["rounding", "frustum_mapping_stride", "frustum_mapping_rig", "z_bins", "batch", "point_moved", "last_interval_moved"],
+)
+def test_plain_check_rebuilds_bevpoolv2_and_catches_consistent_damage(
+    interop_store: Path, small_distorted_multi: RigConfig, damage: Callable[[dict[str, np.ndarray], dict], None], array: str
+) -> None:
+    """Damage the structural checks cannot see (arrays still sorted, stable, in range and
+    self-consistent) fails plain check_interop through the rebuild comparison alone, naming the
+    first differing array and how many elements differ."""
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict(), "fastbev-lut": FastBevOptions().to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    assert frustum_shape(ctx.rig) == (4, 8, 8, 12)  # the damage helpers use it
+    damage(arrays, attrs)
+    checks = check_interop(ctx, arrays, attrs)
+    failed = [c for c in checks if not c.passed]
+    geometry = _geometry_check(checks)
+    assert failed == [geometry], failed  # every structural check still passes
+    assert geometry.array == f"interop/{array}"
+    assert re.search(r"(\d[\d,]* of \d[\d,]* element\(s\) differ|\d[\d,]* element\(s\) stored, \d[\d,]* in the rebuild)", geometry.reason)
+    assert "contradict the stored config or build_options" in geometry.reason
+
+
+def test_plain_check_counts_differing_elements(interop_store: Path) -> None:
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    _move_point_to_another_pixel(arrays, attrs)
+    geometry = _geometry_check(check_interop(ctx, arrays, attrs))
+    n = arrays["bevpoolv2_ranks_depth"].size
+    assert f"1 of {n:,} element(s) differ from the rebuild (first at index" in geometry.reason
+    _edit_option("batch", 2)(arrays, attrs)
+    geometry = _geometry_check(check_interop(ctx, arrays, attrs))
+    assert geometry.array == "interop/bevpoolv2_ranks_bev"
+    assert f"{n:,} element(s) stored, {2 * n:,} in the rebuild ({n:,} fewer; first difference at index {n:,})" in geometry.reason
+
+
+@pytest.mark.parametrize("options", [BevPoolOptions(), BevPoolOptions("rig", "floor", 2, 2), BevPoolOptions("stride", "trunc", None, 3)])
+def test_plain_check_passes_a_fresh_bevpoolv2_group(interop_store: Path, options: BevPoolOptions) -> None:
+    run_export_interop(interop_store, {"bevpoolv2": options.to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    checks = check_interop(ctx, arrays, attrs)
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    geometry = _geometry_check(checks)
+    assert geometry.reason.startswith("all 5 arrays equal the rebuild (")
+
+
+def test_plain_check_skips_the_rebuild_above_the_size_cap(interop_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above GEOMETRY_CHECK_MAX_POINTS frustum points plain inspect does not rebuild: a passing
+    check says the comparison runs under --strict and verify (and a lie goes through)."""
+    import bevcompile.interop_checks as interop_checks
+
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    _edit_option("rounding", "floor")(arrays, attrs)
+    monkeypatch.setattr(interop_checks, "GEOMETRY_CHECK_MAX_POINTS", 4 * 8 * 8 * 12 - 1)
+    monkeypatch.setattr(interop_checks, "build_target", lambda *a, **k: pytest.fail("rebuilt above the cap"))
+    checks = check_interop(ctx, arrays, attrs)
+    assert all(c.passed for c in checks), [c for c in checks if not c.passed]
+    geometry = _geometry_check(checks)
+    assert geometry.array == "interop/"
+    assert geometry.reason == "not compared: the frustum has 3,072 points (> 3,071); the geometry comparison runs under --strict and verify"
+    monkeypatch.undo()
+    monkeypatch.setattr(interop_checks, "GEOMETRY_CHECK_MAX_POINTS", 4 * 8 * 8 * 12)  # exactly at the cap: compared
+    assert not _geometry_check(check_interop(ctx, arrays, attrs)).passed
+
+
+def test_plain_inspect_catches_edited_bevpoolv2_build_options(interop_store: Path) -> None:
+    """End to end: build_options.bevpoolv2.rounding edited in interop/zarr.json -> plain
+    inspect fails with exactly the rebuild check (--strict names every differing array)."""
+    from bevcompile.checks import inspect_store
+    from bevcompile.interop_checks import GEOMETRY_CHECK
+
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict()})
+    assert inspect_store(interop_store).passed
+    meta_path = interop_store / "interop" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["build_options"]["bevpoolv2"]["rounding"] = "floor"
+    meta_path.write_text(json.dumps(meta))
+    report = inspect_store(interop_store)
+    assert [(c.name, c.array) for c in report.failures] == [(GEOMETRY_CHECK, "interop/bevpoolv2_ranks_bev")]
+    strict = inspect_store(interop_store, strict=True)
+    assert {c.name for c in strict.failures} == {GEOMETRY_CHECK, "strict"}

@@ -55,8 +55,9 @@ def test_fresh_store_verifies_with_every_row_measured(small_store: Path) -> None
     rig = rigs.small_rig(distortion=True, heights=(0.0, 0.5))
     grid_rows = [r for r in report.rows if r.product.startswith(("grid/", "torch"))]
     assert {r.camera for r in grid_rows} == set(rig.camera_names)
-    assert len(grid_rows) == 4 * rig.n_cam
-    assert all(r.max_abs > 0 and r.mean_abs > 0 and math.isfinite(r.psnr_db) for r in grid_rows)
+    assert len(grid_rows) == 5 * rig.n_cam  # coords, norm, norm_int16, torch float64, torch float32
+    measured = [r for r in grid_rows if r.product != "torch grid_sample(grid/norm)"]  # float64 torch may equal numpy exactly
+    assert all(r.max_abs > 0 and r.mean_abs > 0 and math.isfinite(r.psnr_db) for r in measured)
     data = json.loads(json.dumps(report.to_json(), allow_nan=False))
     assert data["passed"] is True and data["seed"] == 1 and data["channels"] == 3 and data["feature_peak"] == 1.0
 
@@ -112,9 +113,12 @@ def test_tampered_norm_fails_verify(small_copy: Path) -> None:
     norm[0][valid[0], 1] += np.float32(0.1)
     damage.rewrite_array(small_copy, "grid/norm", norm)
     report = verify_store(small_copy)
-    failed = {(r.product, r.camera) for r in report.failures}
-    # torch and numpy agree on the tampered grid: only the comparison with the projection fails
+    failed = {(r.product, r.camera) for r in report.failures if r.product != "integrity"}
+    # torch and numpy agree on the tampered grid: only the comparison with the projection fails ...
     assert failed == {("grid/norm", "FRONT")}
+    # ... and inspect's invariants, which verify runs too, name the arrays that disagree with coords
+    integrity = {r.camera for r in report.failures if r.product == "integrity"}
+    assert integrity == {"grid/norm", "grid/norm_int16"}
 
 
 def test_plugin_verify_rows_and_exceptions(small_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,8 +131,11 @@ def test_plugin_verify_rows_and_exceptions(small_copy: Path, monkeypatch: pytest
     fake = [r for r in report.rows if r.product == "fake/x"]
     w_f, h_f = rig.feature_size
     assert len(fake) == 1 and fake[0].passed and fake[0].note == f"features {(rig.n_cam, 2, h_f, w_f)}"
-    boom = [r for r in report.failures if r.camera == "boom/"]
-    assert len(boom) == 1 and "tests.fake_plugins.verify_boom raised KeyError" in boom[0].note
+    boom = [r.note for r in report.failures if r.camera == "boom/"]
+    # verify runs inspect's checks too: check_boom's and verify_boom's exceptions are one failed row each
+    assert len(boom) == 2
+    assert any("tests.fake_plugins.verify_boom raised KeyError" in note for note in boom)
+    assert any("check_boom raised RuntimeError: plug-in exploded with a second line" in note for note in boom)
 
 
 def test_store_with_nothing_verifiable_fails(tmp_path: Path) -> None:

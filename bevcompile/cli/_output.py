@@ -48,8 +48,28 @@ def progress_bar(label: str, total: int | None, enabled: bool = True) -> Iterato
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, allow_nan=False, default=_default) + "\n")
+    """Strict JSON on stdout: NaN and infinities (a PSNR of identical arrays, a tampered
+    attribute echoed in a report) are written as ``null``."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, allow_nan=False, default=_default) + "\n")
     sys.stdout.flush()
+
+
+def _finite(value: Any) -> Any:
+    import math
+
+    import numpy as np
+
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _finite(value.tolist())
+    if hasattr(value, "items") and not isinstance(value, str | bytes):  # read-only mappings (zarr attrs)
+        return {k: _finite(v) for k, v in value.items()}
+    return value
 
 
 def _default(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +42,11 @@ def _compact(value: Any) -> str:
 
 def _px(value: float | None) -> str:
     return "–" if value is None else f"{value:.4g}"
+
+
+def _psnr(value: float) -> str:
+    """Like ``verify``'s ``format_psnr``, but a NaN (or -inf) PSNR shows as such, not ``n/a``."""
+    return format_psnr(value) if math.isfinite(value) or value > 0 else f"{value}"
 
 
 def _nearest(stats: ShiftStats) -> str:
@@ -135,7 +141,7 @@ def _print_diff(report: StoreDiff) -> None:
     )
     for out in report.output:
         changed = "–" if out.cells_coverage_changed is None else f"{out.cells_coverage_changed:,} cells"
-        output.add_row(escape(out.label), f"{out.max_abs:.4g}", f"{out.mean_abs:.4g}", format_psnr(out.psnr_db), changed,
+        output.add_row(escape(out.label), f"{out.max_abs:.4g}", f"{out.mean_abs:.4g}", _psnr(out.psnr_db), changed,
                        _px(out.max_abs_same_coverage))
     print_table(output)
 
@@ -147,7 +153,7 @@ def _print_diff(report: StoreDiff) -> None:
         table.add_row("rows (BEV cells) whose entry set changed", _count(m.rows_entry_set_changed, m.n_rows))
         table.add_row("rows whose entries or weights changed", _count(m.rows_changed, m.n_rows))
         table.add_row("COO output max abs / mean abs", f"{m.output.max_abs:.4g} / {m.output.mean_abs:.4g}")
-        table.add_row(f"COO output PSNR dB (peak {m.output.peak:.4g} = range of the old output)", format_psnr(m.output.psnr_db))
+        table.add_row(f"COO output PSNR dB (peak {m.output.peak:.4g} = range of the old output)", _psnr(m.output.psnr_db))
         print_table(table)
     for note in report.notes:
         stdout_console.print(f"note: {escape(note)}")
@@ -195,7 +201,8 @@ def diff(
     Reports the config changes, each camera's pose change (degrees, mm), the grid change
     (coverage, sampling shift in feature pixels, nearest-pixel changes), the output change on
     seeded random features and the matrix/ change. Exit 0, 1 when a gate fails (one line per
-    failing camera on stderr), 2 when a path is not a store or the stores cannot be compared.
+    failing camera on stderr; a non-finite figure fails its gate), 2 when a path is not a store,
+    an array is damaged or the stores cannot be compared.
     """
     with progress_bar(f"comparing {old.name} and {new.name}", None, enabled=not (quiet or json_output)):
         report = diff_stores(old, new, seed=seed, channels=channels, max_shift_px=max_shift_px, max_coverage_change=max_coverage_change)
