@@ -67,6 +67,8 @@ def test_export_onnx_json(store: Path, tmp_path: Path) -> None:
         (["--product", "tiles", "--weights", "int8-qdq", "--opset", "12"],
          "error: --weights int8-qdq needs --opset 13 or higher (DequantizeLinear with a per-row scale), got --opset 12"),
         (["--weights", "int4"], "error: --weights must be one of float32, lut, int8, int8-qdq, got 'int4'"),
+        (["--product", "ell", "--reduce", "mean"], "error: --reduce applies to --product gather only, got --product ell"),
+        (["--opset", "8"], "error: --opset must be in [9, 23], got 8"),
     ],
 )
 def test_export_onnx_usage_errors(store: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -98,6 +100,16 @@ def test_export_onnx_weights_lut_json(store: Path, tmp_path: Path) -> None:
     assert data["graph"]["op_histogram"]["Cast"] == 1
 
 
+@pytest.fixture
+def wide_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables 200 columns wide, so that a cell's text is not folded (a plain `pytest` run in a
+    narrow terminal would otherwise split the phrases these tests look for)."""
+    from bevcompile.cli import _output
+
+    monkeypatch.setattr(_output.stdout_console, "width", 200)
+
+
+@pytest.mark.usefixtures("wide_tables")
 def test_export_onnx_weights_int8_summary(int8_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "ell.onnx"
     result = runner.invoke(app, ["export-onnx", str(int8_store), "--product", "ell", "--weights", "int8", "--out", str(out), "--channels", "3"])
@@ -111,6 +123,7 @@ def test_export_onnx_weights_int8_summary(int8_store: Path, tmp_path: Path) -> N
     assert "Cast" in {n.op_type for n in onnx.load(str(out)).graph.node}
 
 
+@pytest.mark.usefixtures("wide_tables")
 def test_export_onnx_weights_int8_qdq(int8_store: Path, tmp_path: Path) -> None:
     """tiles: one DequantizeLinear per tile (int8 block, per-row scale), reported ok; the default
     onnxruntime session is reported next to the check; ell --json carries the qdq summary."""
@@ -222,6 +235,8 @@ def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
         (["--to", "bevpoolv2", "--rounding", "round"], "error: --rounding must be one of trunc, floor"),
         (["--to", "bevpoolv2", "--z-bins", "0"], "error: --z-bins must be in [1, 4096], got 0"),
         (["--to", "bevpoolv2", "--batch", "0"], "error: --batch must be an integer in [1, 256], got 0"),
+        (["--to", "bevpoolv2", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
+        (["--to", "fastbev-lut", "--rounding", "floor"], "error: --rounding applies to --to bevpoolv2 only, which is not requested (--to fastbev-lut)"),
     ],
 )
 def test_export_interop_usage_errors(store: Path, args: list[str], message: str) -> None:

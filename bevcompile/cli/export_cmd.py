@@ -26,7 +26,9 @@ def export_onnx_command(
     opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 17,
     channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph).")] = 64,
     batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph).")] = 1,
-    reduce: Annotated[str, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell.")] = "sum",
+    reduce: Annotated[
+        str | None, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell [default: sum].", show_default=False)
+    ] = None,
     exporter: Annotated[
         str, typer.Option("--exporter", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
     ] = "legacy",
@@ -50,8 +52,10 @@ def export_onnx_command(
     float reference and the size against the float32 export are reported)."""
     from ..onnx_export import ExportOptions, ExportResult, export_onnx, export_stages
 
+    if reduce is not None and product.lower() != "gather":
+        raise UsageError(f"--reduce applies to --product gather only, got --product {product}")
     options = ExportOptions(
-        product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=reduce.lower(),
+        product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=(reduce or "sum").lower(),
         seed=seed, exporter=exporter.lower(), weights=weights.lower(),
     )
     options.validate()
@@ -151,20 +155,24 @@ def export_interop_command(
     ],
     npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
     frustum_mapping: Annotated[
-        str, typer.Option("--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping).")
-    ] = "linspace",
+        str | None,
+        typer.Option(
+            "--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping) [default: linspace].", show_default=False
+        ),
+    ] = None,
     rounding: Annotated[
-        str, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor.")
-    ] = "trunc",
+        str | None, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor [default: trunc].", show_default=False)
+    ] = None,
     z_bins: Annotated[
         int | None, typer.Option("--z-bins", help="bevpoolv2: voxels along z over bev.z (default: the config's bins).")
     ] = None,
     batch: Annotated[
-        int, typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks).")
-    ] = 1,
+        int | None,
+        typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks) [default: 1].", show_default=False),
+    ] = None,
     overlap: Annotated[
-        str, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre.")
-    ] = "first",
+        str | None, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre [default: first].", show_default=False)
+    ] = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -178,17 +186,23 @@ def export_interop_command(
     )
     from ..loader import load
 
+    names = {target.lower() for target in to}
+    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
+    for flag, value in given.items():
+        applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
+        if value is not None and applies not in names:
+            raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
     targets: dict[str, dict[str, object]] = {}
     for target in to:
         name = target.lower()
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
         if name == "bevpoolv2":
-            bev_options = BevPoolOptions(frustum_mapping.lower(), rounding.lower(), z_bins, batch)
+            bev_options = BevPoolOptions((frustum_mapping or "linspace").lower(), (rounding or "trunc").lower(), z_bins, 1 if batch is None else batch)
             bev_options.validate()
             targets[name] = bev_options.to_dict()
         else:
-            lut_options = FastBevOptions(overlap.lower())
+            lut_options = FastBevOptions((overlap or "first").lower())
             lut_options.validate()
             targets[name] = lut_options.to_dict()
     loaded = load(store, verify=False)
