@@ -159,9 +159,11 @@ def _matrix_panel(reader: StoreReader, rig: RigConfig) -> tuple[np.ndarray, str,
     if not reader.has_group("matrix"):
         return None
     ny, nx = rig.bev.ny, rig.bev.nx
-    names = reader.arrays("matrix")
+    names = reader.child_dirs("matrix")  # folder names: no group listing that parses every array's metadata
     if "camera_mass" in names:
         mass = reader.read("matrix", "camera_mass")
+        if not np.all(np.isfinite(mass)):
+            raise StoreError(f"{reader.path}: matrix/camera_mass holds non-finite values; run bevcompile inspect")
         if mass.ndim == 3 and mass.shape == (rig.n_cam, ny, nx):
             return mass.astype(np.float64).sum(axis=0), "matrix/camera_mass, summed over cameras", "total weight per cell"
     if "coo_row" in names:

@@ -189,3 +189,16 @@ def test_a_matrix_only_store_says_to_run_grid(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match=r"has no grid/ group, .* run `bevcompile grid` on the rig"):
         render_store(tmp_path / "small.zarr", tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_non_finite_camera_mass_is_refused(tmp_path: Path) -> None:
+    from bevcompile.matrix import MatrixOptions, run_matrix
+
+    rig = rigs.small_rig()
+    store = run_grid(rig, tmp_path).store
+    run_matrix(rig, tmp_path, MatrixOptions(topk=4, align=4))
+    mass = open_store(store).read("matrix", "camera_mass").copy()
+    mass[0, 0, 0] = np.nan
+    damage.rewrite_array(store, "matrix/camera_mass", mass)
+    with pytest.raises(StoreError, match="matrix/camera_mass holds non-finite values; run bevcompile inspect"):
+        render_store(store, tmp_path / "x.png")
