@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import cv2
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from bevcompile.config import Camera, Distortion, RigConfig, parse_config
@@ -22,6 +23,7 @@ from bevcompile.geometry import (
     image_px_to_feature_px,
     intersect_feature_rays_with_plane,
     lens_limits,
+    opencv_jacobian_det,
     project_cam_to_image,
     project_ego_to_feature,
     transform_points,
@@ -218,6 +220,194 @@ def test_fisheye_limit_and_validity() -> None:
     assert ok.all() and xy_d[0, 0] == pytest.approx(math.pi / 4)  # equidistant: theta_d = theta
     folding = Distortion("fisheye", (-0.3, 0.0, 0.0, 0.0), 4)  # theta(1 - 0.3 theta^2) peaks at theta = 1.054
     assert lens_limits(folding).max_radius == pytest.approx(math.tan(1 / math.sqrt(0.9)), rel=1e-6)
+
+
+# -- the valid field: 2-D folds of tangential lenses, fisheye up to 90 deg, no warnings --------
+
+TANGENTIAL_FOLD = Distortion("opencv", (-0.3, 0.1, 0.001, -0.001, -0.02, 0.0, 0.0, 0.0), 5)
+"""Radial fold at r = 1.4587 (55.6 deg); the tangential terms fold the 2-D map a little before."""
+
+
+def _cv2_distort(coeffs: tuple[float, ...], xy: np.ndarray) -> np.ndarray:
+    """Independent lens model: ``cv2.projectPoints`` of the rays ``(x, y, 1)`` with ``K = I``."""
+    objects = np.concatenate([xy.reshape(-1, 2), np.ones((xy.size // 2, 1))], axis=-1).reshape(-1, 1, 3)
+    image, _ = cv2.projectPoints(objects, np.zeros(3), np.zeros(3), np.eye(3), np.array(coeffs, dtype=np.float64))
+    return image.reshape(xy.shape)
+
+
+def cv2_jacobian_det(coeffs: tuple[float, ...], xy: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """det of the Jacobian of OpenCV's normalised distortion map by central differences of
+    :func:`_cv2_distort` (error ~1e-9)."""
+    ex, ey = np.array([h, 0.0]), np.array([0.0, h])
+    dx = (_cv2_distort(coeffs, xy + ex) - _cv2_distort(coeffs, xy - ex)) / (2 * h)
+    dy = (_cv2_distort(coeffs, xy + ey) - _cv2_distort(coeffs, xy - ey)) / (2 * h)
+    return dx[..., 0] * dy[..., 1] - dy[..., 0] * dx[..., 1]
+
+
+def _near_radial_fold(limits_radius: float, n_r: int = 300, n_az: int = 720) -> np.ndarray:
+    """Polar grid of normalised points with r in [0.9, 1) x the radial fold radius."""
+    r = limits_radius * np.linspace(0.9, 1.0, n_r, endpoint=False)
+    az = np.linspace(-math.pi, math.pi, n_az, endpoint=False)
+    rr, aa = np.meshgrid(r, az, indexing="ij")
+    return np.stack([rr * np.cos(aa), rr * np.sin(aa)], axis=-1).reshape(-1, 2)
+
+
+def test_tangential_fold_is_outside_the_valid_field() -> None:
+    """Audit finding: the radial rule alone kept points where the 2-D map has folded
+    (det J <= 0); their pixel also belongs to another, valid ray (wrap-around)."""
+    limits = lens_limits(TANGENTIAL_FOLD)
+    assert limits.max_angle_deg == pytest.approx(55.57, abs=0.01)
+    xy = _near_radial_fold(limits.max_radius)  # all inside the radial fold: the old rule kept them all
+    det_cv2 = cv2_jacobian_det(TANGENTIAL_FOLD.coeffs, xy)
+    np.testing.assert_allclose(opencv_jacobian_det(TANGENTIAL_FOLD, xy), det_cv2, rtol=0, atol=1e-7)
+    xy_d, ok = distort_normalized(TANGENTIAL_FOLD, xy)
+    np.testing.assert_allclose(xy_d, _cv2_distort(TANGENTIAL_FOLD.coeffs, xy), rtol=0, atol=1e-13)
+    assert np.abs(det_cv2).min() > 1e-8  # no point too close to the fold for the finite differences
+    assert np.array_equal(ok, det_cv2 > 0)
+    assert 1_000 < (~ok).sum() < ok.sum()  # the fold cuts a crescent off the ring
+    # every valid point is the ray its pixel unprojects to
+    back, ok_back = undistort_normalized(TANGENTIAL_FOLD, xy_d[ok])
+    assert ok_back.all()
+    assert np.abs(back - xy[ok]).max() < 1e-9
+    # a folded point's pixel: either no valid preimage, or the OTHER (valid) ray, never the folded one
+    folded = ~ok
+    back, ok_back = undistort_normalized(TANGENTIAL_FOLD, xy_d[folded])
+    assert ok_back.sum() > 100
+    assert (cv2_jacobian_det(TANGENTIAL_FOLD.coeffs, back[ok_back]) > 0).all()
+    assert np.abs(_cv2_distort(TANGENTIAL_FOLD.coeffs, back[ok_back]) - xy_d[folded][ok_back]).max() < 1e-9
+    assert np.isnan(back[~ok_back]).all()
+
+
+def test_inverse_near_a_tangential_fold_is_exact_and_per_point() -> None:
+    """Pixels past the RADIAL image of the fold (the tangential terms push them there) have
+    valid preimages: the safeguarded solve finds them to 1e-9, and its result for a point
+    does not depend on the other points of the batch (chunked builds stay identical)."""
+    limits = lens_limits(TANGENTIAL_FOLD)
+    xy = _near_radial_fold(limits.max_radius, n_r=40, n_az=90)
+    xy_d, ok = distort_normalized(TANGENTIAL_FOLD, xy)
+    past = ok & (np.hypot(xy_d[:, 0], xy_d[:, 1]) > limits.max_distorted_radius)
+    assert past.sum() > 50
+    batch, ok_batch = undistort_normalized(TANGENTIAL_FOLD, xy_d)
+    assert ok_batch[ok].all()
+    assert np.abs(batch[ok] - xy[ok]).max() < 1e-9
+    for i in np.flatnonzero(past | ~ok)[::7]:
+        single, ok_single = undistort_normalized(TANGENTIAL_FOLD, xy_d[i])
+        assert bool(ok_single) == bool(ok_batch[i])
+        assert np.array_equal(single, batch[i], equal_nan=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    coeffs=st.tuples(
+        st.floats(-0.35, -0.2), st.floats(0.0, 0.1), st.floats(-0.01, 0.01), st.floats(-0.01, 0.01),
+        st.floats(-0.03, -0.005),
+    ),
+    fraction=st.floats(0.8, 1.0, exclude_max=True),
+    azimuth=st.floats(-math.pi, math.pi),
+)
+def test_undistort_inverts_radtan_up_to_its_fold(
+    coeffs: tuple[float, ...], fraction: float, azimuth: float
+) -> None:
+    """Up to the fold, any valid point is reproduced: its pixel to 1e-9, its ray to 1e-9
+    wherever the map is not nearly singular (det J >= 1e-5; closer to the fold float64 cannot
+    separate rays that close)."""
+    distortion = Distortion("opencv", (*coeffs, 0.0, 0.0, 0.0), 5)
+    r = fraction * lens_limits(distortion).max_radius
+    xy = np.array([r * math.cos(azimuth), r * math.sin(azimuth)])
+    xy_d, ok = distort_normalized(distortion, xy)
+    det = float(opencv_jacobian_det(distortion, xy))
+    assert bool(ok) == (det > 0)
+    if not ok:
+        return
+    back, ok = undistort_normalized(distortion, xy_d)
+    assert ok
+    assert float(opencv_jacobian_det(distortion, back)) > 0
+    assert np.abs(distort_normalized(distortion, back)[0] - xy_d).max() < 1e-9
+    if det >= 1e-5:
+        assert np.abs(back - xy).max() < 1e-9
+
+
+def _cv2_fisheye_distort(coeffs: tuple[float, ...], xy: np.ndarray) -> np.ndarray:
+    objects = np.concatenate([xy.reshape(-1, 2), np.ones((xy.size // 2, 1))], axis=-1).reshape(-1, 1, 3)
+    image, _ = cv2.fisheye.projectPoints(objects, np.zeros(3), np.zeros(3), np.eye(3), np.array(coeffs, dtype=np.float64))
+    return image.reshape(xy.shape)
+
+
+def test_fisheye_field_reaches_90_degrees() -> None:
+    """A fisheye monotonic up to 90 deg is valid up to 90 deg, not up to the r = tan(angle)
+    search's 89.94 deg; cv2.fisheye.projectPoints agrees; the inverse goes there too."""
+    wide = Distortion("fisheye", (0.05, -0.01, 0.002, -0.0002), 4)
+    limits = lens_limits(wide)
+    assert limits.max_radius == math.inf and limits.max_angle_deg == 90.0
+    k1, k2, k3, k4 = wide.coeffs
+    t = math.pi / 2
+    assert limits.max_distorted_radius == pytest.approx(t * (1 + k1 * t**2 + k2 * t**4 + k3 * t**6 + k4 * t**8), rel=1e-12)
+    angle = np.radians(np.array([89.0, 89.94, 89.943, 89.95, 89.99, 89.999, 89.99999]))
+    azimuth = np.linspace(0.3, 5.9, angle.size)
+    xy = np.tan(angle)[:, None] * np.stack([np.cos(azimuth), np.sin(azimuth)], axis=-1)
+    xy_d, ok = distort_normalized(wide, xy)
+    assert ok.all()
+    np.testing.assert_allclose(xy_d, _cv2_fisheye_distort(wide.coeffs, xy), rtol=0, atol=1e-12)
+    back, ok = undistort_normalized(wide, xy_d)
+    assert ok.all()
+    np.testing.assert_allclose(np.arctan(np.hypot(back[:, 0], back[:, 1])), angle, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.arctan2(back[:, 1], back[:, 0]), np.arctan2(xy[:, 1], xy[:, 0]), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(back[:-1], xy[:-1], rtol=1e-9)  # tan(angle) itself: ill-conditioned at 90 deg
+    # a distorted radius at or past theta_d(90 deg) has no preimage
+    _, ok = undistort_normalized(wide, np.array([[limits.max_distorted_radius, 0.0], [0.0, 1.01 * limits.max_distorted_radius]]))
+    assert not ok.any()
+
+
+def test_fisheye_fold_between_89_94_and_90_degrees_is_found() -> None:
+    """theta_d = theta (1 + k1 theta^2) stops increasing at theta = 1 / sqrt(-3 k1): put that
+    at 89.97 deg, past the r = tan(angle) search range."""
+    fold = math.radians(89.97)
+    folding = Distortion("fisheye", (-1.0 / (3.0 * fold**2), 0.0, 0.0, 0.0), 4)
+    limits = lens_limits(folding)
+    assert limits.max_angle_deg == pytest.approx(89.97, abs=1e-9)
+    xy = np.array([[math.tan(math.radians(89.96)), 0.0], [math.tan(math.radians(89.98)), 0.0]])
+    _, ok = distort_normalized(folding, xy)
+    assert ok.tolist() == [True, False]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    coeffs=st.tuples(st.floats(-0.05, 0.05), st.floats(-0.02, 0.02), st.floats(-0.005, 0.005), st.floats(-0.001, 0.001)),
+    angle=st.floats(1.3, math.pi / 2 - 1e-9),
+    azimuth=st.floats(-math.pi, math.pi),
+)
+def test_undistort_inverts_fisheye_up_to_90_degrees(coeffs: tuple[float, ...], angle: float, azimuth: float) -> None:
+    """Round trip in angle (r = tan(angle) itself is ill-conditioned at 90 deg)."""
+    distortion = Distortion("fisheye", coeffs, 4)
+    assume(math.radians(lens_limits(distortion).max_angle_deg) - angle > 1e-3)  # not AT a fold (ill-posed)
+    r = math.tan(angle)
+    xy = np.array([r * math.cos(azimuth), r * math.sin(azimuth)])
+    xy_d, ok = distort_normalized(distortion, xy)
+    assert ok
+    back, ok = undistort_normalized(distortion, xy_d)
+    assert ok
+    assert abs(math.atan(math.hypot(back[0], back[1])) - angle) < 1e-12
+    assert abs(math.remainder(math.atan2(back[1], back[0]) - math.atan2(xy[1], xy[0]), 2 * math.pi)) < 1e-12
+
+
+def test_lens_scans_and_extreme_inputs_emit_no_warnings() -> None:
+    """numpy RuntimeWarnings used to leak to stderr on valid configs (rational pole in the
+    scan, overflow for huge translations or coefficients); values are unchanged, only quiet."""
+    pole = Distortion("opencv", (0.0, 0.0, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0), 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        limits = lens_limits.__wrapped__(pole)  # the scan itself, not a cached result
+        assert limits.max_radius == pytest.approx(math.sqrt(2.0), rel=1e-9)  # 1 - 0.5 r^2 = 0
+        for distortion in (pole, TANGENTIAL_FOLD, Distortion("opencv", (1e200, 1e200, 0.0, 0.0, 1e200, 0.0, 0.0, 0.0), 5),
+                           Distortion("fisheye", (0.05, -0.01, 0.002, -0.0002), 4)):
+            xy = np.array([[1e300, 1e300], [1e200, 0.0], [3.0, -2.0], [np.inf, 0.0], [np.nan, 0.0], [0.0, 0.0]])
+            _, ok = distort_normalized(distortion, xy)
+            assert not ok[:2].any()
+            undistort_normalized(distortion, xy)
+        points_cam = np.array([[1e300, 0.0, 1.0], [-1e300, 1e300, 1e-3], [0.0, 0.0, 1.0]])
+        camera = small_rig(distortion=True).cameras[0]
+        _, ok = project_cam_to_image(camera, points_cam)
+        assert ok.tolist() == [False, False, True]
 
 
 # -- round trips (hypothesis) ---------------------------------------------------------------

@@ -3,14 +3,25 @@ projections computed independently with OpenCV."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+import cv2
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bevcompile.config import Camera, RigConfig
-from bevcompile.geometry import ego_from_cam_matrix, intersect_feature_rays_with_plane
+from bevcompile.config import Camera, RigConfig, parse_config
+from bevcompile.geometry import (
+    distort_normalized,
+    ego_from_cam_matrix,
+    feature_px_to_image_px,
+    intersect_feature_rays_with_plane,
+    undistort_normalized,
+    unproject_image_to_cam,
+)
 from bevcompile.grid import (
     INVALID_PX,
     bev_cell_centres_ego,
@@ -23,8 +34,8 @@ from bevcompile.grid import (
     norm_to_feature_px,
 )
 
-from .rigs import distorted_rig, nuscenes_rig, small_rig
-from .test_geometry import _cv2_project
+from .rigs import distorted_rig, nuscenes_data, nuscenes_rig, small_rig
+from .test_geometry import _cv2_project, cv2_jacobian_det
 
 RIGS = {
     "nuscenes": nuscenes_rig(),
@@ -120,18 +131,124 @@ def test_grid_samples_what_grid_sample_samples_at_the_true_projections(rig_name:
     assert valid.any() and (~valid).any()
 
 
+def _camera_frame_cells(rig: RigConfig) -> np.ndarray:
+    """Cell centres in every camera frame, ``(n_cam, n_heights, ny, nx, 3)`` (numpy matmul,
+    independent of the code's elementwise transform)."""
+    centres = bev_cell_centres_ego(rig.bev)
+    out = []
+    for camera in rig.cameras:
+        ego_from_cam = ego_from_cam_matrix(camera)
+        out.append((centres - ego_from_cam[:3, 3]) @ ego_from_cam[:3, :3])
+    return np.stack(out)
+
+
+def _cv2_inside(rig: RigConfig, true_uv: np.ndarray) -> np.ndarray:
+    w_f, h_f = rig.feature_size
+    u, v = true_uv[..., 0], true_uv[..., 1]
+    return (u >= -0.5) & (u < w_f - 0.5) & (v >= -0.5) & (v < h_f - 0.5)
+
+
 def test_distorted_example_has_cells_that_opencv_would_wrap_into_the_image() -> None:
-    """CAM_FRONT's illustrative lens folds back at 66 deg; ground cells at ~71 deg off-axis land
-    inside the image under cv2.projectPoints. They must be invalid, not sampled."""
+    """CAM_FRONT's illustrative lens folds back at 66.1 deg off-axis, CAM_BACK_RIGHT's at
+    65.4 deg. Ground cells in front of those cameras but past the fold, at 70-72 deg, land
+    inside the feature map under cv2.projectPoints: 91 in CAM_FRONT and 129 in CAM_BACK_RIGHT,
+    220 in all. They must be invalid, not sampled. (Cells behind a camera, which
+    cv2.projectPoints mirrors into the image too, are not counted: z_cam > 0 excludes them.)"""
     rig = RIGS["distorted"]
     grid = compute_sampling_grid(rig)
     true_uv, _ = _true_feature_px(rig)
+    cv2_inside = _cv2_inside(rig, true_uv)
+    points_cam = _camera_frame_cells(rig)
+    depth = points_cam[..., 2]
+    radius = np.hypot(points_cam[..., 0], points_cam[..., 1]) / np.where(depth > 0, depth, 1.0)
+    angle_deg = np.degrees(np.arctan(radius))
+    wrapped = []
+    for cam_index, camera in enumerate(rig.cameras):
+        past_fold = (depth[cam_index] > 0) & (radius[cam_index] >= _fold_radius(camera))
+        cells = cv2_inside[cam_index] & past_fold
+        assert not (cells & grid.valid[cam_index]).any()
+        if cells.any():
+            assert angle_deg[cam_index][cells].min() > 70.0
+            assert angle_deg[cam_index][cells].max() < 72.0
+        wrapped.append(int(cells.sum()))
+    assert [camera.name for camera in rig.cameras] == [
+        "CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT",
+    ]
+    assert wrapped == [91, 0, 0, 0, 0, 129]
+    assert math.degrees(math.atan(_fold_radius(rig.cameras[0]))) == pytest.approx(66.1, abs=0.05)
+    assert math.degrees(math.atan(_fold_radius(rig.cameras[5]))) == pytest.approx(65.4, abs=0.05)
+
+
+def _nuscenes_with_lens(distortion: dict[str, Any], focal_px: float, heights: tuple[float, ...] = (0.0,)) -> RigConfig:
+    """The nuScenes rig with one lens on every camera (fx = fy = focal_px)."""
+    data = nuscenes_data()
+    for camera in data["cameras"]:
+        camera["distortion"] = distortion
+        camera["intrinsic"][0][0] = camera["intrinsic"][1][1] = focal_px
+    data["bev"]["heights"] = list(heights)
+    return parse_config(data)
+
+
+def test_tangential_fold_cells_are_invalid_and_round_trip() -> None:
+    """Audit repro: with ``coeffs [-0.3, 0.1, 0.001, -0.001, -0.02]``, fx = fy = 400, 33 cells
+    just inside the radial fold (55.6 deg) lie where the 2-D distortion map has folded
+    (det J <= 0); the radial rule alone kept them. The valid mask equals the independent rule
+    (cv2 projection, radial fold by a dense scan, det J by finite differences of cv2), and every
+    valid cell's ray is what its pixel unprojects to."""
+    rig = _nuscenes_with_lens({"model": "opencv", "coeffs": [-0.3, 0.1, 0.001, -0.001, -0.02]}, 400.0)
+    distortion = rig.cameras[0].distortion
+    grid = compute_sampling_grid(rig)
+    true_uv, in_front_radial = _true_feature_px(rig)
+    points_cam = _camera_frame_cells(rig)
+    depth = points_cam[..., 2]
+    xy = points_cam[..., :2] / np.where(depth > 0, depth, 1.0)[..., None]
+    candidates = in_front_radial & _cv2_inside(rig, true_uv)  # the old rule
+    det = np.full(depth.shape, np.nan)
+    det[candidates] = cv2_jacobian_det(distortion.coeffs, xy[candidates])
+    assert np.abs(det[candidates]).min() > 1e-8  # no cell too close to det = 0 for finite differences
+    assert np.array_equal(grid.valid, candidates & (det > 0))
+    assert int((candidates & (det <= 0)).sum()) == 33
+    assert (cv2_jacobian_det(distortion.coeffs, xy[grid.valid]) > 0).all()
+    xy_d, ok = distort_normalized(distortion, xy[grid.valid])
+    back, ok_back = undistort_normalized(distortion, xy_d)
+    assert ok.all() and ok_back.all()
+    assert np.abs(back - xy[grid.valid]).max() < 1e-9
+    # the lift (frustum products): a feature pixel whose ray would be folded gives no point
     w_f, h_f = rig.feature_size
-    cv2_inside = (
-        (true_uv[..., 0] >= -0.5) & (true_uv[..., 0] < w_f - 0.5) & (true_uv[..., 1] >= -0.5) & (true_uv[..., 1] < h_f - 0.5)
+    v, u = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")
+    uv_feature = np.stack([u.ravel(), v.ravel()], axis=-1)
+    for camera in rig.cameras:
+        uv_image = feature_px_to_image_px(rig, camera, uv_feature)
+        points, ok = unproject_image_to_cam(camera, uv_image, 1.0)
+        assert 0 < ok.sum() < ok.size
+        assert (cv2_jacobian_det(distortion.coeffs, points[ok][:, :2]) > 0).all()
+        assert np.abs(_cv2_project_cam(camera, points[ok]) - uv_image[ok]).max() < 1e-6
+
+
+def _cv2_project_cam(camera: Camera, points_cam: np.ndarray) -> np.ndarray:
+    image, _ = cv2.projectPoints(
+        points_cam.reshape(-1, 1, 3), np.zeros(3), np.zeros(3), np.array(camera.intrinsic),
+        np.array(camera.distortion.coeffs[: camera.distortion.n_coeffs_given]),
     )
-    wrapped = cv2_inside[0] & ~grid.valid[0]
-    assert wrapped.sum() > 100
+    return image.reshape(-1, 2)
+
+
+def test_fisheye_cells_up_to_90_degrees_are_valid() -> None:
+    """Audit repro: a fisheye monotonic up to 90 deg (``[0.05, -0.01, 0.002, -0.0002]``,
+    fx = fy = 300) used to stop at 89.94 deg (the r = tan(angle) search cap); the cells
+    between 89.94 and 90 deg that cv2.fisheye.projectPoints puts in the map are valid now
+    (33 of them, was 1), and the whole mask equals the independent rule."""
+    rig = _nuscenes_with_lens({"model": "fisheye", "coeffs": [0.05, -0.01, 0.002, -0.0002]}, 300.0)
+    grid = compute_sampling_grid(rig)
+    true_uv, in_front = _true_feature_px(rig)  # no fold: in front of the camera
+    expected = in_front & _cv2_inside(rig, true_uv)
+    assert np.array_equal(grid.valid, expected)
+    points_cam = _camera_frame_cells(rig)
+    angle_deg = np.degrees(np.arctan2(np.hypot(points_cam[..., 0], points_cam[..., 1]), points_cam[..., 2]))
+    band = grid.valid & (angle_deg > 89.94) & (angle_deg < 90.0)
+    assert int(band.sum()) == 33
+    assert int((band & (angle_deg > math.degrees(math.atan(1e3)))).sum()) == 32  # past the old cap
+    assert np.abs(grid.coords_feature_px[band] - true_uv[band]).max() < 1e-6
 
 
 @pytest.mark.parametrize("rig_name", list(RIGS))

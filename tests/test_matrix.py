@@ -525,7 +525,7 @@ def test_invalid_options_raise_one_line_usage_error(changes: dict[str, object], 
 
 
 def test_options_round_trip_and_unknown_keys() -> None:
-    o = MatrixOptions(mode="grid", topk=3, tile_rows=9, quantize="int8", compact_rows=True, rounding="trunc")
+    o = MatrixOptions(mode="frustum", topk=3, tile_rows=9, quantize="int8", compact_rows=True, rounding="trunc", splat="nearest")
     assert MatrixOptions.from_dict(o.to_dict()) == o
     with pytest.raises(UsageError, match="unknown matrix build option"):
         MatrixOptions.from_dict({**o.to_dict(), "workers": 2})
