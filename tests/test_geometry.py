@@ -380,12 +380,7 @@ def test_undistort_inverts_fisheye_up_to_90_degrees(coeffs: tuple[float, ...], a
     """Round trip in angle (r = tan(angle) itself is ill-conditioned at 90 deg)."""
     distortion = Distortion("fisheye", coeffs, 4)
     assume(math.radians(lens_limits(distortion).max_angle_deg) - angle > 1e-3)  # not AT a fold (ill-posed)
-    r = math.tan(angle)
-    xy = np.array([r * math.cos(azimuth), r * math.sin(azimuth)])
-    xy_d, ok = distort_normalized(distortion, xy)
-    assert ok
-    back, ok = undistort_normalized(distortion, xy_d)
-    assert ok
+    xy, back = _fisheye_round_trip(distortion, angle, azimuth)
     assert abs(math.atan(math.hypot(back[0], back[1])) - angle) < 1e-12
     assert abs(math.remainder(math.atan2(back[1], back[0]) - math.atan2(xy[1], xy[0]), 2 * math.pi)) < 1e-12
 
@@ -461,14 +456,20 @@ def test_undistort_inverts_opencv_radtan(coeffs: tuple[float, ...], x: float, y:
     azimuth=st.floats(-math.pi, math.pi),
 )
 def test_undistort_inverts_fisheye(coeffs: tuple[float, ...], angle: float, azimuth: float) -> None:
-    distortion = Distortion("fisheye", coeffs, 4)
+    xy, back = _fisheye_round_trip(Distortion("fisheye", coeffs, 4), angle, azimuth)
+    assert np.abs(back - xy).max() < 1e-9 * max(1.0, math.tan(angle))
+
+
+def _fisheye_round_trip(distortion: Distortion, angle: float, azimuth: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(xy, undistort(distort(xy)))`` for the normalised point at ``angle`` off-axis, ``azimuth``;
+    both steps must succeed."""
     r = math.tan(angle)
     xy = np.array([r * math.cos(azimuth), r * math.sin(azimuth)])
     xy_d, ok = distort_normalized(distortion, xy)
     assert ok
     back, ok = undistort_normalized(distortion, xy_d)
     assert ok
-    assert np.abs(back - xy).max() < 1e-9 * max(1.0, r)
+    return xy, back
 
 
 def test_ray_plane_intersection_recovers_ground_points(nuscenes: RigConfig) -> None:
