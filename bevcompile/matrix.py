@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .build import root_attributes
+from .build import check_grid_memory, root_attributes
 from .config import RigConfig, config_sha256
 from .errors import UsageError
 from .matrix_entries import CameraRays, Entries, camera_rays, frustum_entries, grid_entries, select_topk
@@ -725,6 +725,8 @@ def run_matrix(
     (atomically; creates the store if needed, keeps the other groups of a same-config store,
     refuses another config's store unless ``force``)."""
     options = (options or MatrixOptions()).validate()
+    if options.mode == "grid":
+        check_grid_memory(rig, "bevcompile matrix --mode grid")
     path = store_path(out_dir, rig.name)
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after

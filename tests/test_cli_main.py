@@ -80,3 +80,23 @@ def test_out_of_memory_is_one_line_exit_2_and_writes_nothing(
         "nothing was written. The rig is too large for this machine: use coarser bev steps, fewer heights, cameras or depth bins\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_grid_larger_than_the_machine_is_refused_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Within the config's 10^8-cell limit but beyond this machine's memory: one line, exit 2,
+    before the build (the kernel's OOM killer would leave no message and no cleanup)."""
+    import bevcompile.build as build_module
+
+    monkeypatch.setattr(build_module, "physical_memory_bytes", lambda: 64 * 2**20)  # a 64 MiB machine
+    with pytest.raises(SystemExit) as info:
+        main(["grid", "--out", str(tmp_path), "--quiet"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "bevcompile grid of 6 cameras x 1 heights x 128 x 128 cells = 98,304 samples needs about 88 MiB, more than this machine's 64 MiB" in err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit) as info:
+        main(["matrix", "--mode", "grid", "--out", str(tmp_path), "--quiet"])
+    assert info.value.code == 2 and "bevcompile matrix --mode grid of 6 cameras" in capsys.readouterr().err
