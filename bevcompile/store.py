@@ -28,7 +28,7 @@ import math
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,7 @@ def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) ->
     it before any work so that a refusal costs nothing, and :func:`write_groups` again.
     """
     path = Path(path)
+    recover_interrupted_writes(path)  # a store a killed writer left moved aside is judged, not missed
     if not path.exists():
         return False
     if not path.is_dir():
@@ -210,6 +211,26 @@ GROUPS_ATTR = "groups"
 """Root attribute: the sorted names of the store's groups, rewritten by every write."""
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
+STORE_WRITTEN_ATTR = "bevcompile_store_written"
+"""Set on an interrupt (KeyboardInterrupt, SIGTERM) that arrived after the new store was in
+place (while the old copy was being deleted): the CLI then says the store was written."""
+
+
+def _writer_tag() -> str:
+    """``<pid>-<host>`` of this writer: the sweep of killed writers' leftovers only judges
+    entries of its own host (a pid means nothing on another machine or container)."""
+    import socket
+
+    host = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
+    return f"{os.getpid()}-{host}"
+
+
+def _parse_writer(rest: str) -> tuple[int, str] | None:
+    """``(pid, host)`` of a temporary's name tail ``<pid>-<host>-<rand>``; None if not ours to judge."""
+    parts = rest.split("-")
+    if len(parts) < 3 or not parts[0].isdigit():
+        return None
+    return int(parts[0]), "-".join(parts[1:-1])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -225,10 +246,11 @@ def _pid_alive(pid: int) -> bool:
 def recover_interrupted_writes(path: str | Path) -> list[Path]:
     """Clean up after writers of ``path`` that were killed (SIGKILL, power loss) mid-write.
 
-    A writer builds ``.<name>.tmp-<pid>-<rand>`` beside the store and swaps it in through
-    ``.<name>.old-<pid>-<rand>``. For a writer whose process no longer exists: its temporary is
-    deleted; its ``.old-`` copy is renamed back to ``<name>`` if the kill fell between the two
-    renames (no store at ``path``), else deleted. Files of live processes are left alone.
+    A writer builds ``.<name>.tmp-<pid>-<host>-<rand>`` beside the store and swaps it in through
+    ``.<name>.old-<pid>-<host>-<rand>``. For a writer of this host whose process no longer exists:
+    its temporary is deleted; its ``.old-`` copy is renamed back to ``<name>`` if the kill fell
+    between the two renames (no store at ``path``), else deleted. Files of live processes, and of
+    other hosts (a shared folder), are left alone.
     Returns the paths removed or restored.
     """
     path = Path(path)
@@ -244,8 +266,8 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
         mark = TMP_MARK if rest.startswith(TMP_MARK) else OLD_MARK if rest.startswith(OLD_MARK) else None
         if mark is None:
             continue
-        pid_text = rest[len(mark) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+        writer = _parse_writer(rest[len(mark) :])
+        if writer is None or writer[1] != _writer_tag().split("-", 1)[1] or _pid_alive(writer[0]):
             continue
         if mark == OLD_MARK and not path.exists():
             os.rename(sibling, path)
@@ -285,7 +307,7 @@ def write_groups(
     existed = path.exists()
     carry_over = check_replaceable(path, new_sha, force=force)
 
-    tmp = parent / f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
     sizes: dict[str, int] = {}
     kept: list[str] = []
     try:
@@ -315,17 +337,43 @@ def write_groups(
 
 
 def _swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename ``tmp`` to ``path``; an existing store goes aside first and is deleted after.
+    Ctrl-C / SIGTERM are held back between the two renames (never a moment without a store at
+    ``path``); one that arrives while the old copy is deleted is re-raised marked
+    :data:`STORE_WRITTEN_ATTR` (the new store is complete; the next write removes the rest)."""
     if not path.exists():
         os.rename(tmp, path)
         return
-    old = path.parent / f".{path.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    os.rename(path, old)
+    old = path.parent / f".{path.name}{OLD_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
+    with _signals_held():
+        os.rename(path, old)
+        try:
+            os.rename(tmp, path)
+        except BaseException:
+            os.rename(old, path)
+            raise
     try:
-        os.rename(tmp, path)
-    except BaseException:
-        os.rename(old, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException as exc:
+        setattr(exc, STORE_WRITTEN_ATTR, str(path))
         raise
-    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread for the block (delivered right after it)."""
+    import signal
+
+    held = {signal.SIGINT, signal.SIGTERM}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 # --------------------------------------------------------------------------------------

@@ -213,19 +213,65 @@ def test_leftovers_of_a_killed_writer_are_cleaned_and_a_moved_store_restored(tmp
     run_grid(rig, tmp_path)
     store = tmp_path / "small.zarr"
     before = tree_digest(store)
-    dead = _dead_pid()
+    host = store_module._writer_tag().split("-", 1)[1]
+    dead = f"{_dead_pid()}-{host}"
     shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbeef")
     os.rename(store, tmp_path / f".small.zarr.old-{dead}-cafebabe")  # killed between the renames
-    live = tmp_path / f".small.zarr.tmp-{os.getpid()}-0badf00d"  # a running writer: left alone
+    live = tmp_path / f".small.zarr.tmp-{os.getpid()}-{host}-0badf00d"  # a running writer: left alone
     live.mkdir()
+    other_host = tmp_path / f".small.zarr.tmp-{_dead_pid()}-another_machine-0badcafe"  # a pid of another host means nothing here
+    other_host.mkdir()
     touched = store_module.recover_interrupted_writes(store)
     assert sorted(p.name for p in touched) == [f".small.zarr.old-{dead}-cafebabe", f".small.zarr.tmp-{dead}-deadbeef"]
     assert tree_digest(store) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "small.zarr"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, "small.zarr"])
     # a write does the same sweep (and keeps the restored store's config check)
     shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbee2")
     run_grid(rig, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "small.zarr"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, "small.zarr"])
+
+
+def test_a_store_moved_aside_by_a_killed_writer_is_judged_before_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between the two renames: the early config check puts the store back first, so a
+    different config is refused before any work (not after a full build)."""
+    import os
+
+    import bevcompile.build as build_module
+
+    run_grid(small_rig(), tmp_path)
+    host = store_module._writer_tag().split("-", 1)[1]
+    os.rename(tmp_path / "small.zarr", tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")
+
+    def must_not_build(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("built before refusing")
+
+    monkeypatch.setattr(build_module, "build_grid_command", must_not_build)
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_grid(small_rig(heights=(0.0, 2.0)), tmp_path)
+    assert (tmp_path / "small.zarr").is_dir()
+
+
+def test_an_interrupt_after_the_swap_says_the_store_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    real_rmtree = store_module.shutil.rmtree
+
+    def interrupted_rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if ".old-" in str(path):
+            raise KeyboardInterrupt
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt) as info:
+        run_grid(rig, tmp_path, align_corners=True)
+    assert getattr(info.value, store_module.STORE_WRITTEN_ATTR) == str(tmp_path / "small.zarr")
+    assert open_store(tmp_path / "small.zarr").group_attrs("grid")["align_corners"] is True  # the new store, complete
+    monkeypatch.setattr(store_module.shutil, "rmtree", real_rmtree)
+    (left,) = [p for p in tmp_path.iterdir() if ".old-" in p.name]  # the old copy, of this (live) process
+    host = store_module._writer_tag().split("-", 1)[1]
+    left.rename(tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")  # as after the process exited
+    run_grid(rig, tmp_path, align_corners=True)  # the next write removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
 
 
 def test_another_configs_store_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,7 +318,7 @@ def test_sigterm_during_a_write_leaves_the_old_store_and_no_temporary(tmp_path: 
     handler_before = signal.getsignal(signal.SIGTERM)
     result = runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet", "--align-corners"])
     assert result.exit_code == 143, result.output
-    assert result.stderr == "error: terminated (SIGTERM); no store was changed\n"
+    assert result.stderr == "error: terminated (SIGTERM); no store was left half-written (writes are atomic)\n"
     assert tree_digest(out / "small.zarr") == before
     assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
     assert signal.getsignal(signal.SIGTERM) == handler_before

@@ -76,10 +76,21 @@ def _sigterm_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _store_state(exc: BaseException) -> str:
+    """What an interrupt left behind: writes are atomic, so either nothing or a complete store."""
+    from ..store import STORE_WRITTEN_ATTR
+
+    written = getattr(exc, STORE_WRITTEN_ATTR, None)
+    if written:
+        return f"{written} was already written completely (its old copy is removed by the next write)"
+    return "no store was left half-written (writes are atomic)"
+
+
 def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
     ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
-    with one line (exit 130 / 143) after the store writer has removed its temporary, and a
+    with one line (exit 130 / 143) saying what the atomic writer left (nothing, or a complete
+    store), and a
     ``MemoryError`` (a config too large for this machine) is one line, exit 2. Nothing else is
     caught here: anything else is a bug and keeps its traceback."""
 
@@ -91,10 +102,10 @@ def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
                     return func(*args, **kw)
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
-            except KeyboardInterrupt:
-                raise fail("interrupted; no store was changed", 130) from None
-            except Terminated:
-                raise fail("terminated (SIGTERM); no store was changed", 143) from None
+            except KeyboardInterrupt as exc:
+                raise fail(f"interrupted; {_store_state(exc)}", 130) from None
+            except Terminated as exc:
+                raise fail(f"terminated (SIGTERM); {_store_state(exc)}", 143) from None
             except MemoryError as exc:
                 detail = " ".join(str(exc).split()) or "MemoryError"
                 raise fail(
