@@ -30,6 +30,7 @@ from .errors import ConfigError
 
 MAX_BEV_CELLS = 10**8
 MAX_DEPTH_BINS = 4096
+MAX_CONFIG_INT = 2**31 - 1
 QUATERNION_TOLERANCE = 1e-6
 ROTATION_TOLERANCE = 1e-6
 DEFAULT_CONFIG_NAME = "nuscenes.yaml"
@@ -337,10 +338,13 @@ def _number(ctx: _Ctx, value: Any, field: str) -> float:
 def _integer(ctx: _Ctx, value: Any, field: str) -> int:
     if isinstance(value, bool):
         raise ctx.fail(field, "expected an integer, got boolean")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        if abs(value) > MAX_CONFIG_INT:
+            digits = len(str(abs(value)))
+            raise ctx.fail(field, f"integer too large ({digits} digits; at most {MAX_CONFIG_INT:,})")
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         raise ctx.fail(field, f"must be finite, got {value}")
     raise ctx.fail(field, f"expected an integer, got {_type_name(value)} {value!r}")

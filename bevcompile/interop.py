@@ -740,8 +740,15 @@ def run_export_interop(
     if folder is not None:  # before the store is touched: a bad --npy changes nothing
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".bevcompile-write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
         except OSError as exc:
             raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
+        for target in [t for t in INTEROP_TARGETS if t in targets]:
+            for file_name in npy_names(target).values():
+                if (folder / file_name).is_dir():
+                    raise StoreError(f"{folder / file_name}: is a directory, cannot write the .npy file there")
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),

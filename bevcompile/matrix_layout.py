@@ -103,7 +103,7 @@ def tile_layout(
     check_product_slots(
         f"the tiles ({n_tiles:,} tiles of --tile-rows {tile_rows:,} rows, {int(offsets[-1]):,} columns in all)",
         tile_rows * int(offsets[-1]),
-        "use fewer --tile-rows",
+        "use fewer --tile-rows or a smaller --align",
     )
     tile_cols = np.zeros(int(offsets[-1]), dtype=np.int32)
     for t in range(n_tiles):

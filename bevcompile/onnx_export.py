@@ -99,6 +99,8 @@ MAX_OPSET = 23
 DYNAMO_MIN_OPSET = 17
 """torch 2.13's dynamo exporter writes opset 18 for a lower request (it cannot convert down)."""
 MAX_ABS_TOLERANCE = 1e-5
+LIFT_CHUNK_COLUMNS = 1 << 18
+"""Frustum columns lifted at once by the float64 reference (``chunk x C`` float64)."""
 
 
 def _require_torch() -> Any:
@@ -330,20 +332,30 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
 
 def _apply_matrix(store: LoadedStore, layout: MatrixLayout, w_mat: Any, features: np.ndarray, depth: np.ndarray | None) -> np.ndarray:
     """``w_mat @ X`` per batch item, rows scattered to their BEV cells (float64 ``(N, C, ny, nx)``)."""
-    n, _n_cam, c, _h_f, _w_f = features.shape
+    n, _n_cam, c, h_f, w_f = features.shape
     _, ny, nx = store.bev_shape
     out = np.zeros((n, c, ny * nx), dtype=np.float64)
+    if layout.mode == "frustum":
+        if depth is None:
+            raise UsageError("frustum-mode matrix needs depth probabilities")
+        # only the columns the matrix uses, lifted a chunk at a time: the whole outer product
+        # (n_cam x D x H x W x C float64) would not fit for a dense rig (42 GiB at C = 64)
+        w_csc = w_mat.tocsc()
+        used = np.flatnonzero(np.diff(w_csc.indptr))
+        pixels = h_f * w_f
+        per_cam = depth.shape[2] * pixels
     for b in range(n):
-        feats = np.asarray(features[b], dtype=np.float64)  # (n_cam, C, H, W)
-        if layout.mode == "frustum":
-            if depth is None:
-                raise UsageError("frustum-mode matrix needs depth probabilities")
-            d = np.asarray(depth[b], dtype=np.float64)  # (n_cam, D, H, W)
-            x = d[:, :, None] * feats[:, None]  # (n_cam, D, C, H, W)
-            x = np.moveaxis(x, 2, -1).reshape(-1, c)  # rows (cam, d, v, u)
+        feats = np.moveaxis(np.asarray(features[b], dtype=np.float64), 1, -1).reshape(-1, c)  # rows (cam, v, u)
+        if layout.mode == "frustum" and depth is not None:
+            d_flat = np.asarray(depth[b], dtype=np.float64).reshape(-1)  # (cam, d, v, u)
+            y = np.zeros((layout.n_rows, c), dtype=np.float64)
+            for start in range(0, used.size, LIFT_CHUNK_COLUMNS):
+                cols = used[start : start + LIFT_CHUNK_COLUMNS]
+                feat_rows = (cols // per_cam) * pixels + cols % pixels
+                x = d_flat[cols, None] * feats[feat_rows]  # (chunk, C)
+                y += np.asarray(w_csc[:, cols] @ x)
         else:
-            x = np.moveaxis(feats, 1, -1).reshape(-1, c)  # rows (cam, v, u)
-        y = np.asarray(w_mat @ x)  # (n_rows, C)
+            y = np.asarray(w_mat @ feats)  # (n_rows, C)
         out[b][:, layout.row_cells] = y.T
     return out.reshape(n, c, ny, nx)
 
@@ -639,6 +651,8 @@ def export_onnx(
             import onnxscript  # noqa: F401  (the dynamo exporter imports it; say which extra is missing)
         except ImportError:
             raise DependencyError(f"--exporter dynamo needs onnxscript: {EXTRA_HINT}") from None
+    if options.product != "gather" and store.has_group("matrix") and int(store["matrix"].attrs.get("nnz", 1) or 0) == 0:
+        raise UsageError(f"{store.path}: matrix/ is empty (no entries: no camera reaches the BEV range), nothing to export")
     module, needs_depth = build_module(store, options)
     module.eval()
     inputs = make_inputs(store, options.channels, options.batch, options.seed, needs_depth)

@@ -543,11 +543,15 @@ class MatrixLift(nn.Module):
                     x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
                 block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if int8 else block.transpose(0, 1)
                 parts.append(torch.matmul(x, block_t))  # (N, C, R)
+            if not parts:  # an empty matrix stored with --compact-rows: no rows, no tiles
+                parts.append(flat.new_zeros((n, c, 0)))
             out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
             if int8:
                 out = out * self.tile_row_scale  # one Mul per row of every tile (N, C, n_tiles * R)
         if self.row_mapping == "identity":
             return out.reshape(n, c, self.ny, self.nx)
+        if out.shape[2] == 0:  # an empty compacted matrix: no row, every cell 0
+            return flat.new_zeros((n, c, self.ny, self.nx))
         out = out.index_select(2, self.row_of_cell)
         if self.row_mapping == "gather+mask":
             out = out * self.cell_mask

@@ -77,7 +77,8 @@ def test_out_of_memory_is_one_line_exit_2_and_writes_nothing(
     err = capsys.readouterr().err
     assert err == (
         "error: out of memory (Unable to allocate 2.24 GiB for an array with shape (6, 1, 5000, 5000, 2) and data type float64); "
-        "nothing was written. The rig is too large for this machine: use coarser bev steps, fewer heights, cameras or depth bins\n"
+        "no store was left half-written. The problem is too large for this machine: "
+        "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch\n"
     )
     assert list(tmp_path.iterdir()) == []
 

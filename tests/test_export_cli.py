@@ -68,6 +68,7 @@ def test_export_onnx_json(store: Path, tmp_path: Path) -> None:
          "error: --weights int8-qdq needs --opset 13 or higher (DequantizeLinear with a per-row scale), got --opset 12"),
         (["--weights", "int4"], "error: --weights must be one of float32, lut, int8, int8-qdq, got 'int4'"),
         (["--product", "ell", "--reduce", "mean"], "error: --reduce applies to --product gather only, got --product ell"),
+        (["--product", "dense", "--reduce", "mean"], "error: --product must be one of gather, ell, tiles, got 'dense'"),
         (["--opset", "8"], "error: --opset must be in [9, 23], got 8"),
     ],
 )
@@ -237,6 +238,7 @@ def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
         (["--to", "bevpoolv2", "--batch", "0"], "error: --batch must be an integer in [1, 256], got 0"),
         (["--to", "bevpoolv2", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
         (["--to", "fastbev-lut", "--rounding", "floor"], "error: --rounding applies to --to bevpoolv2 only, which is not requested (--to fastbev-lut)"),
+        (["--to", "lss", "--overlap", "last"], "error: --to must be one of bevpoolv2, fastbev-lut, got 'lss'"),
     ],
 )
 def test_export_interop_usage_errors(store: Path, args: list[str], message: str) -> None:
@@ -249,3 +251,10 @@ def test_export_interop_requires_to(store: Path) -> None:
     result = runner.invoke(app, ["export-interop", str(store)])
     assert result.exit_code == 2
     assert "--to" in result.output
+
+
+def test_help_shows_the_defaults_of_options_that_apply_to_one_target() -> None:
+    text = " ".join(runner.invoke(app, ["export-interop", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    for phrase in ("(default: linspace)", "(default: trunc)", "(default: 1)", "(default: first)"):
+        assert phrase in text, phrase
+    assert "(default: sum)" in " ".join(runner.invoke(app, ["export-onnx", "--help"], env={"COLUMNS": "200"}).stdout.split())

@@ -39,6 +39,7 @@ from bevcompile.interop import (
     feat_rank_from_depth_rank,
     frustum_shape,
     intervals_of,
+    npy_names,
     reference_frustum_pool,
     run_export_interop,
     voxel_coords,
@@ -729,3 +730,14 @@ def test_plain_inspect_catches_edited_bevpoolv2_build_options(interop_store: Pat
     assert [(c.name, c.array) for c in report.failures] == [(GEOMETRY_CHECK, "interop/bevpoolv2_ranks_bev")]
     strict = inspect_store(interop_store, strict=True)
     assert {c.name for c in strict.failures} == {GEOMETRY_CHECK, "strict"}
+
+
+def test_an_npy_name_taken_by_a_folder_leaves_the_store_unchanged(interop_store: Path, tmp_path: Path) -> None:
+    from .rigs import tree_digest
+
+    before = tree_digest(interop_store)
+    names = list(npy_names("fastbev-lut").values())
+    (tmp_path / "npy" / names[0]).mkdir(parents=True)
+    with pytest.raises(Exception, match=r"is a directory, cannot write the \.npy file there"):
+        run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=tmp_path / "npy")
+    assert tree_digest(interop_store) == before

@@ -392,3 +392,25 @@ def test_opset_limits_are_usage_errors_and_the_written_opset_is_checked(gather_s
     monkeypatch.setitem(sys.modules, "onnxscript", None)
     with pytest.raises(DependencyError, match=r"--exporter dynamo needs onnxscript: .*bevcompile\[onnx\]"):
         export_onnx(gather_store, tmp_path / "x.onnx", ExportOptions(exporter="dynamo"))
+
+
+def test_an_empty_matrix_lifts_to_zeros_and_is_not_exported(tmp_path: Path) -> None:
+    """No camera reaches the BEV box: MatrixLift (tiles, compacted rows) gives zeros; export-onnx
+    refuses with one line instead of exporting an empty graph."""
+    from bevcompile.config import parse_config
+    from bevcompile.matrix import run_matrix
+    from bevcompile.torch import MatrixLift
+
+    from .rigs import small_rig_data
+
+    data = small_rig_data()
+    data["bev"]["x"] = [400.0, 410.0, 1.0]
+    data["bev"]["y"] = [400.0, 410.0, 1.0]
+    rig = parse_config(data)
+    store = run_matrix(rig, tmp_path, MatrixOptions(topk=4, align=4, tile_rows=8, compact_rows=True)).store
+    inputs = make_inputs(load(store), 2, 1, 0, with_depth=True)
+    for form in ("tiles", "ell"):
+        out = MatrixLift(store, form=form)(*(torch.from_numpy(v) for v in inputs.values()))
+        assert tuple(out.shape) == (1, 2, 10, 10) and float(out.abs().max()) == 0.0
+        with pytest.raises(UsageError, match=r"matrix/ is empty \(no entries"):
+            export_onnx(store, tmp_path / f"{form}.onnx", ExportOptions(product=form, channels=2))

@@ -109,8 +109,8 @@ def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
             except MemoryError as exc:
                 detail = " ".join(str(exc).split()) or "MemoryError"
                 raise fail(
-                    f"out of memory ({detail}); nothing was written. The rig is too large for this machine: "
-                    "use coarser bev steps, fewer heights, cameras or depth bins",
+                    f"out of memory ({detail}); no store was left half-written. The problem is too large for this machine: "
+                    "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch",
                     2,
                 ) from None
 

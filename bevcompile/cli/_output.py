@@ -35,10 +35,11 @@ def progress_bar(label: str, total: int | None, enabled: bool = True) -> Iterato
     if not enabled or not stderr_console.is_terminal:
         yield lambda n: None
         return
+    counter = (MofNCompleteColumn(),) if total is not None else ()  # no "0/?" on a pulsing bar
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        *counter,
         TimeElapsedColumn(),
         console=stderr_console,
         transient=True,

@@ -27,7 +27,7 @@ def export_onnx_command(
     channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph).")] = 64,
     batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph).")] = 1,
     reduce: Annotated[
-        str | None, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell [default: sum].", show_default=False)
+        str | None, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell (default: sum).", show_default=False)
     ] = None,
     exporter: Annotated[
         str, typer.Option("--exporter", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
@@ -52,13 +52,13 @@ def export_onnx_command(
     float reference and the size against the float32 export are reported)."""
     from ..onnx_export import ExportOptions, ExportResult, export_onnx, export_stages
 
-    if reduce is not None and product.lower() != "gather":
-        raise UsageError(f"--reduce applies to --product gather only, got --product {product}")
     options = ExportOptions(
         product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=(reduce or "sum").lower(),
         seed=seed, exporter=exporter.lower(), weights=weights.lower(),
     )
     options.validate()
+    if reduce is not None and options.product != "gather":
+        raise UsageError(f"--reduce applies to --product gather only, got --product {product}")
     result: ExportResult | None = None
     try:
         label = f"exporting {options.product}" + ("" if options.weights == "float32" else f" ({options.weights})")
@@ -157,21 +157,21 @@ def export_interop_command(
     frustum_mapping: Annotated[
         str | None,
         typer.Option(
-            "--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping) [default: linspace].", show_default=False
+            "--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping) (default: linspace).", show_default=False
         ),
     ] = None,
     rounding: Annotated[
-        str | None, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor [default: trunc].", show_default=False)
+        str | None, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor (default: trunc).", show_default=False)
     ] = None,
     z_bins: Annotated[
         int | None, typer.Option("--z-bins", help="bevpoolv2: voxels along z over bev.z (default: the config's bins).")
     ] = None,
     batch: Annotated[
         int | None,
-        typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks) [default: 1].", show_default=False),
+        typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks) (default: 1).", show_default=False),
     ] = None,
     overlap: Annotated[
-        str | None, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre [default: first].", show_default=False)
+        str | None, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
@@ -187,6 +187,9 @@ def export_interop_command(
     from ..loader import load
 
     names = {target.lower() for target in to}
+    for name in sorted(names):
+        if name not in INTEROP_TARGETS:
+            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
     given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
     for flag, value in given.items():
         applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"

@@ -88,7 +88,8 @@ def grid(
     if saturated:  # on stderr, also under --quiet/--json: a CI log must show it
         stderr_console.print(
             f"[yellow]warning:[/yellow] with --align-corners, norm_int16 clamps {saturated} valid border cell(s) "
-            "by up to 0.5 px (the valid rule reaches past the outer pixel centres); use --format norm_q16, which has headroom"
+            "by up to 0.5 px (the valid rule reaches past the outer pixel centres; uq12, if written, likewise); "
+            "use --format norm_q16, which has headroom"
         )
     if json_output:
         print_json(result.to_json())

@@ -208,7 +208,7 @@ def render(
     ] = None,
     height: Annotated[
         float | None,
-        typer.Option("--height", help="Draw the coverage at this sampling height [m] (default: at any height).", show_default=False),
+        typer.Option("--height", help="Draw the coverage at this sampling height in metres (default: at any height).", show_default=False),
     ] = None,
     json_output: JsonOption = False,
     quiet: QuietOption = False,

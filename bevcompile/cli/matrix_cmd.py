@@ -88,7 +88,7 @@ def matrix(
     if not result.products.figures.nnz:  # on stderr, also under --quiet/--json
         stderr_console.print(
             "[yellow]warning:[/yellow] the matrix is empty: no frustum point / grid sample of any camera lands in the "
-            "BEV x/y/z range (check bev.x/y/z, the extrinsics and depth.bins); `bevcompile render` shows the coverage"
+            "BEV x/y/z range (check bev.x/y/z, the extrinsics and depth.bins); `bevcompile grid` then `bevcompile render` show the coverage"
         )
     if json_output:
         print_json(result.to_json())
