@@ -16,7 +16,7 @@ from ..checks import InspectReport, StoreReport, count_arrays, inspect_store, re
 from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
-from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, OutOption, QuietOption
+from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 ATTR_VALUE_WIDTH = 90
@@ -43,7 +43,7 @@ def _compact(value: Any) -> str:
 def inspect(
     paths: Annotated[
         list[Path] | None,
-        typer.Argument(help="Stores or folders of stores (default: artifacts/).", show_default=False),
+        typer.Argument(help="Stores or folders of stores (default: artifacts/).", show_default=False, metavar="PATH"),
     ] = None,
     strict: Annotated[
         bool,
@@ -130,7 +130,9 @@ def verify(
     ] = None,
     seed: FeatureSeedOption = 0,
     channels: FeatureChannelsOption = DEFAULT_CHANNELS,
-    out: OutOption = DEFAULT_OUT,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Where to look for <out>/<name>.zarr when a config (or nothing) is given.")
+    ] = DEFAULT_OUT,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
