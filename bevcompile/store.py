@@ -216,13 +216,17 @@ STORE_WRITTEN_ATTR = "bevcompile_store_written"
 place (while the old copy was being deleted): the CLI then says the store was written."""
 
 
-def _writer_tag() -> str:
-    """``<pid>-<host>`` of this writer: the sweep of killed writers' leftovers only judges
+def _host_tag() -> str:
+    """This host's name, safe in a file name: the sweep of killed writers' leftovers only judges
     entries of its own host (a pid means nothing on another machine or container)."""
     import socket
 
-    host = "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
-    return f"{os.getpid()}-{host}"
+    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
+
+
+def _writer_tag() -> str:
+    """``<pid>-<host>`` of this writer, in the names of its temporaries."""
+    return f"{os.getpid()}-{_host_tag()}"
 
 
 def _parse_writer(rest: str) -> tuple[int, str] | None:
@@ -258,6 +262,7 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
     if not path.parent.is_dir():
         return touched
     prefix = f".{path.name}"
+    host = _host_tag()
     for sibling in sorted(path.parent.iterdir()):
         name = sibling.name
         if not name.startswith(prefix):
@@ -267,7 +272,7 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
         if mark is None:
             continue
         writer = _parse_writer(rest[len(mark) :])
-        if writer is None or writer[1] != _writer_tag().split("-", 1)[1] or _pid_alive(writer[0]):
+        if writer is None or writer[1] != host or _pid_alive(writer[0]):
             continue
         if mark == OLD_MARK and not path.exists():
             os.rename(sibling, path)
@@ -303,9 +308,8 @@ def write_groups(
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StoreError(f"{parent}: cannot create output folder ({exc.strerror or exc})") from None
-    recover_interrupted_writes(path)
+    carry_over = check_replaceable(path, new_sha, force=force)  # also recovers killed writers' leftovers
     existed = path.exists()
-    carry_over = check_replaceable(path, new_sha, force=force)
 
     tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
     sizes: dict[str, int] = {}

@@ -213,7 +213,7 @@ def test_leftovers_of_a_killed_writer_are_cleaned_and_a_moved_store_restored(tmp
     run_grid(rig, tmp_path)
     store = tmp_path / "small.zarr"
     before = tree_digest(store)
-    host = store_module._writer_tag().split("-", 1)[1]
+    host = store_module._host_tag()
     dead = f"{_dead_pid()}-{host}"
     shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbeef")
     os.rename(store, tmp_path / f".small.zarr.old-{dead}-cafebabe")  # killed between the renames
@@ -239,7 +239,7 @@ def test_a_store_moved_aside_by_a_killed_writer_is_judged_before_the_build(tmp_p
     import bevcompile.build as build_module
 
     run_grid(small_rig(), tmp_path)
-    host = store_module._writer_tag().split("-", 1)[1]
+    host = store_module._host_tag()
     os.rename(tmp_path / "small.zarr", tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")
 
     def must_not_build(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -268,7 +268,7 @@ def test_an_interrupt_after_the_swap_says_the_store_was_written(tmp_path: Path, 
     assert open_store(tmp_path / "small.zarr").group_attrs("grid")["align_corners"] is True  # the new store, complete
     monkeypatch.setattr(store_module.shutil, "rmtree", real_rmtree)
     (left,) = [p for p in tmp_path.iterdir() if ".old-" in p.name]  # the old copy, of this (live) process
-    host = store_module._writer_tag().split("-", 1)[1]
+    host = store_module._host_tag()
     left.rename(tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")  # as after the process exited
     run_grid(rig, tmp_path, align_corners=True)  # the next write removes it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]

@@ -16,6 +16,7 @@ from ..errors import BevcompileError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
 def _hide_flag_types() -> None:
     """Typer >= 0.2x prints a type column for every option, ``<bool>`` for flags too, which reads
     as "takes a value" (``--force true`` then parses ``true`` as the CONFIG path). Flags take no
@@ -90,9 +91,8 @@ def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
     ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
     with one line (exit 130 / 143) saying what the atomic writer left (nothing, or a complete
-    store), and a
-    ``MemoryError`` (a config too large for this machine) is one line, exit 2. Nothing else is
-    caught here: anything else is a bug and keeps its traceback."""
+    store); a ``MemoryError`` (a problem too large for this machine) is one line, exit 2.
+    Nothing else is caught here: anything else is a bug and keeps its traceback."""
 
     def decorator(func: F) -> F:
         @functools.wraps(func)
