@@ -20,6 +20,7 @@ raises and turn it into a failed check, so a damaged store never produces a trac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,3 +114,14 @@ def compare(product: str, camera: str, got: np.ndarray, ref: np.ndarray, peak: f
     if diff.size == 0:
         return 0.0, 0.0, float("inf")
     return float(diff.max()), float(diff.mean()), psnr_db(float(np.mean(diff * diff)), peak)
+
+
+def same_recorded(got: Any, want: Any) -> bool:
+    """Whether a recorded attribute ``got`` equals its recomputation ``want``: numbers to 1e-12
+    relative (a float recomputed in another order), lists element by element, anything else
+    exactly and of the same type (so ``True`` is not ``1``)."""
+    if isinstance(want, float):
+        return isinstance(got, int | float) and not isinstance(got, bool) and math.isclose(float(got), want, rel_tol=1e-12, abs_tol=0.0)
+    if isinstance(want, list):
+        return isinstance(got, list | tuple) and len(got) == len(want) and all(same_recorded(g, w) for g, w in zip(got, want, strict=True))
+    return type(got) is type(want) and bool(got == want)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .checks_api import Check, CheckContext, VerifyRow, compare
+from .checks_api import Check, CheckContext, VerifyRow, compare, same_recorded
 from .config import RigConfig
 from .matrix import (
     INT8_MAX,
@@ -210,7 +210,7 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         want_attrs["row_ids.shape"] = [n_rows]
     for name, want in want_attrs.items():
         got = _attr(attrs, name)
-        out.add("attrs", "", _same(got, want), f"{name} {got!r} vs recomputed {want!r}")
+        out.add("attrs", "", same_recorded(got, want), f"{name} {got!r} vs recomputed {want!r}")
     # ELL
     if "ell_index" in ok_arrays and "ell_weight" in ok_arrays:
         _check_ell(out, ok_arrays["ell_index"], ok_arrays["ell_weight"], row, col, val, nnz_row, (rows_pad, k_pad), n_cols)
@@ -249,14 +249,6 @@ def _attr(attrs: Mapping[str, Any], dotted: str) -> Any:
             return "<missing>"
         value = value[key]
     return value
-
-
-def _same(got: Any, want: Any) -> bool:
-    if isinstance(want, float):
-        return isinstance(got, int | float) and not isinstance(got, bool) and math.isclose(float(got), want, rel_tol=1e-12, abs_tol=0.0)
-    if isinstance(want, list):
-        return isinstance(got, list | tuple) and len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
-    return type(got) is type(want) and bool(got == want)
 
 
 def _check_ell(

@@ -23,14 +23,13 @@ against their recorded worst-case sample error ``+ 1e-6``.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from .checks_api import Check, CheckContext, VerifyRow, compare
+from .checks_api import Check, CheckContext, VerifyRow, compare, same_recorded
 from .config import RigConfig
 from .delta import (
     LUT_ARRAYS,
@@ -493,12 +492,8 @@ def _check_order_figures(ctx: CheckContext, attrs: Mapping[str, Any], state: Map
         "band_switches_row_order": band_switches(index_row, valid_rows, feature_size),
         "band_switches_gather_order": band_switches(index_gather, valid_gather, feature_size),
     }
-    bad = [f"{k} {attrs.get(k)!r} vs recomputed {v!r}" for k, v in want.items() if not _same_figure(attrs.get(k), v)]
+    bad = [f"{k} {attrs.get(k)!r} vs recomputed {v!r}" for k, v in want.items() if not same_recorded(attrs.get(k), v)]
     return [Check("order_figures", "gather/", not bad, "; ".join(bad) if bad else "mean index jump and band switches (row and gather order) equal the recomputation")]
-
-
-def _same_figure(recorded: Any, value: float | int) -> bool:
-    return isinstance(recorded, int | float) and not isinstance(recorded, bool) and math.isclose(float(recorded), float(value), rel_tol=1e-12, abs_tol=0.0)
 
 
 def _check_gather_tables(ctx: CheckContext, attrs: Mapping[str, Any], state: Mapping[str, Any]) -> list[Check]:
