@@ -134,6 +134,38 @@ def _opencv_jacobian(
     return j11, j12, j21, j22
 
 
+_FOLD_RAY_SAMPLES = 128
+"""Points ``t (x, y)``, ``t = k / 128``, at which the 2-D fold test looks along each ray."""
+_FOLD_RAY_CHUNK = 4096
+
+
+def _unfolded_along_ray(coeffs: tuple[float, ...], x: FloatArray, y: FloatArray, candidates: BoolArray) -> BoolArray:
+    """``det J > 0`` at ``(x, y)`` AND along the ray from the optical axis to it (at
+    ``t (x, y)``, ``t = k / _FOLD_RAY_SAMPLES``): the valid field ends at the FIRST 2-D fold of
+    each ray, so a ray that crosses a band of ``det J <= 0`` and comes out positive again stays
+    invalid beyond it (its pixels belong to nearer, valid rays). Only ``candidates`` are tested
+    along the ray. Without tangential terms ``det J = f (r f)'`` is positive wherever the radial
+    rule holds, so the point test suffices there.
+    """
+    with np.errstate(all="ignore"):
+        j11, j12, j21, j22 = _opencv_jacobian(coeffs, x, y)
+        unfolded = np.asarray(j11 * j22 - j12 * j21 > 0)  # NaN (pole, overflow) -> False
+    if coeffs[2] == 0.0 and coeffs[3] == 0.0:
+        return unfolded
+    unfolded = unfolded.copy()
+    test = np.flatnonzero(np.broadcast_to(unfolded & candidates, unfolded.shape).ravel())
+    flat = unfolded.reshape(-1)
+    xs_all, ys_all = np.broadcast_to(x, unfolded.shape).reshape(-1), np.broadcast_to(y, unfolded.shape).reshape(-1)
+    t = np.arange(1, _FOLD_RAY_SAMPLES, dtype=np.float64) / _FOLD_RAY_SAMPLES
+    for start in range(0, test.size, _FOLD_RAY_CHUNK):
+        idx = test[start : start + _FOLD_RAY_CHUNK]
+        xs, ys = xs_all[idx, None] * t, ys_all[idx, None] * t
+        with np.errstate(all="ignore"):
+            a11, a12, a21, a22 = _opencv_jacobian(coeffs, xs, ys)
+            flat[idx] = np.all(a11 * a22 - a12 * a21 > 0, axis=1)
+    return unfolded
+
+
 def opencv_jacobian_det(distortion: Distortion, xy: FloatArray) -> FloatArray:
     """Determinant of the Jacobian of the full OpenCV distortion map (radial ``k1..k6`` and
     tangential ``p1, p2``) at undistorted normalised ``xy`` ``(..., 2)``; float64 ``(...)``.
@@ -278,8 +310,7 @@ def distort_normalized(distortion: Distortion, xy: FloatArray) -> tuple[FloatArr
             factor, _ = _radial_factor(distortion.coeffs, r2)
             xd = x * factor + 2.0 * p1 * x * y + p2 * (r2 + 2.0 * x * x)
             yd = y * factor + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * x * y
-            j11, j12, j21, j22 = _opencv_jacobian(distortion.coeffs, x, y)
-            unfolded = j11 * j22 - j12 * j21 > 0  # NaN (pole, overflow) -> False
+            unfolded = _unfolded_along_ray(distortion.coeffs, x, y, inside)
             return np.stack([xd, yd], axis=-1), inside & np.isfinite(xd) & np.isfinite(yd) & unfolded
         # fisheye (cv2.fisheye.projectPoints)
         k1, k2, k3, k4 = distortion.coeffs

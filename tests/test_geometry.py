@@ -278,6 +278,38 @@ def test_tangential_fold_is_outside_the_valid_field() -> None:
     assert np.isnan(back[~ok_back]).all()
 
 
+BAND_LENS = Distortion("opencv", (-0.39, 0.077, -0.05, 0.0, 0.0, 0.0, 0.0, 0.0), 4)
+"""A realistic radial-tangential lens (|p1| = 0.05) whose rays cross a band of det J <= 0 and
+come out positive again before the radial fold (re-audit finding: 55.9 deg and 45.5 deg rays on
+one pixel)."""
+
+
+def test_convention_valid_field_ends_at_the_first_fold_along_each_ray() -> None:
+    """VALID RULE: a point is valid only if det J > 0 all along the ray from the optical axis to
+    it. Beyond a det <= 0 band the map is positive again, yet those points' pixels are the images
+    of nearer, valid rays (checked with cv2): they must stay invalid, in grid/ and in the lift."""
+    assert lens_limits(BAND_LENS).max_radius == math.inf  # radially monotonic for ever: only the 2-D map folds
+    az = np.linspace(-np.pi, np.pi, 360, endpoint=False)
+    r = np.linspace(0.01, 3.0, 300)  # up to 71.6 deg off-axis
+    xy = np.stack([np.outer(np.cos(az), r), np.outer(np.sin(az), r)], axis=-1)  # (az, r, 2)
+    det = cv2_jacobian_det(BAND_LENS.coeffs, xy.reshape(-1, 2)).reshape(len(az), len(r))
+    first_fold = np.where((det <= 0).any(axis=1), np.argmax(det <= 0, axis=1), len(r))
+    beyond_band = (np.arange(len(r))[None, :] > first_fold[:, None]) & (det > 0)  # positive again
+    assert beyond_band.sum() > 100  # the lens has such points: the point-wise test would keep them
+    _, ok = distort_normalized(BAND_LENS, xy.reshape(-1, 2))
+    ok = ok.reshape(det.shape)
+    assert not ok[beyond_band].any()
+    before = np.arange(len(r))[None, :] < first_fold[:, None] - 1  # one sample of margin at the fold
+    assert ok[before].all()
+    # the pixel of a point beyond the band: cv2 finds a nearer preimage, and the lift returns that one
+    pts = xy[beyond_band][::25]
+    pixels = _cv2_distort(BAND_LENS.coeffs, pts)
+    back, ok_back = undistort_normalized(BAND_LENS, pixels)
+    assert ok_back.any()
+    assert (np.hypot(back[ok_back, 0], back[ok_back, 1]) < np.hypot(pts[ok_back, 0], pts[ok_back, 1]) - 1e-6).all()
+    assert np.abs(_cv2_distort(BAND_LENS.coeffs, back[ok_back]) - pixels[ok_back]).max() < 1e-9
+
+
 def test_inverse_near_a_tangential_fold_is_exact_and_per_point() -> None:
     """Pixels past the RADIAL image of the fold (the tangential terms push them there) have
     valid preimages: the safeguarded solve finds them to 1e-9, and its result for a point
