@@ -139,6 +139,13 @@ _FOLD_RAY_SAMPLES = 128
 _FOLD_RAY_CHUNK = 4096
 
 
+def _jacobian_det(coeffs: tuple[float, ...], x: FloatArray, y: FloatArray) -> FloatArray:
+    """``det`` of :func:`_opencv_jacobian` at ``(x, y)`` (NaN at a pole or on overflow, no warning)."""
+    with np.errstate(all="ignore"):
+        j11, j12, j21, j22 = _opencv_jacobian(coeffs, x, y)
+        return np.asarray(j11 * j22 - j12 * j21, dtype=np.float64)
+
+
 def _unfolded_along_ray(coeffs: tuple[float, ...], x: FloatArray, y: FloatArray, candidates: BoolArray) -> BoolArray:
     """``det J > 0`` at ``(x, y)`` AND along the ray from the optical axis to it (at
     ``t (x, y)``, ``t = k / _FOLD_RAY_SAMPLES``): the valid field ends at the FIRST 2-D fold of
@@ -147,9 +154,7 @@ def _unfolded_along_ray(coeffs: tuple[float, ...], x: FloatArray, y: FloatArray,
     along the ray. Without tangential terms ``det J = f (r f)'`` is positive wherever the radial
     rule holds, so the point test suffices there.
     """
-    with np.errstate(all="ignore"):
-        j11, j12, j21, j22 = _opencv_jacobian(coeffs, x, y)
-        unfolded = np.asarray(j11 * j22 - j12 * j21 > 0)  # NaN (pole, overflow) -> False
+    unfolded = _jacobian_det(coeffs, x, y) > 0  # NaN (pole, overflow) -> False
     if coeffs[2] == 0.0 and coeffs[3] == 0.0:
         return unfolded
     unfolded = unfolded.copy()
@@ -159,10 +164,7 @@ def _unfolded_along_ray(coeffs: tuple[float, ...], x: FloatArray, y: FloatArray,
     t = np.arange(1, _FOLD_RAY_SAMPLES, dtype=np.float64) / _FOLD_RAY_SAMPLES
     for start in range(0, test.size, _FOLD_RAY_CHUNK):
         idx = test[start : start + _FOLD_RAY_CHUNK]
-        xs, ys = xs_all[idx, None] * t, ys_all[idx, None] * t
-        with np.errstate(all="ignore"):
-            a11, a12, a21, a22 = _opencv_jacobian(coeffs, xs, ys)
-            flat[idx] = np.all(a11 * a22 - a12 * a21 > 0, axis=1)
+        flat[idx] = np.all(_jacobian_det(coeffs, xs_all[idx, None] * t, ys_all[idx, None] * t) > 0, axis=1)
     return unfolded
 
 
@@ -171,9 +173,7 @@ def opencv_jacobian_det(distortion: Distortion, xy: FloatArray) -> FloatArray:
     tangential ``p1, p2``) at undistorted normalised ``xy`` ``(..., 2)``; float64 ``(...)``.
     Where it is ``<= 0`` the 2-D map has folded over: such points are outside the valid field."""
     xy = np.asarray(xy, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        j11, j12, j21, j22 = _opencv_jacobian(distortion.coeffs, xy[..., 0], xy[..., 1])
-        return np.asarray(j11 * j22 - j12 * j21, dtype=np.float64)
+    return _jacobian_det(distortion.coeffs, xy[..., 0], xy[..., 1])
 
 
 def _fisheye_theta_d(coeffs: tuple[float, ...], theta: FloatArray) -> tuple[FloatArray, FloatArray]:
