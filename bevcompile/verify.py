@@ -182,10 +182,7 @@ def verify_store(
 
     ``expected_rig`` (the config the user named) makes a stale store a :class:`CheckFailed`.
     """
-    if channels < 1 or channels > MAX_CHANNELS:
-        raise UsageError(f"--channels must be in [1, {MAX_CHANNELS}], got {channels}")
-    if seed < 0:
-        raise UsageError(f"--seed must be >= 0, got {seed}")
+    check_feature_options(seed, channels)
     loaded = load_store(path)
     report = VerifyReport(str(path), loaded.report.name, loaded.report.config_sha256, seed, channels)
     if loaded.reader is None:

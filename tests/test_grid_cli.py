@@ -98,6 +98,26 @@ def test_help_shows_no_value_type_for_flags(command: str) -> None:
     assert "<bool>" not in result.stdout and "--json" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        ("grid", "[CONFIG]"),
+        ("matrix", "[CONFIG]"),
+        ("inspect", "[PATH]..."),
+        ("verify", "[CONFIG|STORE]"),
+        ("render", "STORE"),
+        ("diff", "OLD"),
+        ("export-onnx", "STORE"),
+        ("export-interop", "STORE"),
+    ],
+)
+def test_help_names_arguments_as_the_readme_does(command: str, usage: str) -> None:
+    """Arguments carry an upper-case name in the usage line and no internal type (`<list[Path]>`)."""
+    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    assert usage in result.stdout and "list[" not in result.stdout
+
+
 def test_align_corners_clamp_warning_is_on_stderr_even_when_quiet(tmp_path: Path) -> None:
     result = runner.invoke(app, ["grid", "--out", str(tmp_path), "--align-corners", "--quiet"])
     assert result.exit_code == 0 and result.stdout == ""

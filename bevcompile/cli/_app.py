@@ -18,24 +18,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _hide_flag_types() -> None:
-    """Typer >= 0.2x prints a type column for every option, ``<bool>`` for flags too, which reads
-    as "takes a value" (``--force true`` then parses ``true`` as the CONFIG path). Flags take no
-    value: show no type for them. A no-op if Typer's help internals differ."""
+    """Typer >= 0.2x prints a type column for every parameter: ``<bool>`` for flags too, which
+    reads as "takes a value" (``--force true`` then parses ``true`` as the CONFIG path), and
+    ``<list[Path]>`` beside a variadic argument already named by its metavar. Flags take no value
+    and an argument with a metavar is named once: show no type for either. A no-op if Typer's
+    help internals differ."""
     try:
-        from typer.core import TyperOption
+        from typer.core import TyperArgument, TyperOption
     except ImportError:  # pragma: no cover - other Typer layouts
         return
-    original = getattr(TyperOption, "display_type_rich", None)
-    if original is None or getattr(original, "_bevcompile_patched", False):
-        return
 
-    def display_type_rich(self: Any, ctx: Any) -> Any:
-        if getattr(self, "is_flag", False) and self.metavar is None:
-            return None
-        return original(self, ctx)
+    def untyped_when(cls: Any, hide: Callable[[Any], bool]) -> None:
+        original = getattr(cls, "display_type_rich", None)
+        if original is None or getattr(original, "_bevcompile_patched", False):
+            return
 
-    display_type_rich._bevcompile_patched = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+        def display_type_rich(self: Any, ctx: Any) -> Any:
+            return None if hide(self) else original(self, ctx)
+
+        display_type_rich._bevcompile_patched = True  # type: ignore[attr-defined]
+        cls.display_type_rich = display_type_rich
+
+    untyped_when(TyperOption, lambda option: getattr(option, "is_flag", False) and option.metavar is None)
+    untyped_when(TyperArgument, lambda argument: argument.metavar is not None)
 
 
 _hide_flag_types()

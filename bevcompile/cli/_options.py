@@ -12,6 +12,7 @@ ConfigArg = Annotated[
     typer.Argument(
         help="Rig config YAML. Default: the bundled nuScenes rig (real calibration, BEVDet-R50 settings).",
         show_default=False,
+        metavar="CONFIG",
     ),
 ]
 OutOption = Annotated[

@@ -177,8 +177,8 @@ def _stderr_lines(lines: list[str]) -> None:
 
 @cli_command("diff", short_help="How far a recalibration moves the tables: pose, grid shift, coverage, output change (gate: exit 1).")
 def diff(
-    old: Annotated[Path, typer.Argument(help="The reference store (e.g. the nominal calibration the model was validated with).", show_default=False)],
-    new: Annotated[Path, typer.Argument(help="The store to judge (e.g. one car's recalibration).", show_default=False)],
+    old: Annotated[Path, typer.Argument(help="The reference store (e.g. the nominal calibration the model was validated with).", show_default=False, metavar="OLD")],
+    new: Annotated[Path, typer.Argument(help="The store to judge (e.g. one car's recalibration).", show_default=False, metavar="NEW")],
     max_shift_px: Annotated[
         float | None,
         typer.Option("--max-shift-px", help="Gate: fail (exit 1) if a camera's max sampling shift exceeds X feature pixels.", show_default=False),

@@ -13,7 +13,7 @@ from ._app import cli_command
 from ._options import JsonOption, QuietOption
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
-StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False)]
+StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False, metavar="STORE")]
 
 
 @cli_command("export-onnx", short_help="Static ONNX graph of the store's lift (no GridSample/ScatterND/OneHot), checked with onnxruntime.")

@@ -126,6 +126,7 @@ def verify(
         typer.Argument(
             help="A store, or a rig config YAML whose store <out>/<name>.zarr is verified (default: the bundled rig).",
             show_default=False,
+            metavar="CONFIG|STORE",
         ),
     ] = None,
     seed: FeatureSeedOption = 0,
@@ -203,7 +204,7 @@ def _print_verify(report: VerifyReport) -> None:
 
 @cli_command("render", short_help="PNG of the camera coverage on the BEV plane (and the matrix's per-cell weight).")
 def render(
-    store: Annotated[Path, typer.Argument(help="The store to draw.", show_default=False)],
+    store: Annotated[Path, typer.Argument(help="The store to draw.", show_default=False, metavar="STORE")],
     out: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="PNG file (default: <store parent>/<name>_coverage.png).", show_default=False),
