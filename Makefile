@@ -46,4 +46,4 @@ bench: $(STAMP_TEST)
 	$(BIN)/python benchmarks/bevpoolv2.py
 
 clean:
-	rm -rf artifacts/*.zarr artifacts/.*.zarr.* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf artifacts/*.zarr artifacts/.*.zarr.* artifacts/*_coverage.png .pytest_cache .mypy_cache .ruff_cache

@@ -14,7 +14,7 @@ Usage::
     .venv/bin/python benchmarks/run.py --splat nearest --topk 16
 
 Results: a table on stdout and ``benchmarks/results/<rig>[-small]-k<K>-a<align>-<splat>.json``.
-The baseline needs about 10 GB of memory and 1.5 minutes on the dense rig: run it sparingly.
+The baseline needs about 10 GB of memory and about 3 minutes on the dense rig (185 s measured): run it sparingly.
 """
 
 from __future__ import annotations

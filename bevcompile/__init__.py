@@ -12,26 +12,80 @@ Library entry points (numpy only; PyTorch/ONNX live in the optional ``bevcompile
 * :func:`inspect_store` / :func:`verify_store` — integrity checks and equivalence reports.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .build import run_grid
-from .checks import inspect_store
-from .config import RigConfig, config_sha256, config_to_dict, load_config, parse_config
-from .delta import decode_delta, encode_delta
-from .errors import (
-    BevcompileError,
-    CheckFailed,
-    ConfigError,
-    DependencyError,
-    StoreConflictError,
-    StoreError,
-    UsageError,
-)
-from .gather import build_gather_tables, gather_sample
-from .grid import compute_sampling_grid, feature_px_to_norm, norm_to_feature_px
-from .loader import LoadedStore, load
-from .matrix import MatrixOptions, build_matrix, run_matrix
-from .reference import grid_sample
-from .verify import verify_store
+
+if TYPE_CHECKING:
+    from .build import run_grid
+    from .checks import inspect_store
+    from .config import RigConfig, config_sha256, config_to_dict, load_config, parse_config
+    from .delta import decode_delta, encode_delta
+    from .errors import (
+        BevcompileError,
+        CheckFailed,
+        ConfigError,
+        DependencyError,
+        StoreConflictError,
+        StoreError,
+        UsageError,
+    )
+    from .gather import build_gather_tables, gather_sample
+    from .grid import compute_sampling_grid, feature_px_to_norm, norm_to_feature_px
+    from .loader import LoadedStore, load
+    from .matrix import MatrixOptions, build_matrix, run_matrix
+    from .reference import grid_sample
+    from .verify import verify_store
+
+# Imported on first use (PEP 562), so that ``import bevcompile`` (and the console entry point,
+# which must be able to catch a Ctrl-C while numpy and zarr load) costs nothing up front.
+_EXPORTS = {
+    "run_grid": "build",
+    "inspect_store": "checks",
+    "RigConfig": "config",
+    "config_sha256": "config",
+    "config_to_dict": "config",
+    "load_config": "config",
+    "parse_config": "config",
+    "decode_delta": "delta",
+    "encode_delta": "delta",
+    "BevcompileError": "errors",
+    "CheckFailed": "errors",
+    "ConfigError": "errors",
+    "DependencyError": "errors",
+    "StoreConflictError": "errors",
+    "StoreError": "errors",
+    "UsageError": "errors",
+    "build_gather_tables": "gather",
+    "gather_sample": "gather",
+    "compute_sampling_grid": "grid",
+    "feature_px_to_norm": "grid",
+    "norm_to_feature_px": "grid",
+    "LoadedStore": "loader",
+    "load": "loader",
+    "MatrixOptions": "matrix",
+    "build_matrix": "matrix",
+    "run_matrix": "matrix",
+    "grid_sample": "reference",
+    "verify_store": "verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bevcompile' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "BevcompileError",

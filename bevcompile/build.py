@@ -96,11 +96,14 @@ def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatP
             "norm = 2 u / (W_f - 1) - 1" if products.align_corners else "norm = (2 u + 1) / W_f - 1"
         ),
         "norm_int16": {
+            "arrays": ["norm_int16"],
+            "invalid_in_band": False,
+            "dtype": "int16",
+            "axis_order": "(x, y) normalised (grid_sample)",
             "encode": "q = clip(round_half_even(norm * 32767), -32767, 32767)",
             "decode": "norm = q / 32767",
             "scale": 1.0 / NORM_INT16_SCALE,
             "offset": 0.0,
-            "invalid_in_band": False,
             "invalid_note": "invalid cells saturate to -1.0, which samples in range: mask with grid/valid",
             "max_error_px": products.norm_int16_max_error_px,
             "saturated_valid_cells": products.norm_int16_saturated_valid_cells,
@@ -108,6 +111,7 @@ def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatP
                 "under align_corners=True, valid cells with u < 0, u > W_f - 1, v < 0 or v > H_f - 1 lie "
                 "outside [-1, 1] and are clamped to the border pixel centre (up to 0.5 px); norm_q16 has headroom"
             ),
+            "feature_size": [w_f, h_f],
         },
         "coverage": coverage_fraction(products.valid).round(6).tolist(),
     }
@@ -453,21 +457,31 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
-def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid") -> None:
+def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid", block: int | None = None) -> None:
     """Refuse, before any work, a rig whose grid cannot fit in this machine's memory.
 
     The config limit (10^8 BEV cells) is about the format; this is about the machine: a grid
     within it can still need far more memory than there is, and the kernel would kill the
-    process (no error message, no cleanup). Estimate: ``64 MiB + 256 B`` per sample.
+    process (no error message, no cleanup). Estimate: ``64 MiB + 256 B`` per sample, where the
+    delta-LUT's ``block`` (when given) pads ny and nx up to multiples of itself: its temporaries
+    scale with the padded grid (measured ~225 B per padded sample, 257 x 257 at ``--block 256``).
     """
     samples = total_grid_cells(rig)
+    padding = ""
+    if block is not None and block > 0:
+        padded_ny = -(-rig.bev.ny // block) * block
+        padded_nx = -(-rig.bev.nx // block) * block
+        padded = rig.n_cam * len(rig.bev.heights) * padded_ny * padded_nx
+        if padded > samples:
+            samples = padded
+            padding = f" (padded to {padded_ny} x {padded_nx} by --block {block})"
     need = GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples
     have = physical_memory_bytes()
     if have is not None and need > have:
         raise UsageError(
             f"{rig.source}: {what} of {rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
-            f"cells = {samples:,} samples needs about {_size(need)}, more than this machine's {_size(have)}; "
-            "use coarser bev steps or fewer heights"
+            f"cells{padding} = {samples:,} samples needs about {_size(need)}, more than this machine's {_size(have)}; "
+            "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else "")
         )
 
 
@@ -509,7 +523,7 @@ def run_grid(
         max_error_px=max_error_px,
         npu=npu,
     ).validated()
-    check_grid_memory(rig)
+    check_grid_memory(rig, block=options.block if options.npu else None)
     path = store_path(out_dir, rig.name)
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after

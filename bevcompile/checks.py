@@ -27,6 +27,7 @@ that is neither a store nor a folder of stores) raise :class:`~bevcompile.errors
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -218,6 +219,69 @@ def looks_like_store(path: Path) -> bool:
     return path.is_dir() and (is_store(path) or path.suffix == STORE_SUFFIX)
 
 
+BEVCOMPILE_ROOT_KEYS = ("format", "tool_version", "config", "config_sha256", "conventions", GROUPS_ATTR)
+"""Root attributes of a bevcompile store: a zarr root holding none of them is not one."""
+ANCESTOR_LEVELS = 3
+"""How far up :func:`enclosing_store` looks (store/group/array/c)."""
+
+
+def _zarr_json(path: Path) -> dict[str, Any] | None:
+    """The parsed ``zarr.json`` of ``path`` (None if absent, unreadable or not an object)."""
+    try:
+        meta = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _is_bevcompile_root(path: Path) -> bool:
+    meta = _zarr_json(path)
+    attrs = meta.get("attributes") if meta is not None else None
+    return meta is not None and meta.get("node_type") == "group" and isinstance(attrs, dict) and any(k in attrs for k in BEVCOMPILE_ROOT_KEYS)
+
+
+def enclosing_store(path: Path) -> Path | None:
+    """The bevcompile store ``path`` lies inside (a group or array folder of it), else None.
+
+    Only an intact ancestor root counts (``zarr.json`` with bevcompile root attributes), so a
+    damaged store (root attributes missing or garbage) is never mistaken for a group folder."""
+    if _is_bevcompile_root(path):
+        return None
+    try:
+        ancestors = list(path.resolve().parents)[:ANCESTOR_LEVELS]
+    except OSError:
+        return None
+    for parent in ancestors:
+        if _is_bevcompile_root(parent):
+            return parent
+    return None
+
+
+def _foreign_zarr(path: Path) -> bool:
+    """A readable zarr v3 root that is plainly not a bevcompile store: no bevcompile root
+    attribute, not named ``*.zarr`` and no child folder named like a bevcompile group (a
+    damaged store keeps at least one of those, and stays a failed inspect)."""
+    meta = _zarr_json(path)
+    if meta is None or path.suffix == STORE_SUFFIX or _is_bevcompile_root(path):
+        return False
+    return not any(name in checks_api.GROUP_PLUGINS for name in (p.name for p in _subdirs(path)))
+
+
+def not_a_store_root(path: Path, command: str = "inspect") -> None:
+    """UsageError (exit 2) for a group/array folder of a store or a foreign zarr root
+    (``inspect``, ``verify``, ``render`` and :func:`bevcompile.load` all take the store root)."""
+    store = enclosing_store(path)
+    if store is not None:
+        try:
+            inner = path.resolve().relative_to(store)
+        except ValueError:
+            inner = Path(path.name)
+        kind = "group" if len(inner.parts) == 1 else "node"
+        raise UsageError(f"{path}: is the {inner.as_posix()}/ {kind} of the store {store}; {command} the store")
+    if _foreign_zarr(path):
+        raise UsageError(f"{path}: a zarr folder but not a bevcompile store (no bevcompile root attributes, no bevcompile group)")
+
+
 def _subdirs(path: Path) -> list[Path]:
     try:
         return sorted(p for p in path.iterdir() if p.is_dir())
@@ -239,6 +303,7 @@ def resolve_store_paths(paths: Sequence[str | Path]) -> list[Path]:
         if not path.is_dir():
             raise UsageError(f"{path}: not a store or a folder of stores (it is a file)")
         if looks_like_store(path):
+            not_a_store_root(path)
             out.append(path)
             continue
         found = find_stores(path)
@@ -578,6 +643,8 @@ def run_plugin_checks(loaded: InspectedStore) -> None:
                 checks = list(result)
                 if not all(isinstance(c, Check) for c in checks):
                     raise TypeError("returned something other than Check objects")
+            except MemoryError:  # the machine, not the store: one line, exit 2 at the CLI
+                raise
             except Exception as exc:
                 report.add("plugin_error", f"{group}/", False, f"{module_name}.check_{group} raised {_exc_line(exc)}")
                 continue
@@ -596,13 +663,29 @@ def _strict_checks(loaded: InspectedStore) -> None:
             continue
         rebuilt: dict[str, np.ndarray] = {}
         origin: dict[str, str] = {}
+        rebuilt_attrs: dict[str, Any] | None = None
+        attrs_ok = True  # every module's rebuild ran and their attributes agree
         for module_name, fn in plugins.functions:
             try:
                 result = call_plugin(fn, loaded.rig, loaded.group_attrs.get(group, {}), notes=report.notes, label=f"{module_name}.rebuild_{group}")
                 items = dict(result)
+                module_attrs = items.pop(checks_api.REBUILT_ATTRS, None)
+                if module_attrs is not None:
+                    if not isinstance(module_attrs, Mapping):
+                        raise TypeError(f"{checks_api.REBUILT_ATTRS!r} is not a mapping")
+                    module_attrs = json_attrs(module_attrs)
+            except MemoryError:
+                raise
             except Exception as exc:
                 report.add("strict", f"{group}/", False, f"{module_name}.rebuild_{group} raised {_exc_line(exc)}")
+                attrs_ok = False
                 continue
+            if module_attrs is not None:
+                conflicts: list[str] = []
+                rebuilt_attrs = _merge_attrs(rebuilt_attrs or {}, module_attrs, "attrs", conflicts)
+                for where in conflicts:
+                    attrs_ok = False
+                    report.add("strict_attrs", f"{group}/", False, f"rebuilds disagree on {where} ({module_name} and another plug-in)")
             for name, value in sorted(items.items()):
                 array = np.asarray(value)
                 if name in rebuilt and not _bit_equal(rebuilt[name], array):
@@ -622,6 +705,98 @@ def _strict_checks(loaded: InspectedStore) -> None:
                 report.add("strict", key, False, f"differs from the rebuild by {origin[name]}: {_difference(got, want)}")
         for name in sorted(set(rebuilt) - set(stored) - set(unreadable)):
             report.add("strict", f"{group}/{name}", False, f"{origin[name]} rebuilds {group}/{name} from build_options but the store lacks it")
+        if rebuilt_attrs is None:
+            if plugins.functions and attrs_ok:
+                report.notes.append(f"{group}/ attributes not compared under --strict: no installed plug-in rebuilds them")
+        elif attrs_ok:
+            _compare_attrs(report, group, json_attrs(loaded.group_attrs.get(group, {})), rebuilt_attrs)
+
+
+STRICT_ATTRS_MAX_LINES = 20
+"""At most this many ``strict_attrs`` failures per group (then one line counting the rest)."""
+STRICT_ATTRS_EXCLUDED: dict[str, dict[str, str]] = {}
+"""Group attributes ``--strict`` does not compare, with the reason: none today (every group
+attribute is a pure function of the stored config and ``build_options``; builds are
+deterministic, so floats are compared exactly)."""
+
+
+def json_attrs(value: Any) -> Any:
+    """Attributes as the store holds them: a JSON round trip (tuples become lists, numpy
+    scalars and arrays plain numbers and lists)."""
+
+    def builtin(item: Any) -> Any:
+        if isinstance(item, np.generic):
+            return item.item()
+        if isinstance(item, np.ndarray):
+            return item.tolist()
+        if isinstance(item, Path):
+            return str(item)
+        raise TypeError(f"{type(item).__name__} is not JSON serialisable")
+
+    return json.loads(json.dumps(value, default=builtin))
+
+
+def _merge_attrs(into: dict[str, Any], add: Mapping[str, Any], path: str, conflicts: list[str]) -> dict[str, Any]:
+    """``into`` updated with ``add``, mappings merged key by key; a leaf two modules set to
+    different values is recorded in ``conflicts``."""
+    out = dict(into)
+    for key, value in add.items():
+        where = f"{path}.{key}"
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            out[key] = _merge_attrs(out[key], value, where, conflicts)
+        elif not _json_equal(out[key], value):
+            conflicts.append(where)
+    return out
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON equality that tells ``true`` from ``1`` and ``1`` from ``1.0`` (floats exactly)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _attr_differences(stored: Any, rebuilt: Any, path: str) -> list[tuple[str, str]]:
+    """``(key path, what differs)`` of two JSON values, descending into mappings."""
+    if isinstance(stored, dict) and isinstance(rebuilt, dict):
+        out: list[tuple[str, str]] = []
+        for key in sorted(set(stored) | set(rebuilt), key=str):
+            where = f"{path}.{key}"
+            if key not in rebuilt:
+                out.append((where, f"stored {_short(stored[key])}, not written by the build"))
+            elif key not in stored:
+                out.append((where, f"missing, rebuilt {_short(rebuilt[key])}"))
+            else:
+                out.extend(_attr_differences(stored[key], rebuilt[key], where))
+        return out
+    if _json_equal(stored, rebuilt):
+        return []
+    return [(path, f"stored {_short(stored)}, rebuilt {_short(rebuilt)}")]
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _compare_attrs(report: StoreReport, group: str, stored: Any, rebuilt: dict[str, Any]) -> None:
+    """``strict_attrs``: the stored group attributes equal the rebuilt ones, key by key."""
+    excluded = STRICT_ATTRS_EXCLUDED.get(group, {})
+    if isinstance(stored, dict):
+        stored = {k: v for k, v in stored.items() if k not in excluded}
+    rebuilt = {k: v for k, v in rebuilt.items() if k not in excluded}
+    diffs = _attr_differences(stored, rebuilt, "attrs")
+    for where, what in diffs[:STRICT_ATTRS_MAX_LINES]:
+        report.add("strict_attrs", f"{group}/", False, f"{where} {what}")
+    if len(diffs) > STRICT_ATTRS_MAX_LINES:
+        report.add("strict_attrs", f"{group}/", False, f"… and {len(diffs) - STRICT_ATTRS_MAX_LINES} more attribute difference(s)")
+    if not diffs:
+        note = f" ({', '.join(sorted(excluded))} excluded)" if excluded else ""
+        report.add("strict_attrs", f"{group}/", True, f"all {len(rebuilt)} group attribute(s) equal the rebuild{note}")
 
 
 def _bit_equal(a: np.ndarray, b: np.ndarray) -> bool:

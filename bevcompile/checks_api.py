@@ -12,7 +12,12 @@ functions (no zarr, no printing), looked up by name:
   with the float reference on ``ctx.features`` (seeded random features).
 * ``rebuild(rig, attrs) -> dict[str, np.ndarray]`` — recompute the group's arrays from the
   stored config and the group's ``attrs["build_options"]``, for ``inspect --strict`` (bit
-  equality).
+  equality). Optionally the dict also holds, under the reserved key :data:`REBUILT_ATTRS`
+  (``"__attrs__"``, never an array name), the group attributes the build writes (a mapping; a
+  module may return only the keys it owns: the runner merges the mappings of every module of
+  the group key by key). ``--strict`` then compares the stored group attributes with them key
+  by key; a plug-in that returns no ``"__attrs__"`` keeps working (its attributes are not
+  compared, with a note).
 
 The runners (``bevcompile.checks``, ``bevcompile.verify``) catch every exception a plug-in
 raises and turn it into a failed check, so a damaged store never produces a traceback.
@@ -86,7 +91,10 @@ class CheckContext:
 
 CheckFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[Check]]
 VerifyFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[VerifyRow]]
-RebuildFn = Callable[[RigConfig, Mapping[str, Any]], dict[str, np.ndarray]]
+RebuildFn = Callable[[RigConfig, Mapping[str, Any]], dict[str, Any]]
+
+REBUILT_ATTRS = "__attrs__"
+"""Reserved key of a ``rebuild_<group>`` result: the rebuilt group attributes (optional)."""
 
 GROUP_PLUGINS: dict[str, tuple[str, ...]] = {
     # group -> modules exposing check_<group> / verify_<group> / rebuild_<group>.
@@ -125,3 +133,70 @@ def same_recorded(got: Any, want: Any) -> bool:
     if isinstance(want, list):
         return isinstance(got, list | tuple) and len(got) == len(want) and all(same_recorded(g, w) for g, w in zip(got, want, strict=True))
     return type(got) is type(want) and bool(got == want)
+
+
+def clamped_format_rows(
+    product: str,
+    camera: str,
+    got: np.ndarray,
+    ref: np.ndarray,
+    truth_px: np.ndarray,
+    valid: np.ndarray,
+    feature_size: tuple[int, int],
+    half_step_px: np.ndarray,
+    slack: float,
+    peak: float,
+    note: str,
+) -> list[VerifyRow]:
+    """verify rows of a normalised format whose valid cells may saturate (uq12 and norm_int16
+    under ``align_corners=True``: norm is limited to ``[-1, 1]``, i.e. ``u`` to ``[0, W_f - 1]``,
+    while the VALID RULE admits ``[-0.5, W_f - 0.5)``).
+
+    ``got``/``ref`` are ``(C, *cells)`` samples, ``truth_px`` the float64 projection ``(*cells, 2)``,
+    ``valid`` ``(*cells)``. A bilinear sample moves by at most ``peak`` per pixel per axis, so
+
+    * unsaturated cells (and invalid ones): ``|got - ref| <= peak (h_u + h_v) + slack`` with ``h``
+      half a quantisation step per axis (at most twice their own max coordinate error);
+    * saturated cells, judged one by one against their known clamp: ``|got - ref| <= peak
+      sum_a (d_a + h_a) + slack`` with ``d_a`` the distance from the true coordinate to the
+      border pixel centre it clamps to.
+
+    Each bound is fixed by the config, so damaged codes fail (the recorded max error, ~0.5 px,
+    would not).
+    """
+    size = np.array(feature_size, dtype=np.float64)
+    truth = np.asarray(truth_px, dtype=np.float64)
+    clamp = np.abs(truth - np.clip(truth, 0.0, size - 1.0))
+    clamp = np.where(np.asarray(valid, dtype=bool)[..., None], clamp, 0.0)
+    saturated = np.any(clamp > 0.0, axis=-1)
+    half = np.asarray(half_step_px, dtype=np.float64)
+    diff = np.abs(np.asarray(got, dtype=np.float64) - np.asarray(ref, dtype=np.float64))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    plain_bound = peak * float(half.sum()) + slack
+    rows = []
+    keep = ~saturated
+    max_abs, mean_abs, psnr = compare(product, camera, np.asarray(got)[:, keep], np.asarray(ref)[:, keep], peak)
+    rows.append(
+        VerifyRow(
+            product, camera, max_abs, mean_abs, psnr, f"max_abs <= {plain_bound:.3g}", bool(max_abs <= plain_bound),
+            f"{note}; unsaturated cells: bound half a step per axis (u {half[0]:.3g} + v {half[1]:.3g} px)",
+        )
+    )
+    n_sat = int(np.count_nonzero(saturated))
+    if n_sat:
+        cell_bound = peak * (clamp[saturated] + half).sum(axis=-1) + slack  # (n_sat,)
+        excess = diff[:, saturated] - cell_bound[None]
+        max_abs, mean_abs, psnr = compare(product, camera, np.asarray(got)[:, saturated], np.asarray(ref)[:, saturated], peak)
+        rows.append(
+            VerifyRow(
+                f"{product} saturated",
+                camera,
+                max_abs,
+                mean_abs,
+                psnr,
+                f"per cell <= clamp distance + half step (max {float(cell_bound.max()):.3g})",
+                bool(np.all(excess <= 0.0)),
+                f"{n_sat} valid cell(s) outside norm [-1, 1] clamp to the border pixel centre",
+            )
+        )
+    return rows

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .checks_api import Check, CheckContext, VerifyRow, compare
+from .checks_api import REBUILT_ATTRS, Check, CheckContext, VerifyRow, clamped_format_rows, compare, same_recorded
 from .config import RigConfig
+from .formats import FORMAT_ARRAYS
 from .geometry import project_ego_to_feature
 from .grid import (
     INVALID_PX,
@@ -168,6 +169,13 @@ def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mappi
         )
         if good:
             ok[name] = arr
+
+    # arrays no build of grid/ writes (the base arrays, or a format's: npu_checks checks that the
+    # formats present are the ones build_options lists)
+    known = set(BASE_ARRAYS) | {a for names in FORMAT_ARRAYS.values() for a in names}
+    extra = sorted(set(arrays) - known)
+    if extra:
+        checks.append(Check("contract", "grid/", False, f"arrays not produced by these build_options: {', '.join(extra)}"))
 
     valid = ok.get("valid")
     coords = ok.get("coords")
@@ -397,6 +405,10 @@ def _check_norm_int16(
                 f"{n_bad} value(s) farther than half a step (+ float32 rounding of norm) from clip(norm * 32767); max {_fmt(float(diff.max()) if diff.size else 0.0)}",
             )
         )
+    want = {"scale": 1.0 / NORM_INT16_SCALE, "offset": 0.0}
+    got = meta if isinstance(meta, Mapping) else {}
+    bad = [f"norm_int16.{k} {got.get(k)!r}, recomputed {v!r}" for k, v in want.items() if not same_recorded(got.get(k), v)]
+    checks.append(Check("dequantisation_attrs", key, not bad, "; ".join(bad) if bad else "norm_int16.scale = 1/32767 and norm_int16.offset = 0 as recomputed"))
     off = norm_int16[~valid]
     n_bad_invalid = int(np.sum(np.any(off != -NORM_INT16_SCALE, axis=-1)))
     checks.append(
@@ -415,9 +427,12 @@ def _check_norm_int16(
 # --------------------------------------------------------------------------------------
 
 
-def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``coords``, ``valid``, ``norm``, ``norm_int16`` exactly as ``bevcompile grid`` does,
-    from the stored config and ``attrs["build_options"]["align_corners"]``."""
+    from the stored config and ``attrs["build_options"]["align_corners"]``, and the group
+    attributes the build writes for them (under :data:`~bevcompile.checks_api.REBUILT_ATTRS`)."""
+    from .build import grid_group  # the writer's own attributes (build imports the plug-in modules' deps)
+
     align_corners = _align_corners(attrs)
     products = build_grid_products(compute_sampling_grid(rig), align_corners)
     return {
@@ -425,6 +440,7 @@ def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarr
         "valid": products.valid,
         "norm": products.norm,
         "norm_int16": products.norm_int16,
+        REBUILT_ATTRS: grid_group(products, rig).attrs,  # the base attributes (npu_checks adds the formats')
     }
 
 
@@ -511,10 +527,20 @@ def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
         sampled16 = grid_sample(feats[None], grid16, align_corners=align_corners)[0].reshape(-1, n_h, ny, nx)
         sampled16 = np.where(cam_valid[None], sampled16, 0.0)
         n_saturated = int(np.sum(np.any(np.abs(feature_px_to_norm(coords[cam_index][cam_valid], feature_size, align_corners)) > 1.0, axis=-1)))
-        note16 = f"decoded, masked with grid/valid; bound 2 x max_error_px {recorded:.3g} px"
-        if n_saturated:
-            note16 += f"; {n_saturated} valid cell(s) outside norm [-1, 1] saturate"
-        rows.append(_row("grid/norm_int16", camera.name, sampled16, ref, int16_threshold, note16))
+        if align_corners:  # valid cells may saturate (norm outside [-1, 1]): judge them apart
+            size = np.array(feature_size, dtype=np.float64)
+            half_quantum_px = 0.5 / NORM_INT16_SCALE * (size - 1.0) / 2.0
+            rows.extend(
+                clamped_format_rows(
+                    "grid/norm_int16", camera.name, sampled16, ref, truth.coords_feature_px[cam_index], valid_true, feature_size,
+                    half_quantum_px, norm_bound + 1e-6, FEATURE_PEAK, "decoded from the float32 norm, masked with grid/valid",
+                )
+            )
+        else:
+            note16 = f"decoded, masked with grid/valid; bound 2 x max_error_px {recorded:.3g} px"
+            if n_saturated:
+                note16 += f"; {n_saturated} valid cell(s) outside norm [-1, 1] saturate"
+            rows.append(_row("grid/norm_int16", camera.name, sampled16, ref, int16_threshold, note16))
 
         if torch_fn is not None:
             got_torch = torch_fn(feats[None], grid, align_corners, "float64")[0].reshape(-1, n_h, ny, nx)

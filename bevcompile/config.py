@@ -17,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +35,8 @@ MAX_DEPTH_BINS = 4096
 MAX_CONFIG_INT = 2**31 - 1
 QUATERNION_TOLERANCE = 1e-6
 ROTATION_TOLERANCE = 1e-6
+AXIS_STEP_TOLERANCE = 1e-6
+"""``bev.x``/``y``/``z``: ``(max - min) / step`` must be within this many steps of a whole number."""
 DEFAULT_CONFIG_NAME = "nuscenes.yaml"
 DISTORTION_MODELS = ("none", "opencv", "fisheye")
 PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
@@ -211,14 +215,31 @@ class RigConfig:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (a silent override is a typo)."""
+    """SafeLoader that refuses duplicate mapping keys (a silent override is a typo) and number
+    spellings only YAML 1.1 knows (``1:30`` = 90, ``0b101``, ``017`` = 15, ``1_000``), which a
+    YAML 1.2 reader (and a reader of the config) takes for something else. Merge keys
+    (``<<: *anchor``) are supported; an explicit key overrides a merged one."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_YAML11_ONLY_INT = re.compile(r"^[-+]?(0b[0-1_]+|0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+|[0-9][0-9_]*_[0-9_]*)$")
+"""Plain integers PyYAML (YAML 1.1) reads unlike YAML 1.2: binary, leading-zero octal,
+sexagesimal, digit groups with ``_``."""
+_YAML11_ONLY_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*$|^[-+]?[0-9.]*_[0-9._]*([eE][-+][0-9]+)?$")
+"""Sexagesimal floats (``1:30.5``) and floats with ``_`` digit groups."""
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    explicit = [key_node for key_node, _ in node.value if key_node.tag != _MERGE_TAG]
+    loader.flatten_mapping(node)  # `<<: *anchor` (merged keys first, so explicit keys override them)
     seen: set[Any] = set()
-    for key_node, _ in node.value:
+    for key_node in explicit:
         key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
+        try:
+            duplicate = key in seen
+        except TypeError:
+            raise yaml.constructor.ConstructorError(None, None, "found unhashable key (a list or mapping as a key)", key_node.start_mark) from None
+        if duplicate:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
             )
@@ -226,7 +247,55 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return dict(loader.construct_mapping(node, deep=deep))
 
 
+def _refuse_yaml11_number(loader: _StrictLoader, node: yaml.ScalarNode, pattern: re.Pattern[str], kind: str) -> None:
+    text = str(loader.construct_scalar(node))
+    if node.style is None and pattern.match(text):
+        value = (yaml.SafeLoader.construct_yaml_int if kind == "integer" else yaml.SafeLoader.construct_yaml_float)(loader, node)
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"{kind} {text!r} is a YAML 1.1-only spelling (read as {value!r}); write it in plain decimal",
+            node.start_mark,
+        )
+
+
+def _scalar_problem(node: yaml.Node, exc: Exception) -> yaml.constructor.ConstructorError:
+    """A constructor's ValueError/OverflowError (``!!int 16px``, a date ``2024-13-45``, an int of
+    more than 4300 digits) as a YAML error with the scalar's position."""
+    lines = str(exc).strip().splitlines()
+    return yaml.constructor.ConstructorError(None, None, lines[0] if lines else exc.__class__.__name__, node.start_mark)
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    _refuse_yaml11_number(loader, node, _YAML11_ONLY_INT, "integer")
+    try:
+        return int(yaml.SafeLoader.construct_yaml_int(loader, node))
+    except (ValueError, OverflowError) as exc:
+        raise _scalar_problem(node, exc) from None
+
+
+def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
+    _refuse_yaml11_number(loader, node, _YAML11_ONLY_FLOAT, "number")
+    try:
+        return float(yaml.SafeLoader.construct_yaml_float(loader, node))
+    except (ValueError, OverflowError) as exc:
+        raise _scalar_problem(node, exc) from None
+
+
+def _construct_timestamp(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    try:
+        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
+    except (ValueError, OverflowError) as exc:
+        raise _scalar_problem(node, exc) from None
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
+
+MAX_CONFIG_BYTES = 16 << 20
+"""A rig config is a few KiB; a larger file (or a device, FIFO) is refused before it is read."""
 
 
 def default_config_path() -> Path:
@@ -238,7 +307,18 @@ def read_config_data(path: str | Path) -> Any:
     """Read a YAML file into plain data, mapping every failure to a one-line ConfigError."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(source, "", "is a directory, expected a YAML file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
+            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "", "file not found") from None
     except IsADirectoryError:
@@ -252,6 +332,13 @@ def read_config_data(path: str | Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, "", f"invalid YAML: {where}{problem}") from None
+    except RecursionError:
+        raise ConfigError(source, "", "invalid YAML: nested too deeply (maximum recursion depth exceeded)") from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        # PyYAML's constructors: `!!int 16px`, a date `2024-13-45`, an int of more than 4300 digits ...
+        lines = str(exc).strip().splitlines()
+        problem = lines[0] if lines else exc.__class__.__name__
+        raise ConfigError(source, "", f"invalid YAML: {problem}") from None
     if data is None:
         raise ConfigError(source, "", "file is empty")
     return data
@@ -611,8 +698,8 @@ def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     if not math.isfinite(ratio) or ratio > MAX_BEV_CELLS:
         raise ctx.fail(field, f"{ratio:.3g} steps of {step:g} m from {lo:g} to {hi:g} m exceeds the limit of {MAX_BEV_CELLS:,} cells")
     n = round(ratio)
-    if n < 1 or abs(ratio - n) > 1e-6 * max(1.0, ratio):
-        raise ctx.fail(field, f"range {hi - lo:g} m is not a whole number of {step:g} m steps ({ratio:.6g})")
+    if n < 1 or abs(ratio - n) > AXIS_STEP_TOLERANCE:  # absolute, in steps: fine grids are held to it too
+        raise ctx.fail(field, f"range {hi - lo:.10g} m is not a whole number of {step:g} m steps ({ratio:.12g})")
     return AxisSpec(lo, hi, step, int(n))
 
 

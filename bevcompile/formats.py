@@ -116,6 +116,8 @@ def encode_opencv_maps(
         (pass float32 to reproduce OpenCV bit for bit). returns ``map1`` ``(..., 2)`` int16
         ``(x >> 5, y >> 5)`` and ``map2`` ``(...)`` uint16 ``(iy & 31) * 32 + (ix & 31)`` with
         ``ix = saturate_int32(round_half_even(32 x))``. Non-finite input encodes as 0.
+        Bit-exact for ``|x|, |y| < 2**26`` px; beyond, ``32 x`` overflows int32 and OpenCV's
+        SIMD path (INT_MIN) and scalar path (saturation) disagree with each other.
     """
 
     def fixed(values: npt.NDArray[np.floating]) -> npt.NDArray[np.int64]:

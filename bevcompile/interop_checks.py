@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks_api import Check, CheckContext, VerifyRow, compare
+from .checks_api import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare
 from .config import RigConfig
 from .interop import (
     BEVPOOL_ARRAYS,
@@ -31,20 +31,24 @@ from .interop import (
     fastbev_gather,
     feat_rank_from_depth_rank,
     frustum_shape,
+    interop_group_attrs,
     intervals_of,
     nearest_pixel,
     reference_frustum_pool,
+    target_arrays,
     voxel_grid,
 )
 from .reference import grid_sample
 
 GROUP = "interop"
+FASTBEV_N_VIEWS = "fastbev_n_views"
 VERIFY_MAX_ABS = 1e-5
 _TIE_MARGIN_PX = 1e-4  # float32 grid coords: a pixel choice this close to a .5 tie may differ
 # plain inspect rebuilds the BEVPoolv2 arrays (n_cam * D * H_f * W_f frustum points) up to this
 # size: nuScenes (249 k points) adds ~15-20 ms; the dense rig (88 M) ~7 s / 1.6 GB, left to --strict / verify
 GEOMETRY_CHECK_MAX_POINTS = 20_000_000
-GEOMETRY_CHECK = "bevpoolv2 = rebuild from config + build_options"
+GEOMETRY_CHECK = "bevpoolv2_matches_rebuild"
+"""The stored BEVPoolv2 arrays equal a rebuild from the stored config and ``build_options``."""
 
 
 def _thaw(value: Any) -> Any:
@@ -76,16 +80,21 @@ def check_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     options = _build_options(attrs)
     targets = _targets(arrays, attrs)
     if not targets:
-        return [Check("interop targets", f"{GROUP}/", False, "group holds no BEVPoolv2 arrays and no Fast-BEV LUT")]
+        return [Check("interop_targets", f"{GROUP}/", False, "group holds no BEVPoolv2 arrays and no Fast-BEV LUT")]
     for target in targets:
         if target not in INTEROP_TARGETS:
-            checks.append(Check("known target", f"{GROUP}/", False, f"unknown interop target {target!r} in build_options"))
+            checks.append(Check("known_target", f"{GROUP}/", False, f"unknown interop target {target!r} in build_options"))
         elif target not in options:
             checks.append(Check("build_options", f"{GROUP}/", False, f"no build_options recorded for {target}"))
         elif target == "bevpoolv2":
             checks.extend(_check_bevpool(ctx, arrays, options[target]))
         else:
             checks.extend(_check_fastbev(ctx, arrays, options[target]))
+    # arrays of a target the group holds without build_options are reported above
+    wanted = {name for t in targets if t in INTEROP_TARGETS for name in target_arrays(t)}
+    extra = sorted(set(arrays) - wanted)
+    if extra:
+        checks.append(Check("contract", f"{GROUP}/", False, f"arrays not produced by these build_options: {', '.join(extra)}"))
     return checks
 
 
@@ -105,11 +114,11 @@ def _check_bevpool(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     bad_dtype = [k for k, v in a.items() if v.dtype != np.int32 or v.ndim != 1]
     if bad_dtype:
         for k in bad_dtype:
-            out.append(Check("dtype/shape", f"{GROUP}/{name[k]}", False, f"expected 1-D int32, got {a[k].dtype} {a[k].shape}"))
+            out.append(Check("dtype_shape", f"{GROUP}/{name[k]}", False, f"expected 1-D int32, got {a[k].dtype} {a[k].shape}"))
         return out
     n_kept = a["ranks_bev"].size
     lengths_ok = a["ranks_depth"].size == n_kept and a["ranks_feat"].size == n_kept
-    out.append(Check("equal lengths", f"{GROUP}/{name['ranks_bev']}", lengths_ok,
+    out.append(Check("equal_lengths", f"{GROUP}/{name['ranks_bev']}", lengths_ok,
                      f"ranks_bev/depth/feat lengths {n_kept}/{a['ranks_depth'].size}/{a['ranks_feat'].size}"))
     if not lengths_ok:
         return out
@@ -123,23 +132,24 @@ def _check_bevpool(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
         v = a[key]
         ok = bool(v.size == 0 or (v.min() >= 0 and v.max() < limit))
         lo_hi = f"[{v.min()}, {v.max()}]" if v.size else "empty"
-        out.append(Check("index range", f"{GROUP}/{name[key]}", ok, f"values {lo_hi} within [0, {limit})"))
+        out.append(Check("index_range", f"{GROUP}/{name[key]}", ok, f"values {lo_hi} within [0, {limit})"))
     feat_ok = bool(np.array_equal(feat_rank_from_depth_rank(a["ranks_depth"], depth_shape), a["ranks_feat"]))
-    out.append(Check("ranks_feat = cam*H*W + ranks_depth mod H*W", f"{GROUP}/{name['ranks_feat']}", feat_ok,
-                     "consistent with ranks_depth" if feat_ok else "ranks_feat does not match ranks_depth"))
+    out.append(Check("ranks_feat_matches_depth", f"{GROUP}/{name['ranks_feat']}", feat_ok,
+                     ("ranks_feat = cam*H_f*W_f + ranks_depth mod H_f*W_f on every point" if feat_ok
+                      else "ranks_feat differs from cam*H_f*W_f + ranks_depth mod H_f*W_f")))
     rb = a["ranks_bev"].astype(np.int64)
     rd = a["ranks_depth"].astype(np.int64)
     unsorted = int(np.count_nonzero(rb[1:] < rb[:-1]))
-    out.append(Check("sorted by ranks_bev", f"{GROUP}/{name['ranks_bev']}", unsorted == 0,
-                     f"{unsorted} descending step(s)"))
+    out.append(Check("sorted_by_ranks_bev", f"{GROUP}/{name['ranks_bev']}", unsorted == 0,
+                     f"points sorted by ranks_bev: {unsorted} descending step(s)"))
     same = rb[1:] == rb[:-1]
     unstable = int(np.count_nonzero(same & (rd[1:] <= rd[:-1])))
-    out.append(Check("stable (ranks_depth ascending within a voxel)", f"{GROUP}/{name['ranks_depth']}", unstable == 0,
-                     f"{unstable} out-of-order pair(s) within voxels"))
+    out.append(Check("stable_within_voxel", f"{GROUP}/{name['ranks_depth']}", unstable == 0,
+                     f"stable sort (ranks_depth ascending within a voxel): {unstable} out-of-order pair(s) within voxels"))
     starts, lengths = intervals_of(a["ranks_bev"])
     ok = bool(np.array_equal(starts, a["interval_starts"]) and np.array_equal(lengths, a["interval_lengths"]))
-    out.append(Check("intervals = runs of ranks_bev", f"{GROUP}/{name['interval_starts']}", ok,
-                     f"{a['interval_starts'].size} intervals, lengths sum {int(a['interval_lengths'].astype(np.int64).sum())} "
+    out.append(Check("intervals_are_runs", f"{GROUP}/{name['interval_starts']}", ok,
+                     f"intervals = runs of ranks_bev: {a['interval_starts'].size} intervals, lengths sum {int(a['interval_lengths'].astype(np.int64).sum())} "
                      f"of {n_kept} points" + ("" if ok else f"; expected {starts.size} intervals")))
     out.append(_check_bevpool_geometry(ctx, a, options))
     return out
@@ -195,10 +205,10 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     w_f, h_f = rig.feature_size
     shape = (len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
     if lut.dtype != np.int32 or lut.shape != shape:
-        return [Check("dtype/shape", where, False, f"expected int32 {shape}, got {lut.dtype} {lut.shape}")]
+        return [Check("dtype_shape", where, False, f"expected int32 {shape}, got {lut.dtype} {lut.shape}")]
     n_flat = rig.n_cam * h_f * w_f
     ok = bool(lut.min() >= -1 and lut.max() < n_flat) if lut.size else True
-    out.append(Check("index range", where, ok, f"values [{lut.min()}, {lut.max()}] within [-1, {n_flat})"))
+    out.append(Check("index_range", where, ok, f"values [{lut.min()}, {lut.max()}] within [-1, {n_flat})"))
     if not ok:
         return out
     valid = ctx.grid_arrays.get("valid")
@@ -210,8 +220,8 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     coords64 = np.asarray(coords, dtype=np.float64)
     seen = valid.any(axis=0)
     unseen_bad = int(np.count_nonzero((lut >= 0) != seen))
-    out.append(Check("-1 exactly where no camera sees the cell", where, unseen_bad == 0,
-                     f"{unseen_bad} cell(s) disagree with grid/valid ({int(seen.sum())} seen of {seen.size})"))
+    out.append(Check("unseen_cells_minus_one", where, unseen_bad == 0,
+                     f"-1 exactly where no camera sees the cell: {unseen_bad} cell(s) disagree with grid/valid ({int(seen.sum())} seen of {seen.size})"))
     cam = np.where(lut >= 0, lut // (h_f * w_f), -1)
     expected_cam = choose_camera(coords64, valid, rig.feature_size, options.overlap)
     cam_bad = (cam != expected_cam) & (lut >= 0)
@@ -224,8 +234,8 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
         chosen = np.take_along_axis(dist, pick[None], axis=0)[0]
         cam_bad &= chosen > dist.min(axis=0) + _TIE_MARGIN_PX
     n_cam_bad = int(np.count_nonzero(cam_bad))
-    out.append(Check(f"overlap policy {options.overlap}", where, n_cam_bad == 0,
-                     f"{n_cam_bad} cell(s) take another camera than the policy gives"))
+    out.append(Check("overlap_policy", where, n_cam_bad == 0,
+                     f"overlap policy {options.overlap}: {n_cam_bad} cell(s) take another camera than the policy gives"))
     pick = np.clip(cam, 0, rig.n_cam - 1)
     uv = np.take_along_axis(coords64, pick[None, ..., None], axis=0)[0]
     cam_valid = np.take_along_axis(valid, pick[None], axis=0)[0]
@@ -234,13 +244,19 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     near_tie = np.any(np.abs(np.abs(uv - np.round(uv)) - 0.5) < _TIE_MARGIN_PX, axis=-1)
     pix_bad = (lut >= 0) & ((expected != lut) & ~near_tie | ~cam_valid)
     n_pix_bad = int(np.count_nonzero(pix_bad))
-    out.append(Check("nearest feature pixel of grid/coords", where, n_pix_bad == 0,
-                     f"{n_pix_bad} cell(s) point at another pixel (or at a camera that does not see them)"))
-    n_views = arrays.get("fastbev_n_views")
-    if n_views is not None:
+    out.append(Check("nearest_feature_pixel", where, n_pix_bad == 0,
+                     f"nearest feature pixel of grid/coords: {n_pix_bad} cell(s) point at another pixel (or at a camera that does not see them)"))
+    n_views = arrays.get(FASTBEV_N_VIEWS)
+    where_n = f"{GROUP}/{FASTBEV_N_VIEWS}"
+    if n_views is None:
+        out.append(Check("present", where_n, False, "array missing or unreadable"))
+    elif np.asarray(n_views).dtype != np.uint8 or np.asarray(n_views).shape != shape:
+        out.append(Check("dtype_shape", where_n, False, f"expected uint8 {shape}, got {np.asarray(n_views).dtype} {np.asarray(n_views).shape}"))
+    else:
         ok = bool(np.array_equal(np.asarray(n_views, dtype=np.int64), valid.sum(axis=0)))
-        out.append(Check("n_views = cameras seeing the cell", f"{GROUP}/fastbev_n_views", ok,
-                         "matches grid/valid" if ok else "differs from grid/valid"))
+        out.append(Check("n_views_matches_valid", where_n, ok,
+                         "n_views = number of cameras seeing the cell (grid/valid)" if ok
+                         else "n_views differs from the number of cameras seeing the cell (grid/valid)"))
     return out
 
 
@@ -278,26 +294,54 @@ def verify_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
         max_abs, mean_abs, psnr = compare("interop/bevpoolv2", "all", got, ref, peak)
         rows.append(VerifyRow("interop/bevpoolv2", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
                               max_abs <= VERIFY_MAX_ABS, "sum pooling vs scatter-add of the recomputed frustum"))
-    if "fastbev-lut" in options and FASTBEV_LUT_ARRAY in arrays and "norm" in ctx.grid_arrays:
-        lut = np.asarray(arrays[FASTBEV_LUT_ARRAY])
-        got = fastbev_gather(lut, feats)
-        norm = np.asarray(ctx.grid_arrays["norm"], dtype=np.float64)  # (n_cam, n_h, ny, nx, 2)
-        align = bool(ctx.grid_attrs.get("align_corners", False))
-        n_cam, n_h, ny, nx, _ = norm.shape
-        sampled = grid_sample(feats, norm.reshape(n_cam, n_h * ny, nx, 2), mode="nearest", align_corners=align)
-        sampled = sampled.reshape(n_cam, feats.shape[1], n_h, ny, nx)
-        cam = np.where(lut >= 0, lut // (feats.shape[2] * feats.shape[3]), 0)
-        ref = np.take_along_axis(sampled, cam[None, None], axis=0)[0]
-        ref = np.where(lut >= 0, ref, 0.0)
-        max_abs, mean_abs, psnr = compare("interop/fastbev_lut", "all", got, ref, peak)
-        rows.append(VerifyRow("interop/fastbev_lut", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
-                              max_abs <= VERIFY_MAX_ABS, "LUT gather vs grid_sample(nearest) of the chosen camera"))
+    if "fastbev-lut" in options and FASTBEV_LUT_ARRAY in arrays:
+        rows.append(_verify_fastbev(ctx, np.asarray(arrays[FASTBEV_LUT_ARRAY]), FastBevOptions.from_dict(options["fastbev-lut"]), feats, peak))
     return rows
 
 
-def rebuild_interop(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for target, options in _build_options(attrs).items():
-        arrays, _ = build_target(rig, target, options)
+def _verify_fastbev(ctx: CheckContext, lut: np.ndarray, options: FastBevOptions, feats: np.ndarray, peak: float) -> VerifyRow:
+    """The LUT gather against the nearest feature pixel of the camera the overlap policy picks.
+
+    The reference is independent of the LUT under test: the camera comes from the overlap policy
+    applied to the float64 projection of the stored config (what the build applies), 0 where no
+    camera sees the cell; the value is ``grid_sample(nearest)`` of that camera on ``grid/norm``
+    (or, in a store without grid/, the nearest pixel of the float64 projection)."""
+    truth = ctx.sampling_grid()
+    n_cam, c, h_f, w_f = feats.shape
+    cam = choose_camera(truth.coords_feature_px, truth.valid, truth.feature_size, options.overlap)
+    seen = cam >= 0
+    pick = np.clip(cam, 0, n_cam - 1)
+    norm = ctx.grid_arrays.get("norm")
+    if norm is not None and np.asarray(norm).shape == truth.coords_feature_px.shape:
+        norm64 = np.asarray(norm, dtype=np.float64)  # (n_cam, n_h, ny, nx, 2)
+        _, n_h, ny, nx, _ = norm64.shape
+        align = bool(ctx.grid_attrs.get("align_corners", False))
+        sampled = grid_sample(feats, norm64.reshape(n_cam, n_h * ny, nx, 2), mode="nearest", align_corners=align)
+        sampled = sampled.reshape(n_cam, c, n_h, ny, nx)
+        ref = np.take_along_axis(sampled, pick[None, None], axis=0)[0]
+        how = "grid_sample(nearest) on grid/norm"
+    else:
+        uv = np.take_along_axis(truth.coords_feature_px, pick[None, ..., None], axis=0)[0]
+        iuv = nearest_pixel(uv)
+        flat = (pick * h_f + np.clip(iuv[..., 1], 0, h_f - 1)) * w_f + np.clip(iuv[..., 0], 0, w_f - 1)
+        ref = fastbev_gather(flat, feats)
+        how = "nearest pixel of the float64 projection (no grid/)"
+    ref = np.where(seen, ref, 0.0)
+    got = fastbev_gather(lut, feats)
+    max_abs, mean_abs, psnr = compare("interop/fastbev_lut", "all", got, ref, peak)
+    return VerifyRow("interop/fastbev_lut", "all", max_abs, mean_abs, psnr, f"max_abs <= {VERIFY_MAX_ABS:g}",
+                     bool(max_abs <= VERIFY_MAX_ABS),
+                     f"LUT gather vs {how} of the camera overlap policy {options.overlap} picks (0 where no camera sees the cell)")
+
+
+def rebuild_interop(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every target's arrays from its recorded build options, and the group attributes
+    ``export-interop`` writes (under :data:`~bevcompile.checks_api.REBUILT_ATTRS`)."""
+    out: dict[str, Any] = {}
+    options = _build_options(attrs)
+    target_attrs: dict[str, Any] = {}
+    for target, target_options in options.items():
+        arrays, target_attrs[target] = build_target(rig, target, target_options)
         out.update(arrays)
+    out[REBUILT_ATTRS] = interop_group_attrs(rig, options, target_attrs)
     return out

@@ -11,13 +11,20 @@ read it, re-parses the rig config it was built from and hands back a :class:`Loa
 
 Arrays are read on first access and cached; with ``verify=True`` (the default) each array's
 content is checked against the ``sha256`` recorded at write time, so a model never loads a
-silently corrupted table. Every failure is a one-line
-:class:`~bevcompile.errors.StoreError` (a missing group names the command that writes it).
+silently corrupted table. :func:`load` also snapshots the store's identity (the root
+``zarr.json`` bytes, every group's ``zarr.json`` bytes and every array's recorded ``sha256``);
+every later lazy read checks the store still matches it, so a store rebuilt while a
+``LoadedStore`` is held is a :class:`~bevcompile.errors.StoreError` ("... was rewritten since
+it was loaded (reload it)"), never a mix of two builds. Every failure is a one-line
+:class:`~bevcompile.errors.StoreError` (a missing group names the command that writes it; a
+group or array whose folder exists but whose metadata is unreadable is reported as such).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -39,6 +46,96 @@ GROUP_COMMANDS: dict[str, str] = {
 """The command that writes each group (named in the error for a missing group)."""
 
 
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _recorded_sha256(meta: bytes | None) -> str | None:
+    """The ``sha256`` attribute in an array's ``zarr.json`` bytes (None if absent/unreadable)."""
+    if meta is None:
+        return None
+    try:
+        value = json.loads(meta).get("attributes", {}).get("sha256")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class StoreIdentity:
+    """What a store was when :func:`load` opened it (read straight from the ``zarr.json`` files).
+
+    Convention: ``root`` the root ``zarr.json`` bytes; ``groups`` group -> its ``zarr.json``
+    bytes (None if unreadable); ``arrays`` ``(group, array)`` -> recorded ``sha256`` (None if
+    its metadata has none or is unreadable).
+    """
+
+    root: bytes | None
+    groups: Mapping[str, bytes | None]
+    arrays: Mapping[tuple[str, str], str | None]
+
+    @classmethod
+    def of(cls, path: Path) -> StoreIdentity:
+        groups: dict[str, bytes | None] = {}
+        arrays: dict[tuple[str, str], str | None] = {}
+        for group_dir in _child_dirs(path):
+            groups[group_dir.name] = _read_bytes(group_dir / "zarr.json")
+            for array_dir in _child_dirs(group_dir):
+                arrays[(group_dir.name, array_dir.name)] = _recorded_sha256(_read_bytes(array_dir / "zarr.json"))
+        return cls(_read_bytes(path / "zarr.json"), MappingProxyType(groups), MappingProxyType(arrays))
+
+    def changed(self, path: Path, group: str, array: str | None = None) -> bool:
+        """True if the root, ``group`` (or ``group/array``) on disk differ from this snapshot."""
+        if _read_bytes(path / "zarr.json") != self.root or _read_bytes(path / group / "zarr.json") != self.groups.get(
+            group
+        ):
+            return True
+        if array is None:
+            return False
+        return _recorded_sha256(_read_bytes(path / group / array / "zarr.json")) != self.arrays.get((group, array))
+
+
+def _child_dirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def _rewritten(path: Path) -> StoreError:
+    return StoreError(f"{path} was rewritten since it was loaded (reload it): its arrays now belong to another build")
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """A read-only view of a private read-only base: ``setflags(write=True)`` on it raises
+    (numpy refuses to make a view writeable when its base is not)."""
+    array.flags.writeable = False  # the base: only this module holds it
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _unreadable_detail(probe: Callable[[], Any], default: str) -> str:
+    """Why a node whose folder exists cannot be opened: the reason in the reader's
+    ``StoreError`` ("... missing or unreadable (<reason>)"), or ``default``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            probe()
+    except StoreError as exc:
+        text = str(exc)
+        start = text.find("(")
+        return text[start + 1 : -1] if start >= 0 and text.endswith(")") else text
+    return default
+
+
+def _readable_array(reader: StoreReader, group: str, name: str) -> bool:
+    return _unreadable_detail(lambda: reader.array_info(group, name), "") == ""
+
+
 def _freeze(value: Any) -> Any:
     """Deep read-only copy of JSON-like attributes (dicts -> mappingproxy, lists -> tuples)."""
     if isinstance(value, Mapping):
@@ -57,22 +154,44 @@ class StoreGroup(Mapping[str, np.ndarray]):
     lists become tuples).
     """
 
-    def __init__(self, reader: StoreReader, name: str, *, verify: bool) -> None:
+    def __init__(self, reader: StoreReader, name: str, *, verify: bool, identity: StoreIdentity | None = None) -> None:
         self._reader = reader
         self.name = name
         self._verify = verify
-        self._names = tuple(reader.arrays(name))
+        self._identity = identity
+        try:
+            self._names = tuple(reader.arrays(name))
+        except StoreError:  # one array's zarr.json is not JSON: zarr cannot list any; keep the readable ones
+            self._names = tuple(a for a in reader.child_dirs(name) if _readable_array(reader, name, a))
         self.attrs: Mapping[str, Any] = _freeze(reader.group_attrs(name))
+        if identity is not None and identity.changed(reader.path, name):
+            raise _rewritten(reader.path)
         self._cache: dict[str, np.ndarray] = {}
 
     def __getitem__(self, key: str) -> np.ndarray:
         if key not in self._names:
+            if (self._reader.path / self.name / key).is_dir():
+                detail = _unreadable_detail(lambda: self._reader.array_info(self.name, key), "not listed as an array")
+                raise StoreError(
+                    f"{self._reader.path}: array {self.name}/{key} is present but unreadable ({detail}); "
+                    "the store is damaged: rebuild it"
+                )
             available = ", ".join(self._names) or "none"
             raise StoreError(f"{self._reader.path}: no array {self.name}/{key} (arrays in {self.name}/: {available})")
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._reader.read(self.name, key, verify_sha256=self._verify)
-            cached.flags.writeable = False
+            identity, path = self._identity, self._reader.path
+            try:
+                data = self._reader.read(self.name, key, verify_sha256=self._verify)
+            except StoreError:
+                if identity is not None and identity.changed(path, self.name, key):
+                    raise _rewritten(path) from None
+                raise
+            # checked AFTER the read: the content matched the metadata at read time (verify), and
+            # that metadata is still the one snapshotted at load()
+            if identity is not None and identity.changed(path, self.name, key):
+                raise _rewritten(path)
+            cached = _read_only(data)
             self._cache[key] = cached
         return cached
 
@@ -115,10 +234,13 @@ class LoadedStore:
         root_attrs: read-only mapping of all root attributes.
     """
 
-    def __init__(self, reader: StoreReader, rig: RigConfig, *, verify: bool) -> None:
+    def __init__(
+        self, reader: StoreReader, rig: RigConfig, *, verify: bool, identity: StoreIdentity | None = None
+    ) -> None:
         attrs = reader.root_attrs
         self._reader = reader
         self._verify = verify
+        self._identity = identity
         self.path: Path = reader.path
         self.format: str = str(attrs.get("format"))
         self.tool_version: str = str(attrs.get("tool_version"))
@@ -145,10 +267,14 @@ class LoadedStore:
             return cached
         if not self._reader.has_group(name):
             command = GROUP_COMMANDS.get(name)
+            if (self.path / name).is_dir():
+                detail = _unreadable_detail(lambda: self._reader.group_attrs(name), "not a group")
+                hint = f"; run `{command}` to rewrite it" if command else ""
+                raise StoreError(f"{self.path}: group {name}/ is present but unreadable ({detail}){hint}")
             hint = f"; run `{command}` to add it" if command else ""
             present = ", ".join(self._reader.groups()) or "none"
             raise StoreError(f"{self.path}: no group {name}/ in this store (groups: {present}){hint}")
-        group = StoreGroup(self._reader, name, verify=self._verify)
+        group = StoreGroup(self._reader, name, verify=self._verify, identity=self._identity)
         self._groups[name] = group
         return group
 
@@ -201,6 +327,9 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
     attrs = reader.root_attrs
     fmt = attrs.get("format")
     if fmt is None:
+        from .checks import not_a_store_root
+
+        not_a_store_root(Path(reader.path), "load")
         raise StoreError(f"{reader.path}: not a bevcompile store (no 'format' root attribute)")
     if fmt not in READABLE_FORMATS:
         raise StoreError(
@@ -221,7 +350,17 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
             f"{reader.path}: stored config hash {str(recorded)[:12]}… does not match its config ({actual[:12]}…); "
             "the store was edited or is damaged"
         )
-    return LoadedStore(reader, rig, verify=verify)
+    identity = StoreIdentity.of(reader.path)
+    if _root_attrs_of(identity.root) != attrs:
+        raise _rewritten(reader.path)  # replaced between opening it and taking the snapshot
+    return LoadedStore(reader, rig, verify=verify, identity=identity)
+
+
+def _root_attrs_of(meta: bytes | None) -> Any:
+    try:
+        return json.loads(meta or b"").get("attributes")
+    except (ValueError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True)

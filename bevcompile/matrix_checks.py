@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .checks_api import Check, CheckContext, VerifyRow, compare, same_recorded
+from .checks_api import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
 from .config import RigConfig
 from .matrix import (
     INT8_MAX,
@@ -627,6 +627,10 @@ def _kept_note(attrs: Mapping[str, Any]) -> str:
         return "not recorded"
 
 
-def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Every ``matrix/`` array rebuilt from the stored config and ``build_options``."""
-    return build_matrix(rig, _options(attrs)).arrays()
+def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``matrix/`` array rebuilt from the stored config and ``build_options``, and the
+    group attributes the build writes (under :data:`~bevcompile.checks_api.REBUILT_ATTRS`)."""
+    from .matrix import matrix_attributes
+
+    products = build_matrix(rig, _options(attrs))
+    return {**products.arrays(), REBUILT_ATTRS: matrix_attributes(products, rig)}

@@ -24,7 +24,10 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 HIST_BINS_MAX = 64
-HIST_MAX_ENTRIES = 1 << 23  # n_cells * hist bins (int64 counters) kept below 64 MiB
+HIST_MAX_ENTRIES = 1 << 23
+"""Target of ``n_cells * hist bins`` (int64 counters, 64 MiB) for the bin count; the floor of 8
+bins wins above 2^20 cells, so the histogram is 64 B per (padded) cell there and grows with the
+grid (``bevcompile.matrix.check_frustum_memory`` refuses a grid this machine cannot hold)."""
 CHUNK_POINTS = 1 << 17  # frustum points per streamed block (bounded buffers)
 HIST_FLUSH = 1 << 22  # histogram indices buffered between bincounts
 MAX_INDEX = np.iinfo(np.int32).max
@@ -327,8 +330,20 @@ class FrustumResult:
     phase_seconds: dict[str, float]
 
 
-def frustum_entries(rig: RigConfig, *, splat: str, rounding: str, topk: int, progress: ProgressFn | None = None) -> FrustumResult:
+def frustum_entries(
+    rig: RigConfig,
+    *,
+    splat: str,
+    rounding: str,
+    topk: int,
+    progress: ProgressFn | None = None,
+    check_row_nnz: Callable[[I64], None] | None = None,
+) -> FrustumResult:
     """Frustum-mode entries that survive the Top-K rule, streamed in two passes.
+
+    K = 0 keeps every entry, so pass 1 only counts the entries of each row (no histogram) and
+    hands the counts (``(ny * nx,)`` int64, exactly the final row nnz) to ``check_row_nnz``,
+    which may refuse (raise) before pass 2 collects and sorts them all.
 
     Pass 1 (only when K > 0) counts every entry of every row into a histogram of its order score
     (bilinear: ``1 - w``; nearest: ``dist2``) and sums the row mass. The per-row threshold bin
@@ -427,6 +442,27 @@ def frustum_entries(rig: RigConfig, *, splat: str, rounding: str, topk: int, pro
         threshold = _thresholds(hist2, k, n_bins)
         del hist, hist2, hist_counter
         phase("pass1_histogram")
+    else:  # K = 0: count the entries of every row (every one is kept), for a refusal before pass 2
+        row_counter = _Counter(n_pad if bilinear else n_cells)
+        for plan, d0, d1 in _iter_blocks(rig, plans):
+            blk = _block_in_range(rig, bev, trunc, plan, d0, d1, depths_all)
+            in_range[0] += blk.col.size
+            if bilinear:
+                _gx, _gy, _ix0, _iy0, ax, ay, bx, by, bidx = corner_frame(blk)
+                for ox, oy, off in offsets:
+                    wgt = (ax if ox else bx) * (ay if oy else by)
+                    row_counter.add(bidx[wgt > 0.0] + off)
+            else:
+                row_counter.add(nearest_frame(blk)[0])
+            report((d1 - d0) * w_f * h_f)
+        row_nnz = row_counter.flush()
+        if bilinear:  # padding cells never keep anything
+            row_nnz = row_nnz.reshape(pad_h, pad_w)[interior].ravel()
+        del row_counter
+        phase("pass1_row_counts")
+        if check_row_nnz is not None:
+            check_row_nnz(row_nnz)
+        del row_nnz
     threshold_pad = np.full((pad_h, pad_w), -1, dtype=np.int64)
     threshold_pad[interior] = threshold.reshape(bev.ny, bev.nx)
     threshold_pad_flat = threshold_pad.ravel()
@@ -463,10 +499,10 @@ def frustum_entries(rig: RigConfig, *, splat: str, rounding: str, topk: int, pro
     candidates = Entries.concat(parts)
     del parts
     phase("pass2_candidates")
+    if in_range[0] != in_range[1]:  # pragma: no cover - the passes see the same points
+        raise RuntimeError("matrix build: the two passes disagree on the points in range")
     if k == 0:
         total_mass = np.bincount(candidates.row, weights=candidates.weight, minlength=n_cells).astype(np.float64)
-    elif in_range[0] != in_range[1]:  # pragma: no cover - the passes see the same points
-        raise RuntimeError("matrix build: the two passes disagree on the points in range")
     n_candidates = len(candidates)
     kept = select_topk(candidates, k)
     phase("topk_select")

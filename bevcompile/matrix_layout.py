@@ -120,6 +120,19 @@ def tile_layout(
     return tile_cols, offsets, tile_weight
 
 
+INT8_BLOCK_SLOTS = 1 << 20
+"""Slots (rows x columns) quantised or measured at a time: the float64 temporaries of
+:func:`quantize_rows_int8` and :func:`int8_errors` stay a few tens of MiB whatever the product
+size (every row is independent, so the result is bit-identical to a whole-array pass)."""
+
+
+def _row_blocks(n_rows: int, n_cols: int) -> Iterator[slice]:
+    """Row slices of at most ``INT8_BLOCK_SLOTS`` slots (at least one row each)."""
+    step = max(1, INT8_BLOCK_SLOTS // max(1, n_cols))
+    for a in range(0, n_rows, step):
+        yield slice(a, min(n_rows, a + step))
+
+
 def quantize_rows_int8(
     weight: npt.NDArray[np.float32], rows_axis_scale: npt.NDArray[np.float32] | None = None
 ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
@@ -129,11 +142,16 @@ def quantize_rows_int8(
     dequantise ``w ~ float32(q) * row_scale``.
 
     Convention: ``weight`` ``(rows, n)`` float32 -> ``(q int8 (rows, n), row_scale float32 (rows,))``.
-    ``rows_axis_scale`` reuses given scales (tiles use the ELL rows' scales).
+    ``rows_axis_scale`` reuses given scales (tiles use the ELL rows' scales). Works in row blocks
+    of ``INT8_BLOCK_SLOTS`` slots (bounded float64 temporaries).
     """
-    w64 = np.asarray(weight, dtype=np.float64)
+    weight = np.asarray(weight)
+    n_rows, n_cols = weight.shape
     if rows_axis_scale is None:
-        peak = np.abs(w64).max(axis=1) if w64.shape[1] else np.zeros(w64.shape[0])
+        peak = np.zeros(n_rows)
+        if n_cols:
+            for rows in _row_blocks(n_rows, n_cols):  # |w| and max are exact in float32
+                peak[rows] = np.abs(weight[rows]).max(axis=1)
         scale = (peak / INT8_MAX).astype(np.float32)
         # Tiny rows (peak below ~127 * 2^-126): float32 rounding of the scale is coarse there and
         # may reach 0 or round down so far that the peak would clip. Step the scale up until the
@@ -145,10 +163,13 @@ def quantize_rows_int8(
             scale[short] = np.nextafter(scale[short], np.float32(np.inf))
     else:
         scale = np.asarray(rows_axis_scale, dtype=np.float32)
-    s64 = scale.astype(np.float64)[:, None]
-    safe = np.where(s64 > 0, s64, 1.0)
-    q = np.where(s64 > 0, np.rint(w64 / safe), 0.0)
-    return np.clip(q, -INT8_MAX, INT8_MAX).astype(np.int8), scale
+    q = np.zeros((n_rows, n_cols), dtype=np.int8)
+    for rows in _row_blocks(n_rows, n_cols):
+        s64 = scale[rows].astype(np.float64)[:, None]
+        safe = np.where(s64 > 0, s64, 1.0)
+        qb = np.where(s64 > 0, np.rint(np.asarray(weight[rows], np.float64) / safe), 0.0)
+        q[rows] = np.clip(qb, -INT8_MAX, INT8_MAX)
+    return q, scale
 
 
 def dequantize_rows_int8(q: npt.NDArray[np.int8], row_scale: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -161,14 +182,19 @@ def int8_errors(weight: npt.NDArray[np.float32], q: npt.NDArray[np.int8], row_sc
     """(max relative error w.r.t. the row's max |w|, max absolute error) of the dequantised rows.
 
     Convention: ``weight`` float32 ``(rows, n)``, ``q`` int8 ``(rows, n)``, ``row_scale`` float32
-    ``(rows,)``; rows whose max |w| is 0 count as relative error 0."""
-    w64 = np.asarray(weight, np.float64)
-    err = np.abs(dequantize_rows_int8(q, row_scale).astype(np.float64) - w64)
-    if err.size == 0:
+    ``(rows,)``; rows whose max |w| is 0 count as relative error 0. Works in row blocks of
+    ``INT8_BLOCK_SLOTS`` slots (bounded temporaries; max is exact, so block order does not matter)."""
+    weight, q, row_scale = np.asarray(weight), np.asarray(q), np.asarray(row_scale, np.float32)
+    if weight.size == 0:
         return 0.0, 0.0
-    peak = np.abs(w64).max(axis=1)
-    rel = np.where(peak[:, None] > 0, err / np.where(peak[:, None] > 0, peak[:, None], 1.0), 0.0)
-    return float(rel.max()), float(err.max())
+    rel = absolute = 0.0
+    for rows in _row_blocks(*weight.shape):
+        w64 = np.asarray(weight[rows], np.float64)
+        err = np.abs(dequantize_rows_int8(q[rows], row_scale[rows]).astype(np.float64) - w64)
+        peak = np.abs(w64).max(axis=1)
+        r = np.where(peak[:, None] > 0, err / np.where(peak[:, None] > 0, peak[:, None], 1.0), 0.0)
+        rel, absolute = float(np.max([rel, r.max()])), float(np.max([absolute, err.max()]))  # NaN propagates as before
+    return rel, absolute
 
 
 def tile_blocks(

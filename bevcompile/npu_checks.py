@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .checks_api import Check, CheckContext, VerifyRow, compare, same_recorded
+from .checks_api import REBUILT_ATTRS, Check, CheckContext, VerifyRow, clamped_format_rows, compare, same_recorded
 from .config import RigConfig
 from .delta import (
     LUT_ARRAYS,
@@ -50,6 +50,7 @@ from .formats import (
     INT16_MIN,
     NORM_Q16_INVALID,
     NORM_Q16_MAX,
+    OPENCV_INTER_BITS,
     OPENCV_TAB,
     UQ12_HALF,
     UQ12_MAX,
@@ -79,7 +80,7 @@ from .gather import (
     mean_index_jump,
     worst_case_sample_error,
 )
-from .grid import SamplingGrid, compute_sampling_grid, feature_px_to_norm
+from .grid import SamplingGrid, build_grid_products, compute_sampling_grid, feature_px_to_norm
 from .reference import bilinear_sample_px, grid_sample
 
 FEATURE_PEAK = 1.0
@@ -210,18 +211,27 @@ def _format_saturation(name: str, truth: SamplingGrid, align_corners: bool, bits
     return out.any(axis=-1) & truth.valid
 
 
-def _quantisation_bound(name: str, feature_size: tuple[int, int], align_corners: bool, bits: int | None) -> float:
-    """Half a quantisation step in feature px (the larger axis), plus float32 input rounding
-    for opencv (encoded from the float32 coords)."""
-    w_f, h_f = feature_size
-    px_per_norm = max((w - 1) / 2 if align_corners else w / 2 for w in (w_f, h_f))
+def _quantisation_bound(name: str, feature_size: tuple[int, int], align_corners: bool, bits: int | None) -> np.ndarray:
+    """Half a quantisation step in feature px PER AXIS ``(u, v)`` (the steps of uq12 and norm_q16
+    differ between the axes: they scale with the axis size), plus float32 input rounding for
+    opencv (encoded from the float32 coords)."""
+    size = np.array(feature_size, dtype=np.float64)  # (W_f, H_f)
+    px_per_norm = (size - 1.0) / 2.0 if align_corners else size / 2.0
     if name == "uq12":
         return 0.5 * px_per_norm / UQ12_HALF
     if name == "norm_q16":
-        return 0.5 * px_per_norm * max(norm_q16_scale(feature_size, align_corners))
+        return 0.5 * px_per_norm * np.asarray(norm_q16_scale(feature_size, align_corners), dtype=np.float64)
     if name == "pixel_q":
-        return 0.5 * 2.0 ** -(bits or 0)
-    return 0.5 / OPENCV_TAB + 2.0**-24 * max(w_f, h_f)
+        return np.full(2, 0.5 * 2.0 ** -(bits or 0))
+    return 0.5 / OPENCV_TAB + 2.0**-24 * size
+
+
+def _max_abs_err_axes(decoded: np.ndarray, truth: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Max ``|decoded - truth|`` per axis over ``valid`` cells (NaN counts as inf)."""
+    err = np.abs(np.asarray(decoded, dtype=np.float64) - truth)[valid]
+    if err.size == 0:
+        return np.zeros(2)
+    return np.max(np.where(np.isnan(err), np.inf, err), axis=0)
 
 
 def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
@@ -282,15 +292,16 @@ def _check_format(
     recorded_sat = meta.get("saturated_valid_cells")
     inherent = name == "uq12" and align_corners
     bound = _quantisation_bound(name, feature_size, align_corners, bits)
-    within = _max_abs_err(decoded, truth.coords_feature_px, valid & ~saturated)
+    within = _max_abs_err_axes(decoded, truth.coords_feature_px, valid & ~saturated)
     checks.append(
         Check(
             "no_saturation",
             key,
-            recorded_sat == n_sat and (n_sat == 0 or inherent) and within <= bound * (1 + ATTR_RTOL),
+            recorded_sat == n_sat and (n_sat == 0 or inherent) and bool(np.all(within <= bound * (1 + ATTR_RTOL))),
             f"{n_sat} valid cell(s) outside the representable range (recorded {recorded_sat!r})"
             + ("; inherent to uq12 with align_corners=True (u < 0 clamps to the first pixel centre)" if inherent and n_sat else "")
-            + f"; unsaturated cells within the quantisation bound: {within:.4g} <= {bound:.4g} px",
+            + f"; unsaturated cells within half a quantisation step per axis: (u, v) {within[0]:.4g}, {within[1]:.4g}"
+            f" <= {bound[0]:.4g}, {bound[1]:.4g} px",
         )
     )
     if format_invalid_in_band(name):
@@ -307,6 +318,8 @@ def _check_format(
         )
     else:
         checks.append(Check("invalid_not_in_band", key, meta.get("invalid_in_band") is False, f"attrs invalid_in_band={meta.get('invalid_in_band')!r}: consumers must mask with grid/valid"))
+    checks.append(_check_invalid_encoding(name, key, data, ~valid, bits))
+    checks.append(_check_dequantisation_attrs(name, key, meta, feature_size, align_corners, bits))
     if name == "norm_q16":
         q = data["norm_q16"]
         sentinel_on_valid = int(np.count_nonzero((q == NORM_Q16_INVALID).any(axis=-1) & valid))
@@ -330,6 +343,53 @@ def _check_format(
             same = bool(np.array_equal(map1, data["opencv_map1"]) and np.array_equal(map2, data["opencv_map2"]))
             checks.append(Check("matches_convertmaps_of_coords", key, same, "opencv maps equal cv2.convertMaps(grid/coords, CV_16SC2) (numpy port)" if same else "opencv maps differ from cv2.convertMaps of grid/coords"))
     return checks
+
+
+def dequantisation_attrs(name: str, feature_size: tuple[int, int], align_corners: bool, bits: int | None) -> dict[str, Any]:
+    """The numeric attributes a consumer dequantises ``name`` with (``value = q * scale +
+    offset``, per axis for norm_q16), as the build writes them."""
+    if name == "uq12":
+        return {"scale": 1.0 / UQ12_HALF, "offset": -1.0}
+    if name == "opencv":
+        return {"scale": 1.0 / OPENCV_TAB, "offset": 0.0, "inter_bits": OPENCV_INTER_BITS}
+    if name == "pixel_q":
+        return {"scale": 2.0 ** -(bits or 0), "offset": 0.0, "frac_bits": bits}
+    scale = norm_q16_scale(feature_size, align_corners)
+    return {"scale": [scale[0], scale[1]], "offset": 0.0, "invalid_code": NORM_Q16_INVALID}
+
+
+def _check_dequantisation_attrs(name: str, key: str, meta: Mapping[str, Any], feature_size: tuple[int, int], align_corners: bool, bits: int | None) -> Check:
+    want = dequantisation_attrs(name, feature_size, align_corners, bits)
+    bad = [f"{name}.{k} {meta.get(k)!r}, recomputed {v!r}" for k, v in want.items() if not same_recorded(meta.get(k), v)]
+    return Check(
+        "dequantisation_attrs",
+        key,
+        not bad,
+        "; ".join(bad) if bad else f"{', '.join(f'{name}.{k}' for k in want)} equal the recomputation",
+    )
+
+
+def _check_invalid_encoding(name: str, key: str, data: Mapping[str, np.ndarray], invalid: np.ndarray, bits: int | None) -> Check:
+    """Invalid cells hold exactly the documented code (``grid.attrs[name].invalid_note``):
+    uq12 ``(0, 0)`` (norm -1); opencv ``map1 = (-2, -2)``, ``map2 = 0`` and pixel_q
+    ``(-2 * 2**f, -2 * 2**f)`` (both decode to ``(-2, -2)`` px); norm_q16 ``(-32768, -32768)``
+    (checked by ``sentinel_and_scale``). A consumer that forgets the mask reads these."""
+    n_invalid = int(np.count_nonzero(invalid))
+    if name == "uq12":
+        bad = np.any(data["uq12"][invalid] != 0, axis=-1)
+        code = "(0, 0)"
+    elif name == "opencv":
+        bad = np.any(data["opencv_map1"][invalid] != -2, axis=-1) | (data["opencv_map2"][invalid] != 0)
+        code = "map1 (-2, -2), map2 0"
+    elif name == "pixel_q":
+        sentinel = -2 * (1 << (bits or 0))
+        bad = np.any(data["pixel_q"][invalid] != sentinel, axis=-1)
+        code = f"({sentinel}, {sentinel}) = (-2, -2) px"
+    else:
+        bad = np.any(data["norm_q16"][invalid] != NORM_Q16_INVALID, axis=-1)
+        code = f"({NORM_Q16_INVALID}, {NORM_Q16_INVALID})"
+    n_bad = int(np.count_nonzero(bad))
+    return Check("invalid_encoding", key, n_bad == 0, f"{n_bad} of {n_invalid} invalid cell(s) differ from the documented code {code}")
 
 
 def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
@@ -374,23 +434,37 @@ def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
                 got = bilinear_sample_px(feats, decoded[cam_index])
             if not in_band:
                 got = np.where(mask[cam_index][None], got, 0.0)
+            if name == "uq12" and align_corners:  # valid cells may saturate: judge them apart
+                half = _quantisation_bound(name, rig.feature_size, align_corners, bits)
+                rows.extend(
+                    clamped_format_rows(
+                        product, camera.name, got, refs[cam_index], truth.coords_feature_px[cam_index], truth.valid[cam_index],
+                        rig.feature_size, half, BOUND_SLACK, FEATURE_PEAK, "masked with grid/valid",
+                    )
+                )
+                continue
             note = f"bound 2 x max_error_px {recorded:.3g} px" + ("" if in_band else "; masked with grid/valid")
             rows.append(_row(product, camera.name, got, refs[cam_index], threshold, note))
     return rows
 
 
-def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute the FORMAT arrays of ``grid/`` from ``build_options`` (formats,
     pixel_q_frac_bits, align_corners); the base arrays are rebuilt by checks_grid."""
+    from .build import grid_group
+
     formats = _grid_formats(attrs)
     if not formats:
         return {}
     align_corners = _align_corners(attrs)
     bits = _pixel_q_bits(attrs, rig) if "pixel_q" in formats else None
     sampling = compute_sampling_grid(rig)
-    out: dict[str, np.ndarray] = {}
-    for name in formats:
-        out.update(build_format(name, sampling, align_corners, pixel_q_frac_bits=bits).arrays)
+    out: dict[str, Any] = {}
+    products = [build_format(name, sampling, align_corners, pixel_q_frac_bits=bits) for name in formats]
+    for product in products:
+        out.update(product.arrays)
+    # the whole grid/ attribute set as the writer composes it (checks_grid returns the same base keys)
+    out[REBUILT_ATTRS] = grid_group(build_grid_products(sampling, align_corners), rig, products, bits).attrs
     return out
 
 
@@ -433,6 +507,10 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     for key, got, want in (("align", attrs.get("align"), align), ("order", attrs.get("order"), order), ("lut.frac_bits", lut_attrs.get("frac_bits"), frac_bits)):
         if got != want:
             raise _Bad(f"gather/ attrs {key} {got!r}, build_options say {want!r}")
+    wanted = {"index", "weight", "weight_u8", "lut"} | ({"cell_valid"} if layout != "bev" else set()) | ({"perm", "perm_inverse"} if order != "row" else set())
+    extra = sorted(set(arrays) - wanted)
+    if extra:
+        raise _Bad(f"arrays not produced by these build_options: {', '.join(extra)}")
     out: dict[str, Any] = {"layout": layout, "n_cells": n_cells, "n_pad": n_pad, "frac_bits": frac_bits, "lut": lut, "stored_index": index}
     rows = np.arange(n_cells)
     if layout != "bev":
@@ -603,19 +681,16 @@ def verify_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     return rows
 
 
-def rebuild_gather(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def rebuild_gather(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``gather/`` from ``build_options`` (frac_bits, align, order)."""
     frac_bits, align, order = _gather_options(attrs)
     sampling = compute_sampling_grid(rig)
     tables = build_gather_tables(sampling, frac_bits)
     layout = layout_tables(tables, sampling.coords_feature_px, align=align, order=order)
-    out: dict[str, np.ndarray] = {"index": layout.index, "weight": layout.weight, "weight_u8": layout.weight_u8, "lut": tables.lut}
-    if layout.cell_valid is not None:
-        out["cell_valid"] = layout.cell_valid
-    if layout.perm is not None and layout.perm_inverse is not None:
-        out["perm"] = layout.perm
-        out["perm_inverse"] = layout.perm_inverse
-    return out
+    from .build import gather_group
+
+    group = gather_group(tables, layout, rig)
+    return {**group.arrays, REBUILT_ATTRS: group.attrs}
 
 
 # --------------------------------------------------------------------------------------
@@ -668,6 +743,9 @@ def _delta_lut(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mapping[
     f16 = escape_frac_bits(rig.feature_size)
     if attrs.get("escape_frac_bits") != f16:
         raise _Bad(f"delta/ attrs escape_frac_bits {attrs.get('escape_frac_bits')!r}, feature map implies {f16}")
+    extra = sorted(set(arrays) - set(LUT_ARRAYS))
+    if extra:
+        raise _Bad(f"arrays not produced by these build_options: {', '.join(extra)}")
     lut = DeltaLUT(block_slot, coef, scale, res8_slot, res16_slot, res8, res16, basis, block, cells, f16)
     return lut, bound
 
@@ -737,11 +815,14 @@ def verify_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     return rows
 
 
-def rebuild_delta(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def rebuild_delta(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``delta/`` from ``build_options`` (block, max_error_px)."""
+    from .build import delta_group
+
     block, bound = _delta_options(attrs)
     sampling = compute_sampling_grid(rig)
-    return encode_delta(sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=block, max_error_px=bound).lut.arrays()
+    group = delta_group(encode_delta(sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=block, max_error_px=bound), rig)
+    return {**group.arrays, REBUILT_ATTRS: group.attrs}
 
 
 # --------------------------------------------------------------------------------------

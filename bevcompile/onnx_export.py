@@ -103,6 +103,19 @@ LIFT_CHUNK_COLUMNS = 1 << 18
 """Frustum columns lifted at once by the float64 reference (``chunk x C`` float64)."""
 
 
+ALLOCATION_FAILURE_MARKERS = ("can't allocate memory", "out of memory", "failed to allocate memory", "bad_alloc")
+"""Texts of an allocator failure that is not a ``MemoryError``: torch's CPU allocator
+(``RuntimeError: ... DefaultCPUAllocator: can't allocate memory``), CUDA, onnxruntime."""
+
+
+def is_allocation_failure(exc: BaseException) -> bool:
+    """True for a ``MemoryError`` or an exception whose text says an allocation failed."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in ALLOCATION_FAILURE_MARKERS)
+
+
 def _require_torch() -> Any:
     try:
         import torch
@@ -178,6 +191,118 @@ class ExportOptions:
             raise UsageError(f"--reduce must be sum or mean, got {self.reduce!r}")
         if self.exporter not in EXPORTERS:
             raise UsageError(f"--exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
+
+
+# --------------------------------------------------------------------------------------
+# memory: refuse, before any work, what cannot fit
+# --------------------------------------------------------------------------------------
+
+EXPORT_BYTES_BASE = 256 * 2**20
+"""Interpreter, torch, onnx and onnxruntime themselves, plus the module's tables (margin)."""
+TABLE_COPIES = 6
+"""Copies of the product's tables alive at the peak: the loaded store's cache, the module's
+buffers, the traced graph, the ONNX proto, its serialised bytes, the onnxruntime session
+(the tiles export of nuScenes: 136 MiB of blocks, 1.39 GB peak RSS)."""
+PRODUCT_TABLES = {
+    "gather": ("index", "weight", "weight_u8", "lut", "perm_inverse"),
+    "ell": ("ell_index", "ell_weight", "ell_weight_int8", "row_scale"),
+    "tiles": ("tile_cols", "tile_weight", "tile_weight_int8", "tile_row_scale"),
+}
+GATHER_REFERENCE_TEMPORARIES = 6
+"""The numpy ``grid_sample`` reference holds about this many float64 ``(N, cells, C)`` arrays at
+once per camera (the four corner gathers, their weighted sum, the accumulated output)."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak memory of :func:`export_onnx` (bytes), from the shapes alone (nothing is read but
+    metadata and ``tile_col_offsets``).
+
+    Convention: ``forward`` = the module's largest temporaries (twice the gathered tensor: it and
+    its product with the weights; the README formulas: gather ``N·C·n_cam·cells·4`` floats,
+    ELL ``N·C·rows_pad·k_pad``, tiles ``N·C·max_t n_cols_t``); ``reference`` = the float64
+    numpy reference's temporaries; ``fixed`` = base + :data:`TABLE_COPIES` x the product's
+    tables + inputs + the outputs kept side by side (float32 module and onnxruntime outputs,
+    float64 references). The stages run one after the
+    other, so ``total = fixed + max(forward, reference)``.
+    """
+
+    forward: int
+    reference: int
+    fixed: int
+    gathered: str
+
+    @property
+    def total(self) -> int:
+        return self.fixed + max(self.forward, self.reference)
+
+
+def estimate_export_memory(store: LoadedStore, options: ExportOptions) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of exporting ``options.product`` from ``store``."""
+    n, c = options.batch, options.channels
+    rig = store.rig
+    w_f, h_f = store.feature_size
+    n_h, ny, nx = store.bev_shape
+    pixels = rig.n_cam * h_f * w_f
+    f32, f64 = 4, 8
+    depth_values = 0
+    if options.product == "gather":
+        if store.has_group("gather"):
+            entries = int(np.prod(store.array_info("gather", "index").shape))
+        else:
+            entries = rig.n_cam * n_h * ny * nx * 4
+        gathered = n * c * entries
+        what = f"the gathered tensor N·C·{entries:,} entries"
+        out_cells = n_h * ny * nx
+        reference = (GATHER_REFERENCE_TEMPORARIES * n * c * n_h * ny * nx + n * c * h_f * w_f) * f64
+    else:
+        layout = matrix_layout(store)
+        frustum = layout.mode == "frustum"
+        if frustum:
+            depth_values = n * rig.n_cam * rig.depth.n_bins * h_f * w_f
+        if options.product == "ell":
+            gathered = n * c * layout.rows_pad * layout.k_pad
+            what = f"the gathered ELL tensor N·C·rows_pad·k_pad = N·C·{layout.rows_pad:,}·{layout.k_pad}"
+        else:
+            offsets = np.asarray(store["matrix"]["tile_col_offsets"], dtype=np.int64) if "tile_col_offsets" in store["matrix"] else np.zeros(1, np.int64)
+            widest = int(np.diff(offsets).max()) if offsets.size > 1 else 0
+            gathered = n * c * widest + n * c * layout.rows_pad  # the widest tile's columns + the concatenated rows
+            what = f"the widest tile N·C·{widest:,} columns"
+        out_cells = ny * nx
+        lifted = min(layout.n_cols, LIFT_CHUNK_COLUMNS) if frustum else 0
+        reference = (pixels * c + 2 * lifted * c + 2 * layout.n_rows * c) * f64
+    group = "gather" if options.product == "gather" and store.has_group("gather") else ("grid" if options.product == "gather" else "matrix")
+    names = PRODUCT_TABLES[options.product] if group != "grid" else ("norm",)
+    tables = sum(store.array_info(group, name).nbytes for name in names if name in store[group])
+    forward = 2 * gathered * f32 + n * c * pixels * f32  # gathered + its weighted product, the transposed features
+    inputs = (n * c * pixels + depth_values) * f32
+    outputs = n * c * out_cells * (2 * f32 + 2 * f64)
+    return MemoryEstimate(forward=forward, reference=reference, fixed=EXPORT_BYTES_BASE + TABLE_COPIES * tables + inputs + outputs, gathered=what)
+
+
+def _physical_memory() -> int | None:
+    """This machine's physical memory (:func:`bevcompile.build.physical_memory_bytes`)."""
+    from .build import physical_memory_bytes
+
+    return physical_memory_bytes()
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.0f} MiB"
+
+
+def check_export_memory(store: LoadedStore, options: ExportOptions) -> MemoryEstimate:
+    """Refuse (:class:`UsageError`, exit 2) an export whose estimated peak exceeds this machine's
+    physical memory; the allocator would fail mid-export (or the kernel kill the process)."""
+    estimate = estimate_export_memory(store, options)
+    have = _physical_memory()
+    if have is not None and estimate.total > have:
+        raise UsageError(
+            f"{store.path}: export-onnx --product {options.product} --channels {options.channels} --batch {options.batch} "
+            f"needs about {_gib(estimate.total)} ({estimate.gathered}, float32, twice, and the float64 reference), "
+            f"more than this machine's {_gib(have)}; reduce --channels or --batch"
+        )
+    return estimate
 
 
 def make_inputs(store: LoadedStore, channels: int, batch: int, seed: int, with_depth: bool) -> dict[str, np.ndarray]:
@@ -653,6 +778,7 @@ def export_onnx(
             raise DependencyError(f"--exporter dynamo needs onnxscript: {EXTRA_HINT}") from None
     if options.product != "gather" and store.has_group("matrix") and int(store["matrix"].attrs.get("nnz", 1) or 0) == 0:
         raise UsageError(f"{store.path}: matrix/ is empty (no entries: no camera reaches the BEV range), nothing to export")
+    check_export_memory(store, options)
     module, needs_depth = build_module(store, options)
     module.eval()
     inputs = make_inputs(store, options.channels, options.batch, options.seed, needs_depth)
@@ -680,6 +806,8 @@ def export_onnx(
     except Exception as exc:
         tmp.unlink(missing_ok=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if is_allocation_failure(exc):
+            raise MemoryError(first) from None  # a machine limit (exit 2), not a failed check
         raise CheckFailed(f"torch.onnx.export failed for product {options.product}: {type(exc).__name__}: {first}") from None
     export_seconds = time.perf_counter() - t0
     model = onnx.load(str(tmp))
@@ -716,6 +844,9 @@ def export_onnx(
         (ort_out,) = session.run(["bev"], {name: inputs[name] for name in names})
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if is_allocation_failure(exc):
+            tmp.unlink(missing_ok=True)
+            raise MemoryError(f"onnxruntime: {first}") from None
         failures.append(f"onnxruntime cannot run the graph: {first}")
         ort_out = np.full(torch_out.shape, np.nan, dtype=np.float32)
     ort_seconds = time.perf_counter() - t0

@@ -4,7 +4,9 @@ Left panel — the BEV plane seen from above in the automotive orientation: ego 
 points UP**, ego **y left points LEFT** (so the picture is what a driver sees on a map that
 turns with the car), axes in metres, cell ``(iy, ix)`` drawn as the square centred on
 ``(x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy)``. Each camera's coverage (``grid/valid``, by
-default at ANY sampling height; ``height=`` picks one) is painted in the camera's colour;
+default at ANY sampling height; ``height=`` picks one; a store without ``grid/`` -- matrix
+only -- uses the VALID RULE on the stored config's float64 projection instead, and the panel
+title says so) is painted in the camera's colour;
 a cell seen by several cameras gets the mean of their colours (overlaps are visibly mixed)
 and each camera's footprint is outlined in its colour. Cells no camera sees are light grey.
 The cameras are drawn at their ego position with an arrow along the ground projection of
@@ -33,6 +35,7 @@ import numpy.typing as npt
 
 from .config import RigConfig, parse_config
 from .errors import BevcompileError, DependencyError, StoreError, UsageError
+from .grid import compute_sampling_grid
 from .store import StoreReader, open_store
 
 FIGSIZE_IN = (15.0, 7.5)
@@ -190,21 +193,27 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     Figure, FigureCanvasAgg = _matplotlib()
     store = Path(path)
     reader = open_store(store)
+    if "format" not in reader.root_attrs:
+        from .checks import not_a_store_root
+
+        not_a_store_root(store, "render")
     rig = _read_rig(reader)
     out_path = Path(out) if out is not None else default_output(store, rig.name)
     if out_path.suffix.lower() != ".png":
         raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
     if out_path.is_dir():
         raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
-    if not reader.has_group("grid"):
-        raise StoreError(
-            f"{store}: has no grid/ group, and the picture draws camera coverage from grid/valid; "
-            f"run `bevcompile grid` on the rig (it keeps the matrix/ group) and render again"
-        )
-    valid = reader.read("grid", "valid")
-    expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
-    if valid.dtype != np.bool_ or valid.shape != expected:
-        raise StoreError(f"{store}: grid/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
+    if reader.has_group("grid"):
+        valid = reader.read("grid", "valid")
+        expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+        if valid.dtype != np.bool_ or valid.shape != expected:
+            raise StoreError(f"{store}: grid/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
+        source = "grid/valid"
+    else:
+        # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
+        # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
+        valid = compute_sampling_grid(rig).valid
+        source = "stored config's projection, no grid/"
     coverage, height_label = _select_coverage(rig, valid, height)
     matrix = _matrix_panel(reader, rig)
 
@@ -213,7 +222,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     FigureCanvasAgg(fig)
     ax = fig.add_axes(COVERAGE_AXES_RECT)
     _draw_coverage(ax, rig, coverage, colours)
-    ax.set_title(f"camera coverage (grid/valid at {height_label})", fontsize=10)
+    ax.set_title(f"camera coverage ({source} at {height_label})", fontsize=10)
     handles = _legend_handles(rig, coverage, colours)
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.445, 0.92), fontsize=8, frameon=False, title="cameras", title_fontsize=9)
     inset = fig.add_axes(INSET_AXES_RECT)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreConflictError, StoreError
+from .errors import BevcompileError, StoreConflictError, StoreError, UsageError
 
 STORE_FORMAT = "bevcompile/1"
 READABLE_FORMATS = ("bevcompile/1",)
@@ -85,6 +85,31 @@ class WriteReport:
 def store_path(out_dir: str | Path, name: str) -> Path:
     """``<out_dir>/<name>.zarr``."""
     return Path(out_dir) / f"{name}{STORE_SUFFIX}"
+
+
+def _has_zarr_json(folder: Path) -> bool:
+    try:
+        return (folder / "zarr.json").is_file()
+    except OSError:
+        return False
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """Refuse an output folder that is a zarr store (holds ``zarr.json``, or is named ``*.zarr``)
+    or lies inside one: ``--out artifacts/nuscenes.zarr`` would write a store *into* the store,
+    which then fails ``inspect``. :class:`UsageError` (exit 2), before anything is created."""
+    folder = Path(out_dir)
+    if folder.name.endswith(STORE_SUFFIX) or _has_zarr_json(folder):
+        raise UsageError(f"--out {folder} is a zarr store; --out takes the folder that holds stores")
+    try:
+        resolved = folder.resolve()
+    except (OSError, RuntimeError):  # a link loop: the write reports it
+        return
+    if resolved.name.endswith(STORE_SUFFIX) or _has_zarr_json(resolved):
+        raise UsageError(f"--out {folder} is a zarr store ({resolved}); --out takes the folder that holds stores")
+    for parent in resolved.parents:
+        if parent.name.endswith(STORE_SUFFIX) or _has_zarr_json(parent):
+            raise UsageError(f"--out {folder} is inside the zarr store {parent}; --out takes the folder that holds stores")
 
 
 def array_sha256(array: np.ndarray) -> str:
@@ -181,10 +206,12 @@ def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) ->
 
     Raises :class:`StoreConflictError` (unless ``force``) for a store of another config, a zarr
     store that is not a bevcompile store, or a directory that is not a readable store;
-    :class:`StoreError` for a path that exists and is not a directory. Cheap: the builders call
+    :class:`StoreError` for a path that exists and is not a directory; :class:`UsageError` for a
+    folder that is itself (inside) a zarr store (see :func:`check_out_dir`). Cheap: the builders call
     it before any work so that a refusal costs nothing, and :func:`write_groups` again.
     """
     path = Path(path)
+    check_out_dir(path.parent)
     recover_interrupted_writes(path)  # a store a killed writer left moved aside is judged, not missed
     if not path.exists():
         return False
@@ -263,7 +290,11 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
         return touched
     prefix = f".{path.name}"
     host = _host_tag()
-    for sibling in sorted(path.parent.iterdir()):
+    try:
+        siblings = sorted(path.parent.iterdir())
+    except OSError:
+        return touched  # unreadable folder: the write itself reports it
+    for sibling in siblings:
         name = sibling.name
         if not name.startswith(prefix):
             continue
@@ -275,7 +306,10 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
         if writer is None or writer[1] != host or _pid_alive(writer[0]):
             continue
         if mark == OLD_MARK and not path.exists():
-            os.rename(sibling, path)
+            try:
+                os.rename(sibling, path)
+            except OSError:
+                continue  # read-only folder: left for a later write; this one reports the folder
         else:
             shutil.rmtree(sibling, ignore_errors=True)
         touched.append(sibling)
@@ -304,6 +338,7 @@ def write_groups(
     if not isinstance(new_sha, str):
         raise StoreError("root_attrs must include config_sha256")
     parent = path.parent
+    check_out_dir(parent)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -334,10 +369,70 @@ def write_groups(
         for key in sizes:
             sizes[key] = _dir_bytes(tmp / key)
         _swap_into_place(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        _remove_temporary(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
+            raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
         raise
     return WriteReport(path, existed, tuple(kept), sizes)
+
+
+def _os_reason(exc: OSError) -> str:
+    """``Read-only file system``: the strerror of an OSError (of the first failure of a
+    ``shutil.copytree``), else its first line."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        first = exc.args[0][0]
+        return str(first[-1]).splitlines()[0] if isinstance(first, tuple) and first else _one_line(exc)
+    if exc.strerror:
+        return str(exc.strerror)
+    return _one_line(exc)
+
+
+TMP_SETTLE_SECONDS = 0.2
+"""Quiet time the temporary must stay gone after an interrupted write before the writer leaves."""
+TMP_CLEANUP_TIMEOUT = 10.0
+
+
+def _cancel_zarr_io(timeout: float) -> None:
+    """Cancel the chunk writes zarr still runs on its I/O thread after the main thread was
+    interrupted (Ctrl-C, SIGTERM, a failed chunk of a batch), and wait until they have stopped:
+    otherwise they re-create folders under the temporary while it is being removed. A writer
+    process owns zarr's I/O loop for the duration of its write."""
+    import asyncio
+
+    try:
+        from zarr.core import sync as zarr_sync
+    except ImportError:  # pragma: no cover - other zarr layouts
+        return
+    loop = getattr(zarr_sync, "loop", [None])[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def cancel_pending() -> None:
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(cancel_pending(), loop).result(timeout + 1)
+
+
+def _remove_temporary(tmp: Path) -> None:
+    """Remove a failed write's temporary for good: zarr's pending writes are cancelled first,
+    then the folder is removed until it stays gone for :data:`TMP_SETTLE_SECONDS` (a chunk
+    write already inside a worker thread may re-create it once)."""
+    import time
+
+    _cancel_zarr_io(TMP_CLEANUP_TIMEOUT / 2)
+    deadline = time.monotonic() + TMP_CLEANUP_TIMEOUT
+    while True:
+        shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(TMP_SETTLE_SECONDS)
+        if not os.path.lexists(tmp) or time.monotonic() > deadline:
+            return
 
 
 def _swap_into_place(tmp: Path, path: Path) -> None:

@@ -61,6 +61,17 @@ LUT_CORNER_V_CODE = tuple(LUT_CODE_ORDER.index(corner[:2]) for corner in CORNER_
 """Column of ``weight_u8`` holding the v-side code of each corner: ``(2, 2, 3, 3)``."""
 
 
+def _feature_shape(features: torch.Tensor, n_cam: int, feature_size: tuple[int, int]) -> tuple[int, int, int, int, int]:
+    """``(N, n_cam, C, H_f, W_f)`` of ``features``; a :class:`UsageError` naming the expected
+    shape when it is not a 5-D tensor that fits the store."""
+    w_f, h_f = feature_size
+    shape = tuple(features.shape)
+    if len(shape) != 5 or (shape[1], shape[3], shape[4]) != (n_cam, h_f, w_f):
+        raise UsageError(f"features {shape} do not fit the store: expected (N, {n_cam}, C, {h_f}, {w_f})")
+    n, cams, c, h, w = shape
+    return n, cams, c, h, w
+
+
 def _buffer(array: np.ndarray, dtype: Any = None) -> torch.Tensor:
     """A torch tensor that owns a writable copy of ``array`` (store arrays are read-only)."""
     return torch.from_numpy(np.array(array, dtype=dtype, copy=True, order="C"))
@@ -272,12 +283,7 @@ class GridGather(nn.Module):
         return weight.reshape(self.weight_u8.shape)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        n, n_cam, c, h_f, w_f = features.shape
-        if (n_cam, w_f, h_f) != (self.n_cam, *self.feature_size):
-            raise UsageError(
-                f"features {tuple(features.shape)} do not fit the store: expected (N, {self.n_cam}, C, "
-                f"{self.feature_size[1]}, {self.feature_size[0]})"
-            )
+        n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
         n_h, ny, nx = self.bev_shape
         cells = n_h * ny * nx
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
@@ -484,6 +490,22 @@ class MatrixLift(nn.Module):
             if self.mode == "frustum":
                 self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
 
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any, **kwargs: Any) -> None:
+        """After loading, the forward must read the loaded tables. ``load_state_dict(sd)`` copies
+        into the existing tensors (the views see it), but ``assign=True`` (the usual way into a
+        module built on the ``meta`` device) puts NEW tensors in place of the persistent buffers:
+        the float ``tile_weight`` (its views would keep the old storage) or, for int8, the
+        persistent ``tile{t}_block`` (the flat ``tile_weight_int8`` would be stale for a later
+        ``.to()``). So re-derive: int8 rebuilds the flat buffer from the loaded blocks; then
+        every per-tile view is re-registered on the current flat buffers."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.form == "tiles":
+            if self._tile_blocks_name == "tile_weight_int8":
+                blocks = [getattr(self, f"tile{t}_block").reshape(-1) for t in range(len(self.tiles))]
+                if blocks:  # the loaded blocks are the truth: one new flat buffer holding them
+                    self.tile_weight_int8 = torch.cat(blocks)
+            self._register_tile_views()
+
     def _apply(self, fn: Any, recurse: bool = True) -> MatrixLift:
         """``.to()``/``.cuda()``/``.double()`` convert every buffer on its own, which would cut the
         per-tile views off the flat buffers (a later ``load_state_dict`` would then not reach
@@ -503,11 +525,11 @@ class MatrixLift(nn.Module):
         )
 
     def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
-        n, n_cam, c, h_f, w_f = features.shape
-        if (n_cam, w_f, h_f) != (self.n_cam, *self.feature_size):
+        n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
+        if self.mode == "grid" and depth is not None:
             raise UsageError(
-                f"features {tuple(features.shape)} do not fit the store: expected (N, {self.n_cam}, C, "
-                f"{self.feature_size[1]}, {self.feature_size[0]})"
+                "this MatrixLift is in grid mode (a `bevcompile matrix --mode grid` store): it lifts the features alone "
+                "and takes no depth; call it as lift(features)"
             )
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
         depth_flat: torch.Tensor | None = None
@@ -542,6 +564,9 @@ class MatrixLift(nn.Module):
                     feat_cols = getattr(self, f"tile{t}_feat")
                     x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
                 block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if int8 else block.transpose(0, 1)
+                if block_t.dtype != x.dtype:  # MatMul needs one dtype: promote as the ELL path's Mul does
+                    common = torch.promote_types(x.dtype, block_t.dtype)  # (a Python-level check: the
+                    x, block_t = x.to(common), block_t.to(common)  # float32 export traces no Cast)
                 parts.append(torch.matmul(x, block_t))  # (N, C, R)
             if not parts:  # an empty matrix stored with --compact-rows: no rows, no tiles
                 parts.append(flat.new_zeros((n, c, 0)))

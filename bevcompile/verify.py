@@ -149,6 +149,9 @@ def resolve_target(target: str | Path | None, out_dir: str | Path) -> tuple[Path
         if path.is_dir():
             if not is_store(path):
                 raise StoreError(f"{path}: not a bevcompile store (no zarr.json at its root)")
+            from .checks import not_a_store_root
+
+            not_a_store_root(path, "verify")
             return path, None
         if not path.exists() and path.suffix.lower() not in CONFIG_SUFFIXES:
             raise StoreError(f"{path}: no such store or config file")
@@ -219,6 +222,8 @@ def verify_store(
                 )
                 if not all(isinstance(r, VerifyRow) for r in rows):
                     raise TypeError("returned something other than VerifyRow objects")
+            except MemoryError:  # the machine, not the store: one line, exit 2 at the CLI
+                raise
             except Exception as exc:
                 text = " ".join(str(exc).split())
                 report.rows.append(_integrity_row(f"{group}/", f"{module_name}.verify_{group} raised {exc.__class__.__name__}: {text}"))

@@ -56,3 +56,15 @@ def check_wrong(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
 
 def rebuild_wrong(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {"x": FAKE_ARRAY[::-1].copy(), "y": FAKE_ARRAY.copy()}
+
+
+def check_oom(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
+    raise MemoryError("Unable to allocate 338. MiB")
+
+
+def verify_oom(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
+    raise MemoryError("Unable to allocate 338. MiB")
+
+
+def rebuild_oom(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    raise MemoryError("Unable to allocate 338. MiB")

@@ -290,6 +290,24 @@ def test_plugin_checks_run_and_their_exceptions_become_failed_checks(small_copy:
     assert ("boom/x", "cannot_rebuild") in _failures(report)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_plugin_out_of_memory_is_not_a_damaged_store(small_copy: Path, monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
+    """MemoryError is about the machine: it propagates (the CLI makes it one line, exit 2)
+    instead of becoming a failed `plugin_error` check that calls an intact store damaged."""
+    import bevcompile.checks as checks_module
+    from bevcompile.verify import verify_store
+
+    monkeypatch.setitem(checks_api.GROUP_PLUGINS, "oom", ("tests.fake_plugins",))
+    _add_group(small_copy, "oom")
+    if strict:  # only the rebuild runs out of memory
+        monkeypatch.setattr(checks_module, "run_plugin_checks", lambda loaded: None)
+    with pytest.raises(MemoryError):
+        inspect_store(small_copy, strict=strict)
+    if not strict:
+        with pytest.raises(MemoryError):
+            verify_store(small_copy)
+
+
 def test_unknown_group_and_plugin_not_installed(small_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(checks_api.GROUP_PLUGINS, "later", ("bevcompile.plugin_that_does_not_exist_yet",))
     _add_group(small_copy, "later")
@@ -346,6 +364,8 @@ def test_strict_rebuild_mismatch_disagreement_and_extra(small_copy: Path, tmp_pa
         ("wrong/x", "strict", "differs from the rebuild by tests.fake_plugins: 4 of 4 element(s) differ (max |diff| 3)"),
         ("wrong/y", "strict", "tests.fake_plugins rebuilds wrong/y from build_options but the store lacks it"),
     ]
+    # plug-ins that return no "__attrs__" keep working: their group's attributes are not compared
+    assert "wrong/ attributes not compared under --strict: no installed plug-in rebuilds them" in report.notes
 
 
 def test_strict_cannot_rebuild_an_array_no_plugin_owns(small_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -355,8 +375,8 @@ def test_strict_cannot_rebuild_an_array_no_plugin_owns(small_copy: Path, monkeyp
     arrays["extra"] = np.zeros(3, dtype=np.float32)
     rig = parse_config(reader.root_attrs["config"])
     write_groups(small_copy, root_attrs=root_attributes(rig), groups={"grid": GroupData(arrays, reader.group_attrs("grid"))})
-    assert inspect_store(small_copy).passed
-    assert _failures(inspect_store(small_copy, strict=True)) == [("grid/extra", "cannot_rebuild")]
+    assert _failures(inspect_store(small_copy)) == [("grid/", "contract")]  # arrays not produced by these build_options: extra
+    assert _failures(inspect_store(small_copy, strict=True)) == [("grid/", "contract"), ("grid/extra", "cannot_rebuild")]
 
 
 def test_unusable_config_skips_plugins_with_a_failed_check(small_copy: Path) -> None:
@@ -385,3 +405,58 @@ def test_config_parse_of_rig_used(stores: dict[str, Path]) -> None:
     """The runner's config check recomputes the hash with the library (not the attribute)."""
     rig: RigConfig = parse_config(open_store(stores["small"]).root_attrs["config"])
     assert config_sha256(rig) == open_store(stores["small"]).root_attrs["config_sha256"]
+
+
+# --------------------------------------------------------------------------------------
+# audit fixes: --strict compares attributes; group folders are not stores
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def npu_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    formats = ("uq12", "norm_q16", "pixel_q", "opencv")
+    return run_grid(rigs.small_rig(distortion=True), tmp_path_factory.mktemp("npu"), formats=formats, align=7, order="cache", block=6).store
+
+
+@pytest.mark.parametrize(
+    ("node", "keys", "value", "line"),
+    [
+        ("delta", ["block"], 11, "attrs.block stored 11, rebuilt 6"),
+        ("delta", ["max_error_px_float32_decode"], 0.001, "attrs.max_error_px_float32_decode stored 0.001, rebuilt "),
+        ("delta", ["invalid_in_band"], False, "attrs.invalid_in_band stored false, rebuilt true"),
+        ("gather", ["lut", "levels"], 255, "attrs.lut.levels stored 255, rebuilt 256"),
+        ("gather", ["gather_max_sample_error_unit_features"], 1e-12, "attrs.gather_max_sample_error_unit_features stored 1e-12, rebuilt "),
+        ("grid", ["norm_q16", "invalid_code"], -32767, "attrs.norm_q16.invalid_code stored -32767, rebuilt -32768"),
+        ("grid", ["uq12", "decode"], "norm = q / 4095", 'attrs.uq12.decode stored "norm = q / 4095", rebuilt "norm = (q - 2047.5) / 2047.5"'),
+        ("grid", ["zz_added"], 1, "attrs.zz_added stored 1, not written by the build"),
+    ],
+)
+def test_strict_compares_group_attributes_key_by_key(npu_store: Path, tmp_path: Path, node: str, keys: list[str], value: object, line: str) -> None:
+    store = damage.copy_store(npu_store, tmp_path / "s.zarr")
+    assert inspect_store(store, strict=True).passed
+    damage.edit_attr(store, node, keys, value)
+    strict = inspect_store(store, strict=True)
+    failed = [(c.array, c.name, c.reason) for c in strict.failures if c.name == "strict_attrs"]
+    assert len(failed) == 1 and failed[0][:2] == (f"{node}/", "strict_attrs") and failed[0][2].startswith(line), failed
+    assert f"{store}: {node}/: strict_attrs: {line}" in "\n".join(strict.failure_lines())
+
+
+def test_group_folder_is_not_a_store_but_a_damaged_root_still_is(stores: dict[str, Path], tmp_path: Path) -> None:
+    store = stores["small"]
+    with pytest.raises(UsageError, match=r"grid: is the grid/ group of the store .*small\.zarr; inspect the store"):
+        resolve_store_paths([store / "grid"])
+    with pytest.raises(UsageError, match=r"is the grid/coords/ node of the store"):
+        resolve_store_paths([store / "grid" / "coords"])
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    with pytest.raises(UsageError, match="a zarr folder but not a bevcompile store"):
+        resolve_store_paths([foreign])
+    # a real store whose root attributes were wiped, or are garbage: still inspected, and fails
+    for name, attrs in (("wiped.zarr", {}), ("garbage", {"format": 7})):
+        broken = damage.copy_store(store, tmp_path / name)
+        meta = json.loads((broken / "zarr.json").read_text())
+        meta["attributes"] = attrs
+        (broken / "zarr.json").write_text(json.dumps(meta))
+        assert resolve_store_paths([broken]) == [broken]
+        assert not inspect_store(broken).passed

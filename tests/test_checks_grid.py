@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bevcompile.build import grid_group, root_attributes
-from bevcompile.checks_api import Check, CheckContext
+from bevcompile.checks import json_attrs
+from bevcompile.checks_api import REBUILT_ATTRS, Check, CheckContext
 from bevcompile.checks_grid import (
     FLOAT_PATH_THRESHOLD,
     check_grid,
@@ -226,6 +227,7 @@ def test_align_corners_true_saturation_is_reported_not_hidden() -> None:
 def test_rebuild_grid_is_bit_identical_to_the_build(small_distorted_multi: RigConfig) -> None:
     arrays, attrs = _products(small_distorted_multi, align_corners=True)
     rebuilt = rebuild_grid(small_distorted_multi, attrs)
+    assert json_attrs(rebuilt.pop(REBUILT_ATTRS)) == json_attrs(attrs)
     assert sorted(rebuilt) == sorted(arrays)
     for name, value in arrays.items():
         assert rebuilt[name].dtype == value.dtype and rebuilt[name].tobytes() == value.tobytes(), name
@@ -332,3 +334,34 @@ def test_torch_float32_threshold_covers_large_feature_maps() -> None:
     error = float(np.max(np.abs(got32 - got64)))
     assert FLOAT_PATH_THRESHOLD < error <= torch_float32_bound((w_f, h_f))
     assert torch_float32_bound((8, 8)) == FLOAT_PATH_THRESHOLD  # small maps keep the 1e-5 floor
+
+
+def test_audit_norm_int16_attrs_extra_array_and_align_corners_verify() -> None:
+    """scale/offset recomputed; an unknown array fails the contract; verify's norm_int16 rows
+    under align_corners judge saturated cells apart, so random codes fail."""
+    import copy
+
+    from bevcompile import checks_grid
+    from bevcompile.build import GridBuildOptions, build_grid_command
+    from bevcompile.checks_api import CheckContext
+    from bevcompile.verify import make_features
+
+    rig = rigs.small_rig(distortion=True, heights=(-0.5, 0.0, 1.0), bev_half_m=20.0)
+    grid = build_grid_command(rig, GridBuildOptions(align_corners=True, npu=False)).groups["grid"]
+    features, _ = make_features(rig, 3, 0)
+    ctx = CheckContext(rig=rig, store_path="<memory>", root_attrs={}, grid_arrays=grid.arrays, grid_attrs=grid.attrs, features=features)
+    assert all(c.passed for c in checks_grid.check_grid(ctx, grid.arrays, grid.attrs))
+    attrs = copy.deepcopy(grid.attrs)
+    attrs["norm_int16"]["scale"] = 1.0 / 32768
+    failed = [c for c in checks_grid.check_grid(ctx, grid.arrays, attrs) if not c.passed]
+    assert [(c.array, c.name) for c in failed] == [("grid/norm_int16", "dequantisation_attrs")]
+    extra = {**grid.arrays, "zz_unknown": np.zeros(3, np.int32)}
+    failed = [c for c in checks_grid.check_grid(ctx, extra, grid.attrs) if not c.passed]
+    assert [(c.array, c.name, c.reason) for c in failed] == [("grid/", "contract", "arrays not produced by these build_options: zz_unknown")]
+    rows = checks_grid.verify_grid(ctx, grid.arrays, grid.attrs)
+    assert all(r.passed for r in rows) and any(r.product == "grid/norm_int16 saturated" for r in rows)
+    q = grid.arrays["norm_int16"].copy()
+    valid = grid.arrays["valid"]
+    q[valid] = np.random.default_rng(0).integers(-32767, 32768, (int(valid.sum()), 2))
+    rows = checks_grid.verify_grid(ctx, {**grid.arrays, "norm_int16": q}, grid.attrs)
+    assert any(not r.passed for r in rows if r.product.startswith("grid/norm_int16"))

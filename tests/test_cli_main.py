@@ -77,7 +77,7 @@ def test_out_of_memory_is_one_line_exit_2_and_writes_nothing(
     err = capsys.readouterr().err
     assert err == (
         "error: out of memory (Unable to allocate 2.24 GiB for an array with shape (6, 1, 5000, 5000, 2) and data type float64); "
-        "no store was left half-written. The problem is too large for this machine: "
+        "no store was left half-written (writes are atomic). The problem is too large for this machine: "
         "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch\n"
     )
     assert list(tmp_path.iterdir()) == []
@@ -96,8 +96,41 @@ def test_a_grid_larger_than_the_machine_is_refused_before_any_work(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
-    assert "bevcompile grid of 6 cameras x 1 heights x 128 x 128 cells = 98,304 samples needs about 88 MiB, more than this machine's 64 MiB" in err
+    assert "bevcompile grid of 6 cameras x 1 heights x 128 x 128 cells (padded to 130 x 130 by --block 10) = 101,400 samples needs about 89 MiB, more than this machine's 64 MiB" in err
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit) as info:
         main(["matrix", "--mode", "grid", "--out", str(tmp_path), "--quiet"])
     assert info.value.code == 2 and "bevcompile matrix --mode grid of 6 cameras" in capsys.readouterr().err
+
+
+def test_interrupt_of_a_read_only_command_says_nothing_was_written(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """inspect writes nothing: its Ctrl-C line must not talk about half-written stores."""
+    import bevcompile.cli.inspect_cmd as inspect_cmd
+
+    with pytest.raises(SystemExit):
+        main(["grid", "--out", str(tmp_path), "--quiet"])
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_cmd, "inspect_store", interrupted)
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", str(tmp_path), "--quiet"])
+    assert info.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted; nothing was written\n"
+
+
+def test_interrupt_while_typer_parses_the_arguments_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typer turns a Ctrl-C during parsing into a silent exit 130; the entry point says so in one line."""
+    import typer.core
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(typer.core.TyperGroup, "make_context", interrupted)
+    with pytest.raises(SystemExit) as info:
+        main(["inspect", "--quiet"])
+    assert info.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted; nothing was written\n"

@@ -325,3 +325,95 @@ def test_every_field_of_the_example_is_documented_in_the_readme() -> None:
     ):
         assert f"`{key}`" in readme, key
     assert math.isfinite(1.0)
+
+
+NUSCENES_TEXT = NUSCENES_YAML.read_text()
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "phrase"),
+    [
+        ("name: nuscenes", "name: 2024-13-45", "invalid YAML: line 5, column 7: month must be in 1..12"),
+        ("stride: 16", "stride: !!int 16px", "invalid YAML: line 58, column 11: invalid literal for int() with base 10: '16px'"),
+        ("resize: 0.44", "resize: !!float 0.44x", "could not convert string to float: '0.44x'"),
+        ("stride: 16", "stride: " + "1" * 5000, "invalid YAML: line 58, column 11: Exceeds the limit (4300 digits)"),
+        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: nested too deeply"),
+        ("name: nuscenes", "name: nuscenes\n? [1, 2]\n: x", "invalid YAML: line 6, column 3: found unhashable key"),
+    ],
+    ids=["bad-date", "int-tag", "float-tag", "int-4300-digits", "deep-nesting", "list-key"],
+)
+def test_yaml_constructor_failures_are_one_line_config_errors(tmp_path: Path, old: str, new: str, phrase: str) -> None:
+    """PyYAML's constructors raise ValueError / RecursionError / TypeError, not YAMLError: still one line."""
+    assert old in NUSCENES_TEXT
+    config = tmp_path / "rig.yaml"
+    config.write_text(NUSCENES_TEXT.replace(old, new, 1))
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    message = str(info.value)
+    assert message.startswith(f"{config}: invalid YAML: ") and phrase in message, message
+    assert "\n" not in message
+
+
+def test_yaml_merge_keys_share_fields_and_explicit_keys_override(tmp_path: Path) -> None:
+    text = NUSCENES_TEXT.replace("  - name: CAM_FRONT\n", "  - &front\n    name: CAM_FRONT\n", 1)
+    assert text != NUSCENES_TEXT
+    text = text.replace("\nimage_aug:", "\n  - <<: *front\n    name: CAM_FRONT_COPY\n    translation: [0.0, 0.0, 2.0]\nimage_aug:", 1)
+    config = tmp_path / "rig.yaml"
+    config.write_text(text)
+    rig = load_config(config)
+    assert rig.camera_names[-1] == "CAM_FRONT_COPY" and rig.n_cam == 7
+    front, copy_ = rig.cameras[0], rig.cameras[-1]
+    assert copy_.intrinsic == front.intrinsic and copy_.rotation_wxyz == front.rotation_wxyz
+    assert copy_.translation == (0.0, 0.0, 2.0) != front.translation
+    # a key given twice explicitly is still a duplicate, merge key or not
+    config.write_text(text.replace("    name: CAM_FRONT_COPY\n", "    name: CAM_FRONT_COPY\n    name: CAM_X\n"))
+    with pytest.raises(ConfigError, match=r"invalid YAML: line \d+, column 5: duplicate key 'name'$"):
+        load_config(config)
+
+
+def test_config_must_be_a_regular_file_of_at_most_16_mib(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "rig.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"rig\.fifo: is not a regular file \(a device, pipe or socket\), expected a YAML file$"):
+        load_config(fifo)  # without the check this blocks forever, waiting for a writer
+    with pytest.raises(ConfigError, match=r"^/dev/zero: is not a regular file"):
+        load_config("/dev/zero")
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as fh:
+        fh.truncate(16 * 2**20 + 1)
+    with pytest.raises(ConfigError, match=r"big\.yaml: is 16,777,217 bytes, larger than 16 MiB: not a rig config$"):
+        load_config(big)
+
+
+def test_bev_axis_must_be_a_whole_number_of_steps_on_fine_grids_too() -> None:
+    data = small_rig_data()
+    data["bev"]["y"] = [0.0, 1.0, 1.0]
+    data["bev"]["x"] = [0.0, 500.0003, 0.001]
+    with pytest.raises(ConfigError, match=r"bev\.x: range 500\.0003 m is not a whole number of 0\.001 m steps \(500000\.3\)$"):
+        parse_config(data)
+    for x, n in (([0.0, 500.0, 0.001], 500000), ([-51.23, 51.27, 0.001], 102500), ([-51.2, 51.2, 0.8], 128)):
+        data["bev"]["x"] = x
+        assert parse_config(data).bev.nx == n
+
+
+@pytest.mark.parametrize(
+    ("spelling", "read_as"),
+    [("1:30", "90"), ("0b10000", "16"), ("020", "16"), ("16_000", "16000"), ("1:30.5", "90.5"), ("1_6.0", "16.0")],
+)
+def test_yaml_1_1_only_number_spellings_are_refused(tmp_path: Path, spelling: str, read_as: str) -> None:
+    """PyYAML reads `stride: 1:30` as 90 (sexagesimal) and `0b10000` as 16: refused, with where and why."""
+    config = tmp_path / "rig.yaml"
+    config.write_text(NUSCENES_TEXT.replace("stride: 16", f"stride: {spelling}", 1))
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(info.value) == (
+        f"{config}: invalid YAML: line 58, column 11: {'integer' if '.' not in spelling else 'number'} {spelling!r} "
+        f"is a YAML 1.1-only spelling (read as {read_as}); write it in plain decimal"
+    )
+    config.write_text(NUSCENES_TEXT.replace("stride: 16", f"stride: '{spelling}'", 1))
+    with pytest.raises(ConfigError, match=r"feature\.stride: expected an integer, got str"):
+        load_config(config)  # quoted: a string, as before
+    config.write_text(NUSCENES_TEXT.replace("stride: 16", "stride: 0x10", 1))
+    assert load_config(config).feature.stride == 16  # hex reads the same in YAML 1.2: still accepted

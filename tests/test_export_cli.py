@@ -182,6 +182,11 @@ def test_export_onnx_failed_check_exits_1(store: Path, tmp_path: Path, monkeypat
     assert "onnxruntime output differs from the numpy reference by" in result.stderr
     assert "FAIL" in result.stdout  # the table is still printed
     assert not (tmp_path / "m.onnx").exists() and (tmp_path / "m.rejected.onnx").exists()
+    # --json prints the report of a failed export too, also with --quiet (as every command's --json does)
+    result = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "q.onnx"), "--channels", "3", "--json", "--quiet"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["passed"] is False and report["failures"]
 
 
 def test_export_interop_both_targets_with_npy(store: Path, tmp_path: Path, small_distorted_multi: RigConfig) -> None:
@@ -258,3 +263,34 @@ def test_help_shows_the_defaults_of_options_that_apply_to_one_target() -> None:
     for phrase in ("(default: linspace)", "(default: trunc)", "(default: 1)", "(default: first)"):
         assert phrase in text, phrase
     assert "(default: sum)" in " ".join(runner.invoke(app, ["export-onnx", "--help"], env={"COLUMNS": "200"}).stdout.split())
+
+
+def test_export_onnx_out_of_memory_is_one_line_exit_2(store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above the physical memory: refused before any work (exit 2). An allocator failure that still
+    happens — torch raises RuntimeError, not MemoryError — is the one-line out-of-memory error."""
+    from bevcompile import onnx_export
+
+    monkeypatch.setattr(onnx_export, "_physical_memory", lambda: 2**20)
+    result = runner.invoke(app, ["export-onnx", str(store), "--channels", "8", "--out", str(tmp_path / "a.onnx")])
+    assert result.exit_code == 2
+    assert re.fullmatch(r"error: .*needs about .*more than this machine's 1 MiB; reduce --channels or --batch\n", result.stderr)
+
+    def allocator_failure(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)"
+        )
+
+    monkeypatch.setattr(onnx_export, "export_onnx", allocator_failure)
+    result = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "b.onnx")])
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert result.stderr.startswith("error: out of memory (") and "can't allocate memory" in result.stderr
+    assert "--channels / --batch" in result.stderr
+
+    def a_bug(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+    monkeypatch.setattr(onnx_export, "export_onnx", a_bug)
+    result = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "c.onnx")])
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)  # other RuntimeErrors stay bugs

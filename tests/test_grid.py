@@ -347,3 +347,17 @@ def test_grid_is_deterministic_and_streaming_does_not_change_it(monkeypatch: pyt
     second = compute_sampling_grid(rig)
     assert np.array_equal(first.coords_feature_px, second.coords_feature_px)
     assert np.array_equal(first.valid, second.valid)
+
+
+def test_memory_guard_counts_the_delta_blocks_padding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delta-LUT pads ny, nx up to multiples of --block and its temporaries scale with the
+    padded grid: 128 x 128 at --block 100 is planned as 200 x 200 (2.4x the samples)."""
+    import bevcompile.build as build_module
+    from bevcompile.errors import UsageError
+
+    rig = nuscenes_rig()
+    monkeypatch.setattr(build_module, "physical_memory_bytes", lambda: 100 * 2**20)  # a 100 MiB machine
+    build_module.check_grid_memory(rig)  # 98,304 samples: about 88 MiB, fits
+    build_module.check_grid_memory(rig, block=16)  # 128 is a multiple of 16: no padding
+    with pytest.raises(UsageError, match=r"128 x 128 cells \(padded to 200 x 200 by --block 100\) = 240,000 samples needs about 123 MiB, more than this machine's 100 MiB; use coarser bev steps or fewer heights or a smaller --block$"):
+        build_module.check_grid_memory(rig, block=100)

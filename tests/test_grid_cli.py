@@ -128,3 +128,80 @@ def test_summary_never_rounds_a_seen_camera_to_zero_coverage() -> None:
     from bevcompile.cli.grid_cmd import _percent
 
     assert [_percent(f) for f in (0.0, 0.000123, 0.00099, 0.148, 1.0)] == ["0.0 %", "0.012 %", "0.099 %", "14.8 %", "100.0 %"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("name: nuscenes", "name: 2024-13-45", "invalid YAML: line 5, column 7: month must be in 1..12"),
+        ("stride: 16", "stride: !!int 16px", "invalid YAML: line 58, column 11: invalid literal for int() with base 10: '16px'"),
+        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: nested too deeply (maximum recursion depth exceeded)"),
+        ("stride: 16", "stride: 1:30", "invalid YAML: line 58, column 11: integer '1:30' is a YAML 1.1-only spelling (read as 90); write it in plain decimal"),
+    ],
+    ids=["bad-date", "int-tag", "deep-nesting", "sexagesimal"],
+)
+def test_yaml_that_pyyaml_cannot_construct_is_one_line_exit_2(tmp_path: Path, old: str, new: str, message: str) -> None:
+    from .rigs import NUSCENES_YAML
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(NUSCENES_YAML.read_text().replace(old, new, 1))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {config}: {message}\n"
+    assert not out.exists()
+
+
+def test_a_config_that_is_not_a_regular_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["grid", "/dev/zero", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.stderr == "error: /dev/zero: is not a regular file (a device, pipe or socket), expected a YAML file\n"
+
+
+@pytest.mark.parametrize("inner", ["small.zarr", "small.zarr/sub", "fresh.zarr"])
+def test_out_that_is_a_store_is_refused(tmp_path: Path, inner: str) -> None:
+    from .rigs import tree_digest
+
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["grid", str(config), "--out", str(out), "-q"]).exit_code == 0
+    before = tree_digest(out / "small.zarr")
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out / inner), "-q"])
+    assert result.exit_code == 2
+    what = f"is inside the zarr store {out / 'small.zarr'}" if inner == "small.zarr/sub" else "is a zarr store"
+    assert result.stderr == f"error: --out {out / inner} {what}; --out takes the folder that holds stores\n"
+    assert tree_digest(out / "small.zarr") == before
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+
+
+def test_an_unwritable_out_folder_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only or full file system (chmod cannot stand in for it under root): exit 2, one line."""
+    import errno
+
+    import zarr
+
+    def read_only(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(zarr, "open_group", read_only)
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {tmp_path / 'out'}: cannot write store (Read-only file system)\n"
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_camera_that_sees_no_bev_cell_is_warned_about_even_when_quiet(tmp_path: Path) -> None:
+    """The usual cause is a pose given ego->camera: the build succeeds but says which camera is blind."""
+    data = small_rig_data()
+    data["cameras"][1]["sensor2ego"] = [[1, 0, 0, 0.5], [0, 1, 0, 0.8], [0, 0, 1, 1.5], [0, 0, 0, 1]]  # looks at the sky
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    for flag in ("--quiet", "--json"):
+        result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), flag])
+        assert result.exit_code == 0, result.output
+        assert result.stderr == "warning: camera LEFT sees no BEV cell (is the pose camera->ego?)\n"
+    result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path / "ok"), "--quiet"])
+    assert result.exit_code == 0 and result.stderr == "warning: camera LEFT sees no BEV cell (is the pose camera->ego?)\n"
+    clean = write_yaml(tmp_path / "clean.yaml", small_rig_data())
+    result = runner.invoke(app, ["grid", str(clean), "--out", str(tmp_path / "clean"), "--quiet"])
+    assert result.exit_code == 0 and result.stderr == ""

@@ -219,3 +219,26 @@ def test_inspect_json_survives_a_nan_attribute(small_copy: Path) -> None:
     report = json.loads(result.stdout)  # strict parse: no NaN token
     assert "NaN" not in result.stdout and "Traceback" not in result.output
     assert report["passed"] is False
+
+
+def test_inspect_a_group_folder_exit_2(small_store: Path) -> None:
+    result = runner.invoke(app, ["inspect", str(small_store / "grid")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {small_store / 'grid'}: is the grid/ group of the store ")
+    assert result.stderr.rstrip().endswith("; inspect the store")
+
+
+@pytest.mark.parametrize("command", ["verify", "render"])
+def test_verify_and_render_of_a_group_folder_exit_2(small_store: Path, tmp_path: Path, command: str) -> None:
+    args = [command, str(small_store / "grid")] + (["--out", str(tmp_path / "x.png")] if command == "render" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {small_store / 'grid'}: is the grid/ group of the store {small_store.resolve()}; {command} the store\n"
+
+
+def test_load_of_a_group_folder_names_the_store(small_store: Path) -> None:
+    from bevcompile import load
+    from bevcompile.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"grid: is the grid/ group of the store .*; load the store$"):
+        load(small_store / "grid")

@@ -24,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bevcompile.build import run_grid
-from bevcompile.checks_api import Check, CheckContext
+from bevcompile.checks import json_attrs
+from bevcompile.checks_api import REBUILT_ATTRS, Check, CheckContext
 from bevcompile.config import RigConfig
 from bevcompile.errors import UsageError
 from bevcompile.grid import compute_sampling_grid
@@ -523,6 +524,7 @@ def test_interop_plugin_passes_on_fresh_group(interop_store: Path, small_distort
     assert {r.product for r in rows} == {"interop/bevpoolv2", "interop/fastbev_lut"}
     assert all(r.passed and r.max_abs < 1e-9 for r in rows), rows
     rebuilt = rebuild_interop(small_distorted_multi, attrs)
+    assert json_attrs(rebuilt.pop(REBUILT_ATTRS)) == json_attrs(attrs)
     assert set(rebuilt) == set(arrays)
     for name, value in arrays.items():
         assert rebuilt[name].dtype == value.dtype and np.array_equal(rebuilt[name], value), name
@@ -531,12 +533,12 @@ def test_interop_plugin_passes_on_fresh_group(interop_store: Path, small_distort
 @pytest.mark.parametrize(
     ("array", "damage", "failed_check"),
     [
-        ("bevpoolv2_ranks_bev", lambda a: a[::-1].copy(), "sorted by ranks_bev"),
-        ("bevpoolv2_ranks_feat", lambda a: a + 1, "ranks_feat = cam*H*W"),
-        ("bevpoolv2_interval_lengths", lambda a: np.roll(a, 1), "intervals = runs of ranks_bev"),
-        ("bevpoolv2_ranks_depth", lambda a: np.where(np.arange(a.size) == 3, 10**8, a).astype(np.int32), "index range"),
-        ("fastbev_lut", lambda a: np.where(a >= 0, (a + 12 * 8) % (4 * 12 * 8), a).astype(np.int32), "overlap policy"),
-        ("fastbev_lut", lambda a: np.where(a < 0, 0, a).astype(np.int32), "-1 exactly where"),
+        ("bevpoolv2_ranks_bev", lambda a: a[::-1].copy(), "sorted_by_ranks_bev"),
+        ("bevpoolv2_ranks_feat", lambda a: a + 1, "ranks_feat_matches_depth"),
+        ("bevpoolv2_interval_lengths", lambda a: np.roll(a, 1), "intervals_are_runs"),
+        ("bevpoolv2_ranks_depth", lambda a: np.where(np.arange(a.size) == 3, 10**8, a).astype(np.int32), "index_range"),
+        ("fastbev_lut", lambda a: np.where(a >= 0, (a + 12 * 8) % (4 * 12 * 8), a).astype(np.int32), "overlap_policy"),
+        ("fastbev_lut", lambda a: np.where(a < 0, 0, a).astype(np.int32), "unseen_cells_minus_one"),
     ],
 )
 def test_interop_plugin_catches_damage(interop_store: Path, array: str, damage, failed_check: str) -> None:  # type: ignore[no-untyped-def]
@@ -544,7 +546,7 @@ def test_interop_plugin_catches_damage(interop_store: Path, array: str, damage, 
     ctx, arrays, attrs = _context(interop_store)
     arrays[array] = damage(arrays[array])
     failed = [c for c in check_interop(ctx, arrays, attrs) if not c.passed]
-    assert any(c.name.startswith(failed_check) for c in failed), failed
+    assert any(c.name == failed_check for c in failed), failed
 
 
 def test_interop_plugin_reports_missing_array_and_options(interop_store: Path) -> None:
@@ -567,10 +569,10 @@ def test_interop_on_a_store_without_grid_passes_inspect(tmp_path: Path, small_di
     run_export_interop(store, {"fastbev-lut": FastBevOptions("nearest-centre").to_dict()})
     report = inspect_store(store)
     assert report.passed, report.failure_lines()
-    assert any(c.name.startswith("overlap policy") and c.passed for c in report.checks)
+    assert any(c.name == "overlap_policy" and c.passed for c in report.checks)
     ctx, arrays, attrs = _context(store)
     arrays["fastbev_lut"] = np.where(arrays["fastbev_lut"] < 0, 0, arrays["fastbev_lut"]).astype(np.int32)
-    assert any(c.name.startswith("-1 exactly where") for c in check_interop(ctx, arrays, attrs) if not c.passed)
+    assert any(c.name == "unseen_cells_minus_one" for c in check_interop(ctx, arrays, attrs) if not c.passed)
 
 
 def test_npy_into_an_existing_file_is_a_usage_error(interop_store: Path, tmp_path: Path) -> None:
@@ -729,7 +731,7 @@ def test_plain_inspect_catches_edited_bevpoolv2_build_options(interop_store: Pat
     report = inspect_store(interop_store)
     assert [(c.name, c.array) for c in report.failures] == [(GEOMETRY_CHECK, "interop/bevpoolv2_ranks_bev")]
     strict = inspect_store(interop_store, strict=True)
-    assert {c.name for c in strict.failures} == {GEOMETRY_CHECK, "strict"}
+    assert {c.name for c in strict.failures} == {GEOMETRY_CHECK, "strict", "strict_attrs"}  # + the measured figures
 
 
 def test_an_npy_name_taken_by_a_folder_leaves_the_store_unchanged(interop_store: Path, tmp_path: Path) -> None:
@@ -741,3 +743,59 @@ def test_an_npy_name_taken_by_a_folder_leaves_the_store_unchanged(interop_store:
     with pytest.raises(Exception, match=r"is a directory, cannot write the \.npy file there"):
         run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()}, npy_dir=tmp_path / "npy")
     assert tree_digest(interop_store) == before
+
+
+# --------------------------------------------------------------------------------------
+# audit fixes: fastbev_n_views required, unknown arrays, verify's reference camera
+# --------------------------------------------------------------------------------------
+
+
+def test_interop_fastbev_n_views_is_required_and_typed(interop_store: Path) -> None:
+    run_export_interop(interop_store, {"fastbev-lut": FastBevOptions().to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    assert all(c.passed for c in check_interop(ctx, arrays, attrs))
+    missing = {k: v for k, v in arrays.items() if k != "fastbev_n_views"}
+    failed = [(c.array, c.name) for c in check_interop(ctx, missing, attrs) if not c.passed]
+    assert failed == [("interop/fastbev_n_views", "present")]
+    wrong = {**arrays, "fastbev_n_views": arrays["fastbev_n_views"].astype(np.int32)}
+    failed = [(c.array, c.name) for c in check_interop(ctx, wrong, attrs) if not c.passed]
+    assert failed == [("interop/fastbev_n_views", "dtype_shape")]
+
+
+def test_interop_unknown_extra_array_fails_the_contract(interop_store: Path) -> None:
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    arrays["zz_unknown"] = np.zeros(10, np.int32)
+    failed = [(c.array, c.name, c.reason) for c in check_interop(ctx, arrays, attrs) if not c.passed]
+    assert failed == [("interop/", "contract", "arrays not produced by these build_options: zz_unknown")]
+
+
+def test_interop_check_names_are_snake_case(interop_store: Path) -> None:
+    run_export_interop(interop_store, {"bevpoolv2": BevPoolOptions().to_dict(), "fastbev-lut": FastBevOptions("nearest-centre").to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    names = {c.name for c in check_interop(ctx, arrays, attrs)}
+    assert names and all(re.fullmatch(r"[a-z0-9_]+", n) for n in names), names
+
+
+@pytest.mark.parametrize("damage", ["overlap", "unseen"])
+def test_verify_fastbev_reference_camera_does_not_come_from_the_lut(interop_store: Path, damage: str) -> None:
+    """A LUT that takes another (seeing) camera, or -1 on a seen cell, fails verify's row."""
+    run_export_interop(interop_store, {"fastbev-lut": FastBevOptions("first").to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    rows = verify_interop(ctx, arrays, attrs)
+    assert [r.passed for r in rows if r.product == "interop/fastbev_lut"] == [True]
+    lut = arrays["fastbev_lut"].copy()
+    w_f, h_f = ctx.rig.feature_size
+    if damage == "unseen":
+        lut[np.unravel_index(int(np.flatnonzero(lut.ravel() >= 0)[0]), lut.shape)] = -1
+    else:
+        valid = np.asarray(ctx.grid_arrays["valid"])
+        coords = np.asarray(ctx.grid_arrays["coords"], dtype=np.float64)
+        two = np.argwhere(valid.sum(axis=0) >= 2)
+        cell = tuple(two[0])
+        cams = np.flatnonzero(valid[(slice(None), *cell)])
+        other = int(cams[-1])
+        u, v = (int(np.floor(x + 0.5)) for x in coords[(other, *cell)])
+        lut[cell] = (other * h_f + v) * w_f + u
+    rows = verify_interop(ctx, {**arrays, "fastbev_lut": lut}, attrs)
+    assert [r.passed for r in rows if r.product == "interop/fastbev_lut"] == [False]

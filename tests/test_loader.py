@@ -14,7 +14,7 @@ from bevcompile.errors import StoreError
 from bevcompile.loader import LoadedStore, StoreGroup, load, matrix_layout
 from bevcompile.matrix import MatrixOptions
 
-from .damage import copy_store, edit_attr, rewrite_array
+from .damage import copy_store, corrupt_metadata, edit_attr, rewrite_array
 from .test_torch_modules import add_matrix_group
 
 
@@ -105,3 +105,47 @@ def test_matrix_layout(tmp_path: Path, small: RigConfig) -> None:
     assert np.array_equal(layout.row_cells, row_ids)
     assert layout.rows_pad % 16 == 0 and layout.k_pad == 16
     assert layout.tile_rows == 8
+
+
+def test_read_only_arrays_cannot_be_made_writable_again(store: Path) -> None:
+    """The handed-out arrays are views of a private read-only base: setflags(write=True) raises,
+    so nothing can write into the cache that later modules are built from."""
+    loaded = load(store)
+    index = loaded["gather"]["index"]
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        index.setflags(write=True)
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        index.flags.writeable = True
+    assert loaded["gather"]["index"] is index
+
+
+def test_a_store_rebuilt_while_loaded_is_refused_not_mixed(tmp_path: Path, small: RigConfig) -> None:
+    """load(), read one array, rebuild the store (same config, other options: no --force), read
+    another: a StoreError, not the new array next to the old one."""
+    path = run_grid(small, tmp_path).store
+    add_matrix_group(path, small, MatrixOptions(mode="grid", topk=6, align=4))
+    loaded = load(path)
+    index = loaded["matrix"]["ell_index"]
+    unopened = load(path, verify=False)  # the check does not depend on verify
+    add_matrix_group(path, small, MatrixOptions(mode="grid", topk=4, align=4))  # rewrites the store (atomic swap)
+    with pytest.raises(StoreError, match=r"small\.zarr was rewritten since it was loaded \(reload it\)"):
+        loaded["matrix"]["ell_weight"]
+    with pytest.raises(StoreError, match="was rewritten since it was loaded"):
+        unopened["matrix"]  # a group first opened after the rebuild: its attrs are the new build's
+    assert loaded["matrix"]["ell_index"] is index  # what was read before stays (it is the loaded build)
+    assert loaded["grid"]["coords"].shape == (4, 1, 24, 24, 2)  # grid/ is byte-identical to the loaded build's
+    fresh = load(path)
+    assert fresh["matrix"]["ell_weight"].shape[1] == 4  # a reload reads the new build
+
+
+def test_unreadable_group_and_array_are_not_reported_as_missing(store: Path, tmp_path: Path) -> None:
+    bad_group = copy_store(store, tmp_path / "bad_group.zarr")
+    corrupt_metadata(bad_group, "gather")
+    with pytest.raises(StoreError, match=r"group gather/ is present but unreadable \(.*\); run `bevcompile grid` to rewrite it"):
+        load(bad_group)["gather"]
+    bad_array = copy_store(store, tmp_path / "bad_array.zarr")
+    corrupt_metadata(bad_array, "gather/index")
+    with pytest.raises(StoreError, match=r"array gather/index is present but unreadable \(.*\)"):
+        load(bad_array)["gather"]["index"]
+    with pytest.raises(StoreError, match=r"no array gather/nope \(arrays in gather/"):
+        load(bad_array)["gather"]["nope"]

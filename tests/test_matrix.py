@@ -5,6 +5,7 @@ equivalences the issue asks for (BEVDet voxel pooling, torch grid_sample)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -567,3 +568,118 @@ def test_written_group_is_deterministic(tmp_path: Path) -> None:
     assert attrs["column_formula"] == "col = ((cam * D + d) * H_f + v) * W_f + u"
     assert attrs["depth_bins"] == list(SMALL.depth.values())
     assert "build_seconds" not in str(attrs) and "peak_rss" not in str(attrs)
+
+
+# --------------------------------------------------------------------------------------
+# bounded memory (audit "matrix" findings 1-3): block paths and up-front refusals
+# --------------------------------------------------------------------------------------
+
+
+def _whole_array_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The int8 rule on the whole array at once (the pre-blocking formulas), for comparison."""
+    w64 = weight.astype(np.float64)
+    peak = np.abs(w64).max(axis=1)
+    scale = (peak / 127).astype(np.float32)
+    s64 = scale.astype(np.float64)[:, None]
+    q = np.clip(np.where(s64 > 0, np.rint(w64 / np.where(s64 > 0, s64, 1.0)), 0.0), -127, 127).astype(np.int8)
+    err = np.abs((q.astype(np.float32) * scale[:, None]).astype(np.float64) - w64)
+    rel = np.where(peak[:, None] > 0, err / np.where(peak[:, None] > 0, peak[:, None], 1.0), 0.0)
+    return q, scale, float(rel.max()), float(err.max())
+
+
+def test_int8_quantises_and_measures_in_bounded_row_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 1: the float64 temporaries of the int8 path cover at most INT8_BLOCK_SLOTS slots
+    at a time, and the blocked result is bit-identical to the whole-array formulas."""
+    import bevcompile.matrix_layout as layout_mod
+
+    monkeypatch.setattr(layout_mod, "INT8_BLOCK_SLOTS", 12)
+    seen: list[tuple[int, int]] = []
+    real_blocks = layout_mod._row_blocks
+
+    def spy(n_rows: int, n_cols: int) -> Iterator[slice]:
+        for rows in real_blocks(n_rows, n_cols):
+            seen.append((rows.stop - rows.start, n_cols))
+            yield rows
+
+    monkeypatch.setattr(layout_mod, "_row_blocks", spy)
+    rng = np.random.default_rng(3)
+    weight = (rng.random((41, 5)) * rng.choice([0.0, 1e-3, 1.0, 7.0], size=(41, 1))).astype(np.float32)
+    q, scale = quantize_rows_int8(weight)
+    rel, absolute = layout_mod.int8_errors(weight, q, scale)
+    want_q, want_scale, want_rel, want_abs = _whole_array_int8(weight)
+    assert np.array_equal(q, want_q) and np.array_equal(scale, want_scale)
+    assert (rel, absolute) == (want_rel, want_abs)
+    assert len(seen) > 3 and all(r * c <= 12 for r, c in seen)
+
+
+def test_int8_products_are_identical_with_tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = MatrixOptions(topk=6, align=4, tile_rows=7, quantize="int8")
+    default = build_matrix(MULTI, options)
+    import bevcompile.matrix_layout as layout_mod
+
+    monkeypatch.setattr(layout_mod, "INT8_BLOCK_SLOTS", 5)
+    blocked = build_matrix(MULTI, options)
+    for name, arr in default.arrays().items():
+        assert arr.tobytes() == blocked.arrays()[name].tobytes(), name
+    assert blocked.figures.int8_max_rel_error == default.figures.int8_max_rel_error
+    assert blocked.figures.int8_max_abs_error == default.figures.int8_max_abs_error
+
+
+@pytest.mark.parametrize("splat", ["nearest", "bilinear"])
+@pytest.mark.parametrize("compact_rows", [False, True])
+def test_topk0_oversize_ell_is_refused_before_the_entries_are_collected(
+    monkeypatch: pytest.MonkeyPatch, splat: str, compact_rows: bool
+) -> None:
+    """Finding 2: with K = 0 the ELL row length is the max row nnz; a count-only pass finds it and
+    the refusal (same message as the check after the build) comes before pass 2 collects entries."""
+    import bevcompile.matrix_layout as layout_mod
+
+    options = MatrixOptions(topk=0, align=1, splat=splat, compact_rows=compact_rows)
+    full = build_matrix(SMALL, options)
+    assert full.k_pad > 1
+    monkeypatch.setattr(layout_mod, "MAX_PRODUCT_SLOTS", full.rows_pad * full.k_pad - 1)
+
+    def no_pass_2(parts: list[Entries]) -> Entries:
+        raise AssertionError("pass 2 collected the entries before the ELL was refused")
+
+    monkeypatch.setattr(entries_mod.Entries, "concat", staticmethod(no_pass_2))
+    want = (
+        f"ELL ({full.rows_pad:,} rows_pad x {full.k_pad:,} k_pad) would hold {full.rows_pad * full.k_pad:,} slots"
+    )
+    with pytest.raises(UsageError, match="set --topk to bound the row length") as info:
+        build_matrix(SMALL, options)
+    assert str(info.value).startswith(want) and "\n" not in str(info.value)
+
+
+def test_topk0_row_count_pass_allows_exactly_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bevcompile.matrix_layout as layout_mod
+
+    options = MatrixOptions(topk=0, align=1, splat="bilinear")
+    full = build_matrix(SMALL, options)
+    monkeypatch.setattr(layout_mod, "MAX_PRODUCT_SLOTS", full.rows_pad * full.k_pad)
+    again = build_matrix(SMALL, options)
+    assert again.ell_weight.tobytes() == full.ell_weight.tobytes()
+
+
+def test_frustum_build_too_big_for_this_machine_is_refused_up_front(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Finding 3: the per-cell arrays (Top-K histogram, row masses) scale with BEV cells, not
+    points, even with --compact-rows: run_matrix refuses a grid this machine cannot hold, like
+    check_grid_memory, before any work (one line)."""
+    data = small_rig_data()
+    data["bev"]["x"] = [-40.0, 40.0, 0.05]
+    data["bev"]["y"] = [-40.0, 40.0, 0.05]
+    rig = parse_config(data)
+    options = MatrixOptions(topk=4, compact_rows=True)
+    need = matrix_mod.FRUSTUM_BYTES_BASE + (1603 * 1603) * (24 * 8 + 8 * rig.n_cam + 40)  # 8 bins, padded grid
+    monkeypatch.setattr(matrix_mod, "physical_memory_bytes", lambda: need - 1)
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the build started")
+
+    monkeypatch.setattr(matrix_mod, "build_matrix", no_build)
+    with pytest.raises(UsageError, match=r"1600 x 1600 = 2,560,000 BEV cells needs about .* more than this machine's") as info:
+        matrix_mod.run_matrix(rig, tmp_path, options)
+    assert "\n" not in str(info.value) and not any(tmp_path.iterdir())
+    monkeypatch.setattr(matrix_mod, "physical_memory_bytes", lambda: need)
+    matrix_mod.check_frustum_memory(rig, options)  # fits exactly
+    matrix_mod.check_frustum_memory(rig, MatrixOptions(mode="grid"))  # grid mode: check_grid_memory's job

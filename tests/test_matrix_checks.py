@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import bevcompile.matrix_checks as mc
 from bevcompile.build import root_attributes
-from bevcompile.checks_api import CheckContext
+from bevcompile.checks import json_attrs
+from bevcompile.checks_api import REBUILT_ATTRS, CheckContext
 from bevcompile.cli import app
 from bevcompile.config import RigConfig
 from bevcompile.matrix import MatrixOptions, build_matrix, matrix_attributes, run_matrix
@@ -57,6 +58,7 @@ def test_clean_group_passes_every_check_and_rebuilds_bit_identically(options: Ma
     names = {c.name for c in checks}
     assert {"contract", "coo_sorted_unique", "ell_padding_zero", "ell_reconstructs_coo", "camera_mass"} <= names
     rebuilt = mc.rebuild_matrix(MULTI, attrs)
+    assert json_attrs(rebuilt.pop(REBUILT_ATTRS)) == json_attrs(attrs)
     assert rebuilt.keys() == arrays.keys()
     for name, arr in arrays.items():
         assert rebuilt[name].dtype == arr.dtype and rebuilt[name].tobytes() == arr.tobytes(), name

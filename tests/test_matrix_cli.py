@@ -167,3 +167,30 @@ def test_an_empty_matrix_is_written_and_flagged(tmp_path: Path) -> None:
     assert "Top-K kept weight" not in flat and "%)" not in flat
     quiet = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--quiet"])
     assert quiet.exit_code == 0 and quiet.stdout == "" and "the matrix is empty" in quiet.stderr
+
+
+def test_out_that_is_a_store_is_refused(tmp_path: Path) -> None:
+    """`--out artifacts/nuscenes.zarr` would write a store into the store: refused before any work."""
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    assert runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "-q"]).exit_code == 0
+    before = open_store(tmp_path / "small.zarr").read("matrix", "coo_col")
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "small.zarr"), "-q"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: --out {tmp_path / 'small.zarr'} is a zarr store; --out takes the folder that holds stores\n"
+    assert sorted(p.name for p in (tmp_path / "small.zarr").iterdir()) == ["matrix", "zarr.json"]
+    assert np.array_equal(open_store(tmp_path / "small.zarr").read("matrix", "coo_col"), before)
+
+
+def test_frustum_grid_too_big_for_this_machine_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compact-rows does not shrink the per-cell arrays of a frustum build: a BEV grid this
+    machine cannot hold is refused before any work, like `bevcompile grid` (exit 2, one line)."""
+    import bevcompile.matrix as matrix_mod
+
+    monkeypatch.setattr(matrix_mod, "physical_memory_bytes", lambda: 2**20)
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "out"), "--topk", "4", "--compact-rows"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {config}: bevcompile matrix --mode frustum of "), lines
+    assert "more than this machine's 1 MiB; use coarser bev steps" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -12,8 +12,8 @@ import pytest
 
 from bevcompile import npu_checks
 from bevcompile.build import GridBuildOptions, build_grid_command, run_grid
-from bevcompile.checks import inspect_store
-from bevcompile.checks_api import CheckContext
+from bevcompile.checks import inspect_store, json_attrs
+from bevcompile.checks_api import REBUILT_ATTRS, CheckContext
 from bevcompile.config import RigConfig
 from bevcompile.verify import make_features, verify_store
 
@@ -78,6 +78,7 @@ def test_verify_rows_pass_per_camera(built: dict[str, Any], group: str) -> None:
 def test_rebuild_is_bit_identical(built: dict[str, Any], group: str) -> None:
     data = built["groups"][group]
     rebuilt = getattr(npu_checks, f"rebuild_{group}")(built["rig"], data.attrs)
+    assert json_attrs(rebuilt.pop(REBUILT_ATTRS)) == json_attrs(data.attrs)  # the whole group's attributes
     expected = {k: v for k, v in data.arrays.items() if group != "grid" or k not in ("coords", "valid", "norm", "norm_int16")}
     assert sorted(rebuilt) == sorted(expected)
     for name, array in expected.items():
@@ -227,3 +228,82 @@ def test_inspect_strict_and_verify_pass_end_to_end(tmp_path: Path) -> None:
     products = {r.product for r in verified.rows}
     assert {"gather/index+weight", "gather/weight_u8+lut", "delta", "grid/uq12", "grid/opencv", "grid/pixel_q", "grid/norm_q16"} <= products
     assert all(r.passed for r in verified.rows), [r for r in verified.rows if not r.passed]
+
+
+# --------------------------------------------------------------------------------------
+# audit fixes: per-axis bound, invalid encodings, dequantisation attrs, extra arrays, verify
+# --------------------------------------------------------------------------------------
+
+
+def _failed(checks: list[Any]) -> set[tuple[str, str]]:
+    return {(c.array, c.name) for c in checks if not c.passed}
+
+
+@pytest.mark.parametrize("name", ["uq12", "norm_q16"])
+def test_off_by_one_v_codes_fail_the_per_axis_quantisation_bound(built: dict[str, Any], name: str) -> None:
+    """+1 on the v code of every valid cell whose v rounding error is small: within the larger
+    (u) axis's half step, beyond the v axis's own."""
+    from bevcompile.formats import decode_format_px
+
+    rig = built["rig"]
+    arrays = dict(built["groups"]["grid"].arrays)
+    truth = npu_checks.compute_sampling_grid(rig)
+    q = arrays[name].copy()
+    decoded = decode_format_px(name, {name: q}, rig.feature_size, False)
+    step_v = npu_checks._quantisation_bound(name, rig.feature_size, False, None)[1] * 2
+    err_v = np.abs(decoded[..., 1] - truth.coords_feature_px[..., 1])
+    pick = truth.valid & (err_v <= 0.3 * step_v) & (q[..., 1] < q[..., 1].max())
+    q[..., 1] = np.where(pick, q[..., 1] + 1, q[..., 1])
+    arrays[name] = q
+    assert (f"grid/{name}", "no_saturation") in _failed(_run_checks(built, "grid", arrays=arrays))
+
+
+@pytest.mark.parametrize(
+    ("array", "value", "key"),
+    [("uq12", 2000, "grid/uq12"), ("opencv_map1", 0, "grid/opencv_map1"), ("opencv_map2", 5, "grid/opencv_map1"), ("pixel_q", 0, "grid/pixel_q")],
+)
+def test_invalid_cells_hold_the_documented_code(built: dict[str, Any], array: str, value: int, key: str) -> None:
+    arrays = dict(built["groups"]["grid"].arrays)
+    data = arrays[array].copy()
+    invalid = ~built["groups"]["grid"].arrays["valid"]
+    first = tuple(np.argwhere(invalid)[0])
+    data[first] = value
+    arrays[array] = data
+    assert (key, "invalid_encoding") in _failed(_run_checks(built, "grid", arrays=arrays))
+
+
+@pytest.mark.parametrize(("fmt", "key", "value"), [("pixel_q", "scale", 0.5), ("uq12", "offset", 0.0), ("norm_q16", "offset", 0.5), ("opencv", "scale", 1.0)])
+def test_dequantisation_attrs_are_recomputed(built: dict[str, Any], fmt: str, key: str, value: float) -> None:
+    attrs = copy.deepcopy(built["groups"]["grid"].attrs)
+    attrs[fmt][key] = value
+    failed = [c for c in _run_checks(built, "grid", attrs=attrs) if not c.passed]
+    assert [c.name for c in failed] == ["dequantisation_attrs"] and f"{fmt}.{key} {value!r}" in failed[0].reason
+
+
+@pytest.mark.parametrize("group", ["gather", "delta"])
+def test_an_unknown_extra_array_fails_the_contract(built: dict[str, Any], group: str) -> None:
+    arrays = {**built["groups"][group].arrays, "zz_unknown": np.zeros(10, np.int32)}
+    failed = [c for c in _run_checks(built, group, arrays=arrays) if not c.passed]
+    assert [(c.array, c.name) for c in failed] == [(f"{group}/", "contract")]
+    assert failed[0].reason == "arrays not produced by these build_options: zz_unknown"
+
+
+def test_verify_uq12_under_align_corners_can_fail() -> None:
+    """Saturated cells are judged against their clamp bound, the others by half a step per axis:
+    random codes on valid cells fail (the old 2 x recorded error ~ 1.0 threshold passed them)."""
+    rig = _rig()
+    groups = build_grid_command(rig, GridBuildOptions(align_corners=True, formats=("uq12",), npu=False)).groups
+    grid = groups["grid"]
+    features, _ = make_features(rig, 3, 0)
+    ctx = CheckContext(rig=rig, store_path="<memory>", root_attrs={}, grid_arrays=grid.arrays, grid_attrs=grid.attrs, features=features)
+    rows = npu_checks.verify_grid(ctx, grid.arrays, grid.attrs)
+    assert rows and all(r.passed for r in rows)
+    assert any(r.product == "grid/uq12 saturated" for r in rows)
+    q = grid.arrays["uq12"].copy()
+    rng = np.random.default_rng(0)
+    valid = grid.arrays["valid"]
+    q[valid] = rng.integers(0, 4096, (int(valid.sum()), 2))
+    damaged = {**grid.arrays, "uq12": q}
+    rows = npu_checks.verify_grid(ctx, damaged, grid.attrs)
+    assert any(not r.passed for r in rows if r.product == "grid/uq12")
+    assert any(not r.passed for r in rows if r.product == "grid/uq12 saturated")

@@ -414,3 +414,56 @@ def test_an_empty_matrix_lifts_to_zeros_and_is_not_exported(tmp_path: Path) -> N
         assert tuple(out.shape) == (1, 2, 10, 10) and float(out.abs().max()) == 0.0
         with pytest.raises(UsageError, match=r"matrix/ is empty \(no entries"):
             export_onnx(store, tmp_path / f"{form}.onnx", ExportOptions(product=form, channels=2))
+
+
+# --------------------------------------------------------------------------------------
+# memory: estimated before any work
+# --------------------------------------------------------------------------------------
+
+
+def test_export_memory_estimate_and_refusal(gather_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimate follows the README formulas (gather: the gathered N·C·entries floats, twice);
+    an export above the physical memory is a UsageError before any module is built."""
+    loaded = load(gather_store)
+    entries = int(np.prod(loaded.array_info("gather", "index").shape))
+    small_est = onnx_export.estimate_export_memory(loaded, ExportOptions(channels=4, batch=1))
+    big_est = onnx_export.estimate_export_memory(loaded, ExportOptions(channels=4096, batch=64))
+    assert small_est.forward >= 2 * 4 * entries * 4
+    assert big_est.forward >= 2 * 64 * 4096 * entries * 4 and big_est.total > big_est.forward
+    monkeypatch.setattr(onnx_export, "_physical_memory", lambda: small_est.total - 1)
+    monkeypatch.setattr(onnx_export, "build_module", lambda *a: pytest.fail("built a module past the memory check"))
+    with pytest.raises(UsageError, match=r"export-onnx --product gather --channels 4 --batch 1 needs about .* more than this machine's .*; reduce --channels or --batch"):
+        export_onnx(gather_store, tmp_path / "g.onnx", ExportOptions(channels=4))
+    assert not (tmp_path / "g.onnx").exists()
+
+
+def test_readme_pytorch_and_onnx_examples_run_as_written(tmp_path: Path, nuscenes: RigConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's PyTorch and "Feeding the ONNX file" python blocks, verbatim, on the stores their
+    comments build (``artifacts/nuscenes.zarr``: grid + ``matrix --topk 24 --align 16 --quantize int8``;
+    ``gather.onnx`` from ``export-onnx --product gather``), run in a folder that holds them."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+    def python_blocks(heading: str) -> list[str]:
+        start = text.index(heading) + len(heading)
+        following = re.search(r"\n#{2,4} ", text[start:])  # the next heading (a code comment has one #)
+        section = text[start : start + following.start()] if following else text[start:]
+        return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+    torch_blocks = python_blocks("### PyTorch modules")
+    onnx_blocks = python_blocks("#### Feeding the ONNX file")
+    assert len(torch_blocks) == 1 and len(onnx_blocks) == 1
+    assert "--quantize int8" in torch_blocks[0]
+    store = build_grid_store(nuscenes, tmp_path / "artifacts", npu=True)
+    assert store == tmp_path / "artifacts" / "nuscenes.zarr"
+    add_matrix_group(store, nuscenes, MatrixOptions(mode="frustum", topk=24, align=16, quantize="int8"))
+    export_onnx(store, tmp_path / "gather.onnx", ExportOptions(product="gather"))
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {}
+    exec(compile(torch_blocks[0], "README:pytorch", "exec"), scope)
+    assert tuple(scope["bev"].shape) == (1, 64, 128, 128)  # type: ignore[attr-defined]
+    assert (tmp_path / "model.pt").is_file()
+    scope = {}
+    exec(compile(onnx_blocks[0], "README:onnx", "exec"), scope)
+    assert tuple(scope["bev"].shape) == (1, 64, 1, 128, 128)  # type: ignore[attr-defined]

@@ -182,13 +182,20 @@ def test_bad_output_and_damaged_store(nuscenes_store: Path, tmp_path: Path) -> N
     assert not (broken.parent / "nuscenes_coverage.png").exists()
 
 
-def test_a_matrix_only_store_says_to_run_grid(tmp_path: Path) -> None:
+def test_a_matrix_only_store_renders_the_projection_coverage(tmp_path: Path) -> None:
+    """No grid/: the coverage is the VALID RULE on the stored config's projection (what grid/valid
+    would hold), labelled as such; the right panel is the matrix's."""
+    from bevcompile.grid import compute_sampling_grid
     from bevcompile.matrix import MatrixOptions, run_matrix
 
-    run_matrix(rigs.small_rig(), tmp_path, MatrixOptions(topk=4, align=4))
-    with pytest.raises(StoreError, match=r"has no grid/ group, .* run `bevcompile grid` on the rig"):
-        render_store(tmp_path / "small.zarr", tmp_path / "x.png")
-    assert not (tmp_path / "x.png").exists()
+    rig = rigs.small_rig()
+    run_matrix(rig, tmp_path / "m", MatrixOptions(topk=4, align=4))
+    result = render_store(tmp_path / "m" / "small.zarr", tmp_path / "x.png")
+    assert (tmp_path / "x.png").is_file()
+    assert np.array_equal(result.coverage, compute_sampling_grid(rig).valid.any(axis=1))
+    assert result.second_panel.startswith("matrix/camera_mass")
+    full = run_grid(rig, tmp_path / "g").store
+    assert np.array_equal(render_store(full, tmp_path / "y.png").coverage, result.coverage)
 
 
 def test_non_finite_camera_mass_is_refused(tmp_path: Path) -> None:

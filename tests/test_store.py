@@ -322,3 +322,97 @@ def test_sigterm_during_a_write_leaves_the_old_store_and_no_temporary(tmp_path: 
     assert tree_digest(out / "small.zarr") == before
     assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
     assert signal.getsignal(signal.SIGTERM) == handler_before
+
+
+@pytest.mark.parametrize(
+    ("out", "phrase"),
+    [
+        ("small.zarr", "is a zarr store; --out takes the folder that holds stores"),
+        ("small.zarr/sub", "is inside the zarr store"),
+        ("new.zarr", "is a zarr store; --out takes the folder that holds stores"),
+    ],
+)
+def test_an_out_folder_that_is_or_lies_in_a_store_is_refused(tmp_path: Path, out: str, phrase: str) -> None:
+    """`--out artifacts/nuscenes.zarr` must not write a store into the store (which then fails inspect)."""
+    from bevcompile.errors import UsageError
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):
+        run_grid(rig, tmp_path / out)
+    with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):  # every writer of a store
+        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.arange(3)})})
+    assert tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_an_os_error_while_writing_is_a_store_error_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk or a read-only folder: one StoreError naming the folder, after the cleanup."""
+    import errno
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    real = store_module._write_group
+
+    def full_disk(root, name, data):  # type: ignore[no-untyped-def]
+        real(root, name, data)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "_write_group", full_disk)
+    with pytest.raises(StoreError, match=f"^{tmp_path}: cannot write store \\(No space left on device\\)$"):
+        run_grid(rig, tmp_path, align_corners=True)
+    assert tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+    monkeypatch.undo()
+
+    def read_only(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(store_module.shutil, "copytree", read_only)  # the carry-over copy of a same-config store
+    with pytest.raises(StoreError, match=f"^{tmp_path}: cannot write store \\(Read-only file system\\)$"):
+        run_grid(rig, tmp_path)
+    assert tree_digest(tmp_path / "small.zarr") == before
+
+
+def test_cleanup_outlasts_a_chunk_write_that_recreates_the_temporary(tmp_path: Path) -> None:
+    """After Ctrl-C, a chunk write already inside zarr's worker thread may re-create folders under
+    the temporary just after it was removed: the cleanup removes it until it stays gone."""
+    import threading
+    import time
+
+    tmp = tmp_path / ".s.zarr.tmp-1-host-cafe"
+    (tmp / "grid" / "coords" / "c").mkdir(parents=True)
+    removed = threading.Event()
+    real_rmtree = store_module.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_rmtree(path, *args, **kwargs)
+        removed.set()
+
+    def late_chunk_write() -> None:  # zarr's LocalStore._put: mkdir(parents=True), then the file
+        removed.wait(5)
+        time.sleep(0.02)
+        (tmp / "grid" / "coords" / "c" / "0").mkdir(parents=True, exist_ok=True)
+        (tmp / "grid" / "coords" / "c" / "0" / "0").write_bytes(b"chunk")
+
+    writer = threading.Thread(target=late_chunk_write)
+    writer.start()
+    try:
+        store_module.shutil.rmtree = rmtree  # type: ignore[assignment]
+        store_module._remove_temporary(tmp)
+    finally:
+        store_module.shutil.rmtree = real_rmtree  # type: ignore[assignment]
+        writer.join()
+    assert not tmp.exists()
+
+
+def test_cleanup_cancels_zarr_writes_still_pending_after_an_interrupt() -> None:
+    import asyncio
+
+    from zarr.core.sync import _get_loop
+
+    started = asyncio.run_coroutine_threadsafe(asyncio.sleep(60), _get_loop())  # a chunk write zarr still runs
+    store_module._cancel_zarr_io(timeout=5)
+    assert started.cancelled()

@@ -489,3 +489,67 @@ def test_matrix_lift_int8_errors(tmp_path: Path, small: RigConfig) -> None:
     assert MatrixLift(no_tiles, weights="int8").weights == "int8"
     with pytest.raises(StoreError, match="tile-rows"):
         MatrixLift(no_tiles, form="tiles", weights="int8")
+
+
+# --------------------------------------------------------------------------------------
+# reloading weights, dtypes and input shapes
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_tiles_load_state_dict_with_assign_uses_the_loaded_tables(tmp_path: Path, small_distorted_multi: RigConfig, weights: str) -> None:
+    """``load_state_dict(sd, assign=True)`` (how a module built on the ``meta`` device is filled)
+    replaces the persistent tensors; the forward must read them, not the per-tile views of the
+    old ones — also after a later ``.to(dtype)`` (int8: the flat buffer follows the loaded blocks)."""
+    options = MatrixOptions(mode="frustum", topk=8, align=4, tile_rows=48, quantize="int8" if weights == "int8" else None)
+    store = build_grid_store(small_distorted_multi, tmp_path)
+    add_matrix_group(store, small_distorted_multi, options)
+    inputs = [torch.from_numpy(v) for v in make_inputs(load(store), channels=3, batch=2, seed=4, with_depth=True).values()]
+    source = MatrixLift(store, form="tiles", weights=weights)
+    expected = source(*inputs)
+    assert expected.abs().max() > 0.1
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    stale = MatrixLift(store, form="tiles", weights=weights)
+    with torch.no_grad():
+        for tensor in stale.state_dict().values():
+            tensor.zero_()  # every table (and view) of the target module is wrong before the load
+    stale.load_state_dict(state, assign=True)
+    assert torch.equal(stale(*inputs), expected)
+    on_meta = MatrixLift(store, form="tiles", weights=weights).to("meta")
+    on_meta.load_state_dict(state, assign=True)
+    assert torch.equal(on_meta(*inputs), expected)
+    as_double = on_meta.double()(*(x.double() for x in inputs))
+    assert torch.allclose(as_double, expected.double(), atol=1e-5)
+
+
+def test_tiles_promote_float64_and_float16_inputs_like_ell(tmp_path: Path, small_distorted_multi: RigConfig) -> None:
+    store = build_grid_store(small_distorted_multi, tmp_path)
+    add_matrix_group(store, small_distorted_multi, MatrixOptions(mode="frustum", topk=8, align=4, tile_rows=48))
+    loaded = load(store)
+    inputs = make_inputs(loaded, channels=3, batch=1, seed=2, with_depth=True)
+    ref = reference_matrix_lift(loaded, inputs["features"], inputs["depth"])
+    ell, tiles = MatrixLift(store, form="ell"), MatrixLift(store, form="tiles")
+    for dtype, tol in ((torch.float64, 2e-6), (torch.float16, 2e-2)):
+        args = [torch.from_numpy(v).to(dtype) for v in inputs.values()]
+        got_ell, got_tiles = ell(*args), tiles(*args)
+        assert got_tiles.dtype == got_ell.dtype == torch.promote_types(dtype, torch.float32)
+        assert np.max(np.abs(got_tiles.double().numpy() - ref)) < tol
+        assert torch.allclose(got_tiles.double(), got_ell.double(), atol=tol)
+
+
+def test_wrong_rank_inputs_and_depth_in_grid_mode_are_usage_errors(tmp_path: Path, small: RigConfig, multi_store: Path) -> None:
+    gather = GridGather(multi_store)
+    w_f, h_f = gather.feature_size
+    with pytest.raises(UsageError, match=rf"features \(4, 5, {h_f}, {w_f}\) do not fit the store: expected \(N, 4, C, {h_f}, {w_f}\)"):
+        gather(torch.zeros(gather.n_cam, 5, h_f, w_f))
+    store = build_grid_store(small, tmp_path)
+    add_matrix_group(store, small, MatrixOptions(mode="grid", topk=4, align=4, tile_rows=64))
+    w_f, h_f = small.feature_size
+    features = torch.rand(1, small.n_cam, 2, h_f, w_f)
+    for form in ("ell", "tiles"):
+        lift = MatrixLift(store, form=form)
+        with pytest.raises(UsageError, match=r"expected \(N, "):
+            lift(features[0])
+        with pytest.raises(UsageError, match=r"grid mode .* takes no depth"):
+            lift(features, torch.rand(1, small.n_cam, small.depth.n_bins, h_f, w_f))
+        assert lift(features).shape == (1, 2, small.bev.ny, small.bev.nx)

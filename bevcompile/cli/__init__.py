@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import typer
 
+from . import _app
 from ._app import app
 
 # isort: off
@@ -26,6 +27,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     unknown option, a missing argument) print ONE line ``error: ...`` and exit 2, like every
     other bad input; library errors are mapped in ``_app.cli_command``."""
     command = typer.main.get_command(app)
+    _app.forget_reported_errors()
     try:
         code = command.main(args=list(argv) if argv is not None else None, prog_name="bevcompile", standalone_mode=False)
     except Exception as exc:
@@ -43,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print("error: aborted", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         raise
+    if code == 130 and not _app.error_reported(130):  # Ctrl-C while Typer parsed the arguments
+        print("error: interrupted; nothing was written", file=sys.stderr, flush=True)
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

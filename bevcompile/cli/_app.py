@@ -54,11 +54,27 @@ app = typer.Typer(
 )
 
 
+_REPORTED: list[int] = []
+"""Exit codes of the errors :func:`fail` printed in this process (the entry point prints a
+line for an interrupt that no command reported, e.g. one during argument parsing)."""
+
+
 def fail(message: str, exit_code: int) -> typer.Exit:
     """Print ``error: <message>`` as ONE line on stderr and return the Exit to raise."""
     one_line = " ".join(str(message).split("\n"))
     print(f"error: {one_line}", file=sys.stderr, flush=True)
+    _REPORTED.append(exit_code)
     return typer.Exit(exit_code)
+
+
+def forget_reported_errors() -> None:
+    """Start a new invocation (``main`` may run several times in one process, as in tests)."""
+    _REPORTED.clear()
+
+
+def error_reported(exit_code: int) -> bool:
+    """Whether :func:`fail` already printed an error with this exit code."""
+    return exit_code in _REPORTED
 
 
 class Terminated(BaseException):
@@ -82,8 +98,17 @@ def _sigterm_as_exception() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _store_state(exc: BaseException) -> str:
+WRITES = ("store", "file", "nothing")
+"""What a command writes, for the interrupt message: a zarr store (``grid``, ``matrix``,
+``export-interop``), one file written atomically (``export-onnx``, ``render``) or nothing."""
+
+
+def _left_behind(exc: BaseException, writes: str) -> str:
     """What an interrupt left behind: writes are atomic, so either nothing or a complete store."""
+    if writes == "nothing":
+        return "nothing was written"
+    if writes == "file":
+        return "no file was left half-written (writes are atomic)"
     from ..store import STORE_WRITTEN_ATTR
 
     written = getattr(exc, STORE_WRITTEN_ATTR, None)
@@ -92,12 +117,41 @@ def _store_state(exc: BaseException) -> str:
     return "no store was left half-written (writes are atomic)"
 
 
-def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
+ALLOCATION_FAILURE_MARKERS = ("can't allocate memory", "out of memory", "failed to allocate memory", "bad_alloc")
+"""A ``RuntimeError`` whose text holds one of these is an allocator failure, not a bug: torch's CPU
+allocator raises ``RuntimeError: ... DefaultCPUAllocator: can't allocate memory: you tried to
+allocate N bytes`` (and CUDA ``... out of memory``) where numpy would raise ``MemoryError``."""
+
+
+def _is_allocation_failure(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(marker in text for marker in ALLOCATION_FAILURE_MARKERS)
+
+
+def _out_of_memory(exc: BaseException, writes: str = "store") -> typer.Exit:
+    """The one-line out-of-memory error (exit 2) for a ``MemoryError`` or an allocator ``RuntimeError``."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    # torch puts the allocator's own sentence last, after a C++ location line
+    detail = next(
+        (line for line in reversed(lines) if _is_allocation_failure(Exception(line))), lines[0] if lines else ""
+    )
+    detail = " ".join(detail.split()) or type(exc).__name__
+    return fail(
+        f"out of memory ({detail}); {_left_behind(exc, writes)}. The problem is too large for this machine: "
+        "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch",
+        2,
+    )
+
+
+def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
     ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
     with one line (exit 130 / 143) saying what the atomic writer left (nothing, or a complete
-    store); a ``MemoryError`` (a problem too large for this machine) is one line, exit 2.
-    Nothing else is caught here: anything else is a bug and keeps its traceback."""
+    store); a ``MemoryError`` or an allocator ``RuntimeError`` (torch's "can't allocate memory":
+    a problem too large for this machine) is one line, exit 2. Nothing else is caught here: anything else is a bug and keeps its traceback."""
+
+    if writes not in WRITES:
+        raise ValueError(f"writes must be one of {WRITES}, got {writes!r}")
 
     def decorator(func: F) -> F:
         @functools.wraps(func)
@@ -108,16 +162,15 @@ def cli_command(name: str, **kwargs: Any) -> Callable[[F], F]:
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
             except KeyboardInterrupt as exc:
-                raise fail(f"interrupted; {_store_state(exc)}", 130) from None
+                raise fail(f"interrupted; {_left_behind(exc, writes)}", 130) from None
             except Terminated as exc:
-                raise fail(f"terminated (SIGTERM); {_store_state(exc)}", 143) from None
+                raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes)}", 143) from None
             except MemoryError as exc:
-                detail = " ".join(str(exc).split()) or "MemoryError"
-                raise fail(
-                    f"out of memory ({detail}); no store was left half-written. The problem is too large for this machine: "
-                    "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch",
-                    2,
-                ) from None
+                raise _out_of_memory(exc, writes) from None
+            except RuntimeError as exc:
+                if not _is_allocation_failure(exc):
+                    raise
+                raise _out_of_memory(exc, writes) from None
 
         app.command(name, **kwargs)(wrapper)
         return func

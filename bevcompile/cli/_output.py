@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -85,11 +85,11 @@ def _default(value: Any) -> Any:
 
 def human_bytes(n: int | float) -> str:
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} GiB"
+    return f"{value:.1f} TiB"
 
 
 def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
@@ -101,3 +101,16 @@ def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
 
 def print_table(table: Table) -> None:
     stdout_console.print(table)
+
+
+def stderr_lines(lines: Iterable[str]) -> None:
+    """One plain line per failure on stderr (no rich wrapping: CI greps these)."""
+    for line in lines:
+        print(" ".join(line.split()), file=sys.stderr)
+    sys.stderr.flush()
+
+
+def compact_json(value: Any, width: int) -> str:
+    """``value`` as one line of JSON, cut to ``width`` characters with an ellipsis."""
+    text = json.dumps(value, separators=(", ", ": "), default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"

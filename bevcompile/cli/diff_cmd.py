@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,7 +15,7 @@ from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, format_psnr
 from ._app import cli_command
 from ._options import FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
-from ._output import new_table, print_json, print_table, progress_bar, stdout_console
+from ._output import compact_json, new_table, print_json, print_table, progress_bar, stderr_lines, stdout_console
 
 VALUE_WIDTH = 120
 
@@ -34,10 +32,7 @@ def _short(value: Any) -> Any:
 
 
 def _compact(value: Any) -> str:
-    if value is None:
-        return "(absent)"
-    text = json.dumps(_short(value), separators=(", ", ": "), default=str)
-    return text if len(text) <= VALUE_WIDTH else text[: VALUE_WIDTH - 1] + "…"
+    return "(absent)" if value is None else compact_json(_short(value), VALUE_WIDTH)
 
 
 def _px(value: float | None) -> str:
@@ -169,13 +164,7 @@ def _print_diff(report: StoreDiff) -> None:
         stdout_console.print(f"[{style}]{len(report.cameras) - n_fail} of {len(report.cameras)} cameras within {gates}[/{style}]")
 
 
-def _stderr_lines(lines: list[str]) -> None:
-    for line in lines:
-        print(" ".join(line.split()), file=sys.stderr)
-    sys.stderr.flush()
-
-
-@cli_command("diff", short_help="How far a recalibration moves the tables: pose, grid shift, coverage, output change (gate: exit 1).")
+@cli_command("diff", writes="nothing", short_help="How far a recalibration moves the tables: pose, grid shift, coverage, output change (gate: exit 1).")
 def diff(
     old: Annotated[Path, typer.Argument(help="The reference store (e.g. the nominal calibration the model was validated with).", show_default=False, metavar="OLD")],
     new: Annotated[Path, typer.Argument(help="The store to judge (e.g. one car's recalibration).", show_default=False, metavar="NEW")],
@@ -210,6 +199,6 @@ def diff(
         print_json(report.to_json())
     elif not quiet:
         _print_diff(report)
-    _stderr_lines(report.failure_lines())
+    stderr_lines(report.failure_lines())
     if not report.passed:
         raise CheckFailed(f"diff gate failed: {len(report.failing_cameras)} of {len(report.cameras)} cameras of {report.new}")

@@ -16,27 +16,28 @@ from ._output import human_bytes, new_table, print_json, print_table, progress_b
 StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False, metavar="STORE")]
 
 
-@cli_command("export-onnx", short_help="Static ONNX graph of the store's lift (no GridSample/ScatterND/OneHot), checked with onnxruntime.")
+@cli_command("export-onnx", writes="file", short_help="Static ONNX graph of the store's lift (no GridSample/ScatterND/OneHot), checked with onnxruntime.")
 def export_onnx_command(
     store: StoreArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="The ONNX file to write.")] = Path("model.onnx"),
     product: Annotated[
-        str, typer.Option("--product", help="gather (GridGather on gather/ or grid/), ell or tiles (MatrixLift on matrix/).")
+        str, typer.Option("--product", metavar="gather|ell|tiles", help="gather (GridGather on gather/ or grid/), ell or tiles (MatrixLift on matrix/).")
     ] = "gather",
     opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 17,
     channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph).")] = 64,
     batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph).")] = 1,
     reduce: Annotated[
-        str | None, typer.Option("--reduce", help="gather: sum or mean over the cameras that see a cell (default: sum).", show_default=False)
+        str | None, typer.Option("--reduce", metavar="sum|mean", help="gather: sum or mean over the cameras that see a cell (default: sum).", show_default=False)
     ] = None,
     exporter: Annotated[
-        str, typer.Option("--exporter", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
+        str, typer.Option("--exporter", metavar="legacy|dynamo", help="legacy (TorchScript, fast) or dynamo (torch.export + onnxscript).")
     ] = "legacy",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random check inputs.")] = 0,
     weights: Annotated[
         str,
         typer.Option(
             "--weights",
+            metavar="float32|lut|int8|int8-qdq",
             help="float32; lut (gather: gather/weight_u8 + lut, dequantised in the graph); "
             "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph by Cast + Mul); "
             "int8-qdq (ell/tiles: the same values as int8 initializers + DequantizeLinear with per-row scales, "
@@ -66,11 +67,10 @@ def export_onnx_command(
             result = export_onnx(store, out, options, progress=advance)
     except CheckFailed as exc:
         failed = getattr(exc, "result", None)
-        if failed is not None and not quiet:
-            if json_output:
-                print_json(failed.to_json())
-            else:
-                _print_export(failed)
+        if failed is not None and json_output:  # --json prints its report even with --quiet, as on success
+            print_json(failed.to_json())
+        elif failed is not None and not quiet:
+            _print_export(failed)
         raise
     if json_output:
         print_json(result.to_json())
@@ -151,17 +151,17 @@ def export_interop_command(
     store: StoreArg,
     to: Annotated[
         list[str],
-        typer.Option("--to", metavar="TARGET", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable)."),
+        typer.Option("--to", metavar="bevpoolv2|fastbev-lut", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable)."),
     ],
     npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
     frustum_mapping: Annotated[
         str | None,
         typer.Option(
-            "--frustum-mapping", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping) (default: linspace).", show_default=False
+            "--frustum-mapping", metavar="linspace|stride|rig", help="bevpoolv2: linspace (BEVDet), stride, or rig (the config's pixel_mapping) (default: linspace).", show_default=False
         ),
     ] = None,
     rounding: Annotated[
-        str | None, typer.Option("--rounding", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor (default: trunc).", show_default=False)
+        str | None, typer.Option("--rounding", metavar="trunc|floor", help="bevpoolv2: trunc (BEVDet .long(), toward zero) or floor (default: trunc).", show_default=False)
     ] = None,
     z_bins: Annotated[
         int | None, typer.Option("--z-bins", help="bevpoolv2: voxels along z over bev.z (default: the config's bins).")
@@ -171,7 +171,7 @@ def export_interop_command(
         typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks) (default: 1).", show_default=False),
     ] = None,
     overlap: Annotated[
-        str | None, typer.Option("--overlap", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
+        str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,

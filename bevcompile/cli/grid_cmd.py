@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from ..build import run_grid, total_grid_cells
 from ..config import load_config
@@ -91,6 +92,9 @@ def grid(
             "by up to 0.5 px (the valid rule reaches past the outer pixel centres; uq12, if written, likewise); "
             "use --format norm_q16, which has headroom"
         )
+    for cam in result.cameras:  # on stderr, also under --quiet/--json: most often a pose given ego->camera
+        if not any(cam.coverage):
+            stderr_console.print(f"[yellow]warning:[/yellow] camera {escape(cam.name)} sees no BEV cell (is the pose camera->ego?)")
     if json_output:
         print_json(result.to_json())
         return

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,21 +14,22 @@ from ..errors import CheckFailed
 from ..verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
 from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
-from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
+from ._output import (
+    compact_json,
+    human_bytes,
+    new_table,
+    print_json,
+    print_table,
+    progress_bar,
+    stderr_lines,
+    stdout_console,
+)
 
 ATTR_VALUE_WIDTH = 90
 
 
-def _stderr_lines(lines: Iterable[str]) -> None:
-    """One plain line per failure on stderr (no rich wrapping: CI greps these)."""
-    for line in lines:
-        print(" ".join(line.split()), file=sys.stderr)
-    sys.stderr.flush()
-
-
 def _compact(value: Any) -> str:
-    text = json.dumps(value, separators=(", ", ": "), default=str)
-    return text if len(text) <= ATTR_VALUE_WIDTH else text[: ATTR_VALUE_WIDTH - 1] + "…"
+    return compact_json(value, ATTR_VALUE_WIDTH)
 
 
 # --------------------------------------------------------------------------------------
@@ -39,7 +37,7 @@ def _compact(value: Any) -> str:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("inspect", short_help='CI gate: check every invariant of every store (exit 1 on any failure).')
+@cli_command("inspect", writes="nothing", short_help='CI gate: check every invariant of every store (exit 1 on any failure).')
 def inspect(
     paths: Annotated[
         list[Path] | None,
@@ -70,7 +68,7 @@ def inspect(
             f"[{style}]{report.n_checks - report.n_failed} of {report.n_checks} checks passed"
             f" in {len(report.stores)} store(s){' (strict)' if strict else ''}[/{style}]"
         )
-    _stderr_lines(report.failure_lines())
+    stderr_lines(report.failure_lines())
     if not report.passed:
         failed_stores = sum(1 for s in report.stores if not s.passed)
         raise CheckFailed(f"{report.n_failed} of {report.n_checks} checks failed in {failed_stores} of {len(report.stores)} store(s)")
@@ -119,7 +117,7 @@ def _print_store(store: StoreReport) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("verify", short_help='Compare every NPU form with the float reference on seeded random features.')
+@cli_command("verify", writes="nothing", short_help='Compare every NPU form with the float reference on seeded random features.')
 def verify(
     target: Annotated[
         Path | None,
@@ -149,7 +147,7 @@ def verify(
         print_json(report.to_json())
     elif not quiet:
         _print_verify(report)
-    _stderr_lines(report.failure_lines())
+    stderr_lines(report.failure_lines())
     if not report.passed:
         why = f"{len(report.failures)} of {report.n_judged} judged rows failed" if report.rows else "nothing could be verified"
         raise CheckFailed(f"{store}: verify failed: {why}")
@@ -202,7 +200,7 @@ def _print_verify(report: VerifyReport) -> None:
 # --------------------------------------------------------------------------------------
 
 
-@cli_command("render", short_help="PNG of the camera coverage on the BEV plane (and the matrix's per-cell weight).")
+@cli_command("render", writes="file", short_help="PNG of the camera coverage on the BEV plane (and the matrix's per-cell weight).")
 def render(
     store: Annotated[Path, typer.Argument(help="The store to draw.", show_default=False, metavar="STORE")],
     out: Annotated[

@@ -1,0 +1,50 @@
+"""The console entry point (``bevcompile._entry``) and the lazy package namespace."""
+
+from __future__ import annotations
+
+import importlib.abc
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from bevcompile import _entry
+
+
+class _InterruptingFinder(importlib.abc.MetaPathFinder):
+    """Ctrl-C while ``bevcompile.cli`` (numpy, zarr, rich, the commands) is being imported."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "bevcompile.cli":
+            raise KeyboardInterrupt
+        return None
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder(), *sys.meta_path])
+    with pytest.raises(SystemExit) as info:
+        _entry.main(["grid", "--help"])
+    assert info.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted while starting; nothing was written\n"
+
+
+def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        _entry.main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.startswith("bevcompile ")
+
+
+def test_import_bevcompile_is_light_and_names_resolve_lazily() -> None:
+    """``import bevcompile`` loads no numpy (the entry point must catch a Ctrl-C during that
+    import); the public names still resolve, and an unknown one is an AttributeError."""
+    code = (
+        "import sys, bevcompile; assert 'numpy' not in sys.modules, 'numpy imported eagerly'; "
+        "from bevcompile import load, UsageError, run_grid; assert issubclass(UsageError, ValueError); "
+        "import bevcompile as b; assert set(b.__all__) <= set(dir(b)); "
+        "exec('try:\\n b.nope\\nexcept AttributeError as e:\\n print(e)')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "module 'bevcompile' has no attribute 'nope'\n"
