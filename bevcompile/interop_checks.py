@@ -239,10 +239,14 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     pick = np.clip(cam, 0, rig.n_cam - 1)
     uv = np.take_along_axis(coords64, pick[None, ..., None], axis=0)[0]
     cam_valid = np.take_along_axis(valid, pick[None], axis=0)[0]
-    iuv = nearest_pixel(uv)
-    expected = (pick * h_f + iuv[..., 1]) * w_f + iuv[..., 0]
-    near_tie = np.any(np.abs(np.abs(uv - np.round(uv)) - 0.5) < _TIE_MARGIN_PX, axis=-1)
-    pix_bad = (lut >= 0) & ((expected != lut) & ~near_tie | ~cam_valid)
+    # float32 coords near a .5 tie may round either way: accept exactly the pixels the
+    # coordinate rounds to within the margin (at most the two tie candidates per axis), no other
+    accepted = np.zeros(lut.shape, dtype=bool)
+    for du in (-_TIE_MARGIN_PX, 0.0, _TIE_MARGIN_PX):
+        for dv in (-_TIE_MARGIN_PX, 0.0, _TIE_MARGIN_PX):
+            iuv = np.clip(nearest_pixel(uv + np.array([du, dv])), 0, [w_f - 1, h_f - 1])
+            accepted |= (pick * h_f + iuv[..., 1]) * w_f + iuv[..., 0] == lut
+    pix_bad = (lut >= 0) & (~accepted | ~cam_valid)
     n_pix_bad = int(np.count_nonzero(pix_bad))
     out.append(Check("nearest_feature_pixel", where, n_pix_bad == 0,
                      f"nearest feature pixel of grid/coords: {n_pix_bad} cell(s) point at another pixel (or at a camera that does not see them)"))

@@ -257,7 +257,15 @@ class LoadedStore:
         return tuple(self._reader.groups())
 
     def has_group(self, name: str) -> bool:
-        return self._reader.has_group(name)
+        """True for a readable group AND for a group folder that is present but unreadable
+        (so that ``source="auto"`` does not silently fall back to another group: reading it
+        raises :class:`StoreError` saying what is wrong)."""
+        if self._reader.has_group(name):
+            return True
+        try:
+            return (self.path / name).is_dir()
+        except OSError:
+            return True  # there is something, and reading it will say what is wrong
 
     def group(self, name: str) -> StoreGroup:
         """The group ``name``; a missing group is a :class:`StoreError` naming the command

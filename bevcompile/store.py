@@ -239,6 +239,9 @@ GROUPS_ATTR = "groups"
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 STORE_WRITTEN_ATTR = "bevcompile_store_written"
+COMPLETED_WRITES: list[str] = []
+"""Stores this process has put in place, in order: an interrupt after a write (while the
+command summarises, or writes its next store) is then reported as "already written"."""
 """Set on an interrupt (KeyboardInterrupt, SIGTERM) that arrived after the new store was in
 place (while the old copy was being deleted): the CLI then says the store was written."""
 
@@ -370,10 +373,13 @@ def write_groups(
             sizes[key] = _dir_bytes(tmp / key)
         _swap_into_place(tmp, path)
     except BaseException as exc:
+        if getattr(exc, STORE_WRITTEN_ATTR, None):  # interrupted while the old copy was deleted
+            COMPLETED_WRITES.append(str(path))
         _remove_temporary(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
             raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
         raise
+    COMPLETED_WRITES.append(str(path))
     return WriteReport(path, existed, tuple(kept), sizes)
 
 
@@ -481,15 +487,34 @@ def _signals_held() -> Iterator[None]:
 
 
 def is_store(path: str | Path) -> bool:
-    """True if ``path`` is a directory with a zarr v3 group ``zarr.json`` at its root."""
+    """True if ``path`` is a directory with a zarr v3 group ``zarr.json`` at its root (False,
+    not an exception, where permissions hide it: :class:`StoreReader` then says why)."""
     path = Path(path)
-    return path.is_dir() and (path / "zarr.json").is_file()
+    try:
+        return path.is_dir() and (path / "zarr.json").is_file()
+    except OSError:
+        return False
 
 
 def find_stores(folder: str | Path) -> list[Path]:
-    """Stores directly inside ``folder`` (``*.zarr``, hidden temporaries skipped), sorted."""
+    """Stores directly inside ``folder`` (``*.zarr``, hidden temporaries skipped), sorted.
+    A ``*.zarr`` entry this user cannot even stat is listed (reading it then fails clearly)."""
     folder = Path(folder)
-    return sorted(p for p in folder.iterdir() if p.suffix == STORE_SUFFIX and not p.name.startswith(".") and p.is_dir())
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise StoreError(f"{folder}: cannot list the folder ({_os_reason(exc)})") from None
+    out = []
+    for entry in entries:
+        if entry.suffix != STORE_SUFFIX or entry.name.startswith("."):
+            continue
+        try:
+            if not entry.is_dir():
+                continue
+        except OSError:
+            pass
+        out.append(entry)
+    return out
 
 
 def _one_line(exc: BaseException) -> str:
@@ -506,12 +531,17 @@ class StoreReader:
         import zarr
 
         self.path = Path(path)
-        if not self.path.exists():
-            raise StoreError(f"{self.path}: no such store")
-        if not self.path.is_dir():
-            raise StoreError(f"{self.path}: not a store (not a directory)")
-        if not (self.path / "zarr.json").is_file():
-            raise StoreError(f"{self.path}: not a zarr store (no zarr.json at its root)")
+        try:
+            if not self.path.exists():
+                raise StoreError(f"{self.path}: no such store")
+            if not self.path.is_dir():
+                raise StoreError(f"{self.path}: not a store (not a directory)")
+            if not (self.path / "zarr.json").is_file():
+                raise StoreError(f"{self.path}: not a zarr store (no zarr.json at its root)")
+        except StoreError:
+            raise
+        except OSError as exc:  # Path.is_file() raises EACCES instead of returning False
+            raise StoreError(f"{self.path}: cannot read the store ({_os_reason(exc)})") from None
         try:
             self._root = zarr.open_group(str(self.path), mode="r", zarr_format=3)
             attrs = dict(self._root.attrs)

@@ -27,7 +27,7 @@ from .checks_api import VerifyRow
 from .config import RigConfig, config_sha256, load_config
 from .errors import CheckFailed, StoreError, UsageError
 from .reference import random_depth_probs
-from .store import is_store, store_path
+from .store import is_store, open_store, store_path
 
 DEFAULT_CHANNELS = 8
 MAX_CHANNELS = 512
@@ -148,6 +148,7 @@ def resolve_target(target: str | Path | None, out_dir: str | Path) -> tuple[Path
         path = Path(target)
         if path.is_dir():
             if not is_store(path):
+                open_store(path)  # says why (no zarr.json, or a permission this user lacks)
                 raise StoreError(f"{path}: not a bevcompile store (no zarr.json at its root)")
             from .checks import not_a_store_root
 

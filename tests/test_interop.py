@@ -10,6 +10,7 @@ per-cell loop and against ``torch.nn.functional.grid_sample(mode="nearest")``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -799,3 +800,25 @@ def test_verify_fastbev_reference_camera_does_not_come_from_the_lut(interop_stor
         lut[cell] = (other * h_f + v) * w_f + u
     rows = verify_interop(ctx, {**arrays, "fastbev_lut": lut}, attrs)
     assert [r.passed for r in rows if r.product == "interop/fastbev_lut"] == [False]
+
+
+def test_fastbev_near_tie_cells_accept_only_the_two_candidate_pixels(interop_store: Path) -> None:
+    """A cell whose coordinate lies within the float32 margin of a .5 tie may point at either
+    candidate pixel, never at any other one."""
+    run_export_interop(interop_store, {"fastbev-lut": FastBevOptions("first").to_dict()})
+    ctx, arrays, attrs = _context(interop_store)
+    lut = arrays["fastbev_lut"].copy()
+    w_f, h_f = ctx.rig.feature_size
+    cell = tuple(np.argwhere(lut >= 0)[0])
+    cam = int(lut[cell]) // (h_f * w_f)
+    coords = np.asarray(ctx.grid_arrays["coords"]).copy()
+    coords[(cam, *cell)] = (10.5, 3.0)  # an exact tie in u: pixels (10, 3) and (11, 3) are both right
+    grid_arrays = {**ctx.grid_arrays, "coords": coords}
+    ctx = dataclasses.replace(ctx, grid_arrays=grid_arrays)
+
+    def nearest_check(value: int) -> bool:
+        lut[cell] = (cam * h_f + 3) * w_f + value
+        return next(c for c in check_interop(ctx, {**arrays, "fastbev_lut": lut}, attrs) if c.name == "nearest_feature_pixel").passed
+
+    assert nearest_check(10) and nearest_check(11)
+    assert not nearest_check(12) and not nearest_check(30)

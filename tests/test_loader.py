@@ -143,6 +143,9 @@ def test_unreadable_group_and_array_are_not_reported_as_missing(store: Path, tmp
     corrupt_metadata(bad_group, "gather")
     with pytest.raises(StoreError, match=r"group gather/ is present but unreadable \(.*\); run `bevcompile grid` to rewrite it"):
         load(bad_group)["gather"]
+    # present means present: GridGather(source="auto") must not fall back to grid/ in silence
+    assert load(bad_group).has_group("gather") and "gather" in load(bad_group)
+    assert not load(bad_group).has_group("matrix")
     bad_array = copy_store(store, tmp_path / "bad_array.zarr")
     corrupt_metadata(bad_array, "gather/index")
     with pytest.raises(StoreError, match=r"array gather/index is present but unreadable \(.*\)"):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 import bevcompile.store as store_module
 from bevcompile.build import root_attributes, run_grid
@@ -416,3 +417,43 @@ def test_cleanup_cancels_zarr_writes_still_pending_after_an_interrupt() -> None:
     started = asyncio.run_coroutine_threadsafe(asyncio.sleep(60), _get_loop())  # a chunk write zarr still runs
     store_module._cancel_zarr_io(timeout=5)
     assert started.cancelled()
+
+
+def test_an_interrupt_after_the_store_is_in_place_says_it_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while grid summarises (after the swap): the new store is complete and the line says so."""
+    import bevcompile.build as build_module
+    from bevcompile.cli import app as cli_app
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "summarise_cameras", interrupted)
+    result = CliRunner().invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 130
+    store = tmp_path / "nuscenes.zarr"
+    assert result.stderr == f"error: interrupted; {store} was already written completely (its old copy is removed by the next write)\n"
+    assert (store / "grid").is_dir()
+
+
+def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path.is_file() raises EACCES (not False) in a folder without search permission: inspect
+    fails the store (exit 1), verify says so in one line (exit 2), never a traceback."""
+    from bevcompile.cli import app as cli_app
+
+    runner = CliRunner()
+    assert runner.invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"]).exit_code == 0
+    store = tmp_path / "nuscenes.zarr"
+    real_is_file = Path.is_file
+
+    def is_file(self: Path) -> bool:
+        if self.parent == store:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    result = runner.invoke(cli_app, ["inspect", str(store), "--quiet"])
+    assert (result.exit_code == 1 and result.exception is None) or isinstance(result.exception, SystemExit)
+    assert f"{store}: /: root_metadata: " in result.stderr and "Permission denied" in result.stderr
+    result = runner.invoke(cli_app, ["verify", str(store), "--quiet"])
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output
+    assert "Permission denied" in result.stderr

@@ -103,15 +103,16 @@ WRITES = ("store", "file", "nothing")
 ``export-interop``), one file written atomically (``export-onnx``, ``render``) or nothing."""
 
 
-def _left_behind(exc: BaseException, writes: str) -> str:
-    """What an interrupt left behind: writes are atomic, so either nothing or a complete store."""
+def _left_behind(exc: BaseException, writes: str, writes_before: int = 0) -> str:
+    """What an interrupt left behind: writes are atomic, so either nothing or a complete store
+    (``writes_before``: how many stores this process had written when the command started)."""
     if writes == "nothing":
         return "nothing was written"
     if writes == "file":
         return "no file was left half-written (writes are atomic)"
-    from ..store import STORE_WRITTEN_ATTR
+    from ..store import COMPLETED_WRITES, STORE_WRITTEN_ATTR
 
-    written = getattr(exc, STORE_WRITTEN_ATTR, None)
+    written = getattr(exc, STORE_WRITTEN_ATTR, None) or ", ".join(COMPLETED_WRITES[writes_before:])
     if written:
         return f"{written} was already written completely (its old copy is removed by the next write)"
     return "no store was left half-written (writes are atomic)"
@@ -128,7 +129,7 @@ def _is_allocation_failure(exc: BaseException) -> bool:
     return any(marker in text for marker in ALLOCATION_FAILURE_MARKERS)
 
 
-def _out_of_memory(exc: BaseException, writes: str = "store") -> typer.Exit:
+def _out_of_memory(exc: BaseException, writes: str = "store", writes_before: int = 0) -> typer.Exit:
     """The one-line out-of-memory error (exit 2) for a ``MemoryError`` or an allocator ``RuntimeError``."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     # torch puts the allocator's own sentence last, after a C++ location line
@@ -137,7 +138,7 @@ def _out_of_memory(exc: BaseException, writes: str = "store") -> typer.Exit:
     )
     detail = " ".join(detail.split()) or type(exc).__name__
     return fail(
-        f"out of memory ({detail}); {_left_behind(exc, writes)}. The problem is too large for this machine: "
+        f"out of memory ({detail}); {_left_behind(exc, writes, writes_before)}. The problem is too large for this machine: "
         "reduce the BEV cells, heights, cameras or depth bins, or --channels / --batch",
         2,
     )
@@ -156,21 +157,24 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kw: Any) -> Any:
+            from ..store import COMPLETED_WRITES
+
+            writes_before = len(COMPLETED_WRITES)
             try:
                 with _sigterm_as_exception():
                     return func(*args, **kw)
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
             except KeyboardInterrupt as exc:
-                raise fail(f"interrupted; {_left_behind(exc, writes)}", 130) from None
+                raise fail(f"interrupted; {_left_behind(exc, writes, writes_before)}", 130) from None
             except Terminated as exc:
-                raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes)}", 143) from None
+                raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes, writes_before)}", 143) from None
             except MemoryError as exc:
-                raise _out_of_memory(exc, writes) from None
+                raise _out_of_memory(exc, writes, writes_before) from None
             except RuntimeError as exc:
                 if not _is_allocation_failure(exc):
                     raise
-                raise _out_of_memory(exc, writes) from None
+                raise _out_of_memory(exc, writes, writes_before) from None
 
         app.command(name, **kwargs)(wrapper)
         return func

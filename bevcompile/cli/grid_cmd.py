@@ -54,6 +54,7 @@ def grid(
         str,
         typer.Option(
             "--order",
+            metavar="|".join(ORDERS),
             help=f"Gather row order: {', '.join(ORDERS)} (cache: 8-row feature bands swept by floor(u); "
             "feature: ascending feature address). Writes gather/perm.",
         ),

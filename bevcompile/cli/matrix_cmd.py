@@ -22,6 +22,7 @@ def matrix(
         str,
         typer.Option(
             "--mode",
+            metavar="frustum|grid",
             help="frustum: columns (cam, depth bin, v, u) of the LSS depth x feature outer product; "
             "grid: columns (cam, v, u), grid_sample weights of every cell.",
         ),
@@ -36,12 +37,13 @@ def matrix(
         str,
         typer.Option(
             "--splat",
+            metavar="bilinear|nearest",
             help="bilinear: split each point over the 4 nearest cell centres (grid: bilinear grid_sample); "
             "nearest: weight 1 to the containing cell (grid: nearest grid_sample).",
         ),
     ] = "bilinear",
     normalize: Annotated[
-        str, typer.Option("--normalize", help="sum: raw weights; mean: every kept row sums to 1.")
+        str, typer.Option("--normalize", metavar="sum|mean", help="sum: raw weights; mean: every kept row sums to 1.")
     ] = "sum",
     tile_rows: Annotated[
         int | None,
@@ -49,7 +51,7 @@ def matrix(
     ] = None,
     quantize: Annotated[
         str | None,
-        typer.Option("--quantize", help="int8: also write symmetric per-row int8 ELL (and tiles) + row_scale.", show_default=False),
+        typer.Option("--quantize", metavar="int8|none", help="int8: also write symmetric per-row int8 ELL (and tiles) + row_scale.", show_default=False),
     ] = None,
     compact_rows: Annotated[
         bool, typer.Option("--compact-rows", help="Keep only rows with entries; write row_ids (row -> BEV cell).")
@@ -58,6 +60,7 @@ def matrix(
         str,
         typer.Option(
             "--rounding",
+            metavar="floor|trunc",
             help="frustum cell of a point: floor (the cell containing it) or trunc (BEVDet .long(), bit-exact bev_pool_v2).",
         ),
     ] = "floor",
