@@ -475,14 +475,21 @@ def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid", block: int 
         if padded > samples:
             samples = padded
             padding = f" (padded to {padded_ny} x {padded_nx} by --block {block})"
-    need = GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples
+    refuse_beyond_memory(
+        GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples,
+        f"{rig.source}: {what} of {rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
+        f"cells{padding} = {samples:,} samples",
+        "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else ""),
+    )
+
+
+def refuse_beyond_memory(need: int, what: str, remedy: str) -> None:
+    """:class:`UsageError` ``"<what> needs about <need>, more than this machine's <have>; <remedy>"``
+    when the estimated peak ``need`` (bytes) exceeds the physical memory (the kernel's OOM killer
+    would otherwise end the process without a message or cleanup)."""
     have = physical_memory_bytes()
     if have is not None and need > have:
-        raise UsageError(
-            f"{rig.source}: {what} of {rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
-            f"cells{padding} = {samples:,} samples needs about {_size(need)}, more than this machine's {_size(have)}; "
-            "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else "")
-        )
+        raise UsageError(f"{what} needs about {_size(need)}, more than this machine's {_size(have)}; {remedy}")
 
 
 def _size(nbytes: int) -> str:

@@ -476,6 +476,10 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             summary.arrays.append(
                 ArraySummary(key, info.shape, info.dtype, info.chunks, info.nbytes, reader.disk_bytes(key), info.nchunks)
             )
+            foreign = reader.foreign_entries(group, name, info.shape, info.chunks)
+            if foreign:
+                n_damaged += 1
+                report.add("node_metadata", key, False, f"file(s) that are no chunk of this array: {', '.join(foreign)}")
             try:
                 data = reader.read(group, name)
             except StoreError as exc:

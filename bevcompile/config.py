@@ -20,7 +20,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -266,27 +266,26 @@ def _scalar_problem(node: yaml.Node, exc: Exception) -> yaml.constructor.Constru
     return yaml.constructor.ConstructorError(None, None, lines[0] if lines else exc.__class__.__name__, node.start_mark)
 
 
-def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
-    _refuse_yaml11_number(loader, node, _YAML11_ONLY_INT, "integer")
+def _constructed(construct: Callable[[_StrictLoader, yaml.ScalarNode], Any], loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    """PyYAML's own scalar constructor, its ValueError/OverflowError made a positioned YAML error."""
     try:
-        return int(yaml.SafeLoader.construct_yaml_int(loader, node))
+        return construct(loader, node)
     except (ValueError, OverflowError) as exc:
         raise _scalar_problem(node, exc) from None
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    _refuse_yaml11_number(loader, node, _YAML11_ONLY_INT, "integer")
+    return int(_constructed(yaml.SafeLoader.construct_yaml_int, loader, node))
 
 
 def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
     _refuse_yaml11_number(loader, node, _YAML11_ONLY_FLOAT, "number")
-    try:
-        return float(yaml.SafeLoader.construct_yaml_float(loader, node))
-    except (ValueError, OverflowError) as exc:
-        raise _scalar_problem(node, exc) from None
+    return float(_constructed(yaml.SafeLoader.construct_yaml_float, loader, node))
 
 
 def _construct_timestamp(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
-    try:
-        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
-    except (ValueError, OverflowError) as exc:
-        raise _scalar_problem(node, exc) from None
+    return _constructed(yaml.SafeLoader.construct_yaml_timestamp, loader, node)
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .build import _size, check_grid_memory, physical_memory_bytes, root_attributes
+from .build import check_grid_memory, refuse_beyond_memory, root_attributes
 from .config import RigConfig, config_sha256
 from .errors import UsageError
 from .matrix_entries import CameraRays, Entries, _hist_bins, camera_rays, frustum_entries, grid_entries, select_topk
@@ -358,13 +358,11 @@ def check_frustum_memory(rig: RigConfig, options: MatrixOptions) -> None:
     n_pad = (ny + 3) * (nx + 3)
     bins = _hist_bins(ny * nx) if options.topk > 0 else 0
     per_cell = FRUSTUM_BYTES_PER_CELL_BIN * bins + FRUSTUM_BYTES_PER_CELL_CAMERA * rig.n_cam + FRUSTUM_BYTES_PER_CELL
-    need = FRUSTUM_BYTES_BASE + n_pad * per_cell
-    have = physical_memory_bytes()
-    if have is not None and need > have:
-        raise UsageError(
-            f"{rig.source}: bevcompile matrix --mode frustum of {ny} x {nx} = {ny * nx:,} BEV cells needs about "
-            f"{_size(need)} for its per-cell arrays, more than this machine's {_size(have)}; use coarser bev steps"
-        )
+    refuse_beyond_memory(
+        FRUSTUM_BYTES_BASE + n_pad * per_cell,
+        f"{rig.source}: bevcompile matrix --mode frustum of {ny} x {nx} = {ny * nx:,} BEV cells",
+        "use coarser bev steps (its per-cell arrays scale with the cells, also with --compact-rows)",
+    )
 
 
 def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None) -> MatrixProducts:

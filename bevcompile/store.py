@@ -598,6 +598,36 @@ class StoreReader:
         except OSError:
             return []  # child_dirs reports an unlistable folder
 
+    def foreign_entries(self, group: str, name: str, shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[str]:
+        """Entries of an array folder that no chunk of this array can be: anything but
+        ``zarr.json`` and ``c/`` beside them, and under ``c/`` any path that is not a chunk key
+        ``c/i/j/...`` inside the chunk grid (zarr v3 default encoding, ``/`` separator).
+        Hidden names are skipped; at most 10 are listed."""
+        base = self.path / group / name
+        grid = [-(-size // max(chunk, 1)) for size, chunk in zip(shape, chunks, strict=False)]
+        out: list[str] = []
+        try:
+            out.extend(p.name for p in sorted(base.iterdir()) if not p.name.startswith(".") and p.name not in ("zarr.json", "c"))
+            chunk_root = base / "c"
+            if len(grid) and chunk_root.is_dir():
+                for folder, dirs, files in os.walk(chunk_root):
+                    rel = Path(folder).relative_to(chunk_root).parts
+                    depth = len(rel)
+                    for entry in sorted(dirs) + sorted(files):
+                        if entry.startswith("."):
+                            continue
+                        key = (*rel, entry)
+                        is_dir = entry in dirs
+                        ok = entry.isdecimal() and int(entry) < grid[depth] and (depth < len(grid) - 1 if is_dir else depth == len(grid) - 1)
+                        if not ok:
+                            out.append("c/" + "/".join(key) + ("/" if is_dir else ""))
+                    dirs[:] = [d for d in dirs if d.isdecimal() and depth < len(grid) - 1 and int(d) < grid[depth]]
+                    if len(out) >= 10:
+                        break
+        except OSError:
+            return out  # unreadable folders are reported by the read itself
+        return out[:10]
+
     def _group(self, group: str) -> Any:
         try:
             node = self._root[group]

@@ -460,3 +460,20 @@ def test_group_folder_is_not_a_store_but_a_damaged_root_still_is(stores: dict[st
         (broken / "zarr.json").write_text(json.dumps(meta))
         assert resolve_store_paths([broken]) == [broken]
         assert not inspect_store(broken).passed
+
+
+def test_files_that_are_no_chunk_of_an_array_fail(small_copy: Path) -> None:
+    """A store is only what zarr wrote: a stray file in an array folder, an out-of-grid chunk
+    and junk among the chunks each fail node_metadata (they are invisible to zarr reads)."""
+    assert inspect_store(small_copy).passed
+    (small_copy / "grid" / "coords" / "README").write_text("notes")
+    out_of_grid = small_copy / "grid" / "valid" / "c" / "99" / "0" / "0" / "0"
+    out_of_grid.mkdir(parents=True)
+    (out_of_grid / "0").write_bytes(b"x")
+    (small_copy / "grid" / "norm" / "c" / "junk").write_bytes(b"x")
+    reasons = {c.array: c.reason for c in inspect_store(small_copy).failures if c.name == "node_metadata"}
+    assert reasons == {
+        "grid/coords": "file(s) that are no chunk of this array: README",
+        "grid/valid": "file(s) that are no chunk of this array: c/99/",
+        "grid/norm": "file(s) that are no chunk of this array: c/junk",
+    }

@@ -184,9 +184,9 @@ def test_out_that_is_a_store_is_refused(tmp_path: Path) -> None:
 def test_frustum_grid_too_big_for_this_machine_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--compact-rows does not shrink the per-cell arrays of a frustum build: a BEV grid this
     machine cannot hold is refused before any work, like `bevcompile grid` (exit 2, one line)."""
-    import bevcompile.matrix as matrix_mod
+    import bevcompile.build as build_mod
 
-    monkeypatch.setattr(matrix_mod, "physical_memory_bytes", lambda: 2**20)
+    monkeypatch.setattr(build_mod, "physical_memory_bytes", lambda: 2**20)
     config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
     result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "out"), "--topk", "4", "--compact-rows"])
     assert result.exit_code == 2
