@@ -764,8 +764,33 @@ def check_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
     _guard(checks, "contract", "delta/", contract)
     if "lut" not in state:
         return checks
+    _guard(checks, "decoder_attrs", "delta/", lambda: [_check_delta_decoder_attrs(ctx, attrs, state["lut"], state["bound"])])
     _guard(checks, "decode", "delta/", lambda: _check_delta_decode(ctx, attrs, state["lut"], state["bound"]))
     return checks
+
+
+def _check_delta_decoder_attrs(ctx: CheckContext, attrs: Mapping[str, Any], lut: DeltaLUT, bound: float) -> Check:
+    """The attributes a decoder written from ``decode`` reads (B, the block grid, F16, the
+    shapes), recomputed from build_options and the stored config: a hand edit fails here, not
+    only under ``--strict``."""
+    w_f, h_f = ctx.rig.feature_size
+    n_cam, n_h, ny, nx = _cells(ctx.rig)
+    want = {
+        "block": lut.block,
+        "block_grid": [-(-ny // lut.block), -(-nx // lut.block)],
+        "logical_shape": [n_cam, n_h, ny, nx],
+        "feature_size": [w_f, h_f],
+        "escape_frac_bits": escape_frac_bits((w_f, h_f)),
+        "max_error_bound_px": bound,
+        "invalid_in_band": True,
+    }
+    wrong = [f"{key} {attrs.get(key)!r} (recomputed {value!r})" for key, value in want.items() if not same_recorded(attrs.get(key), value)]
+    return Check(
+        "decoder_attrs",
+        "delta/",
+        not wrong,
+        "; ".join(wrong) if wrong else f"block {lut.block}, block_grid, logical_shape, feature_size, escape_frac_bits, max_error_bound_px as recomputed",
+    )
 
 
 def _check_delta_decode(ctx: CheckContext, attrs: Mapping[str, Any], lut: DeltaLUT, bound: float) -> list[Check]:

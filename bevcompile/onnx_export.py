@@ -299,7 +299,7 @@ def check_export_memory(store: LoadedStore, options: ExportOptions) -> MemoryEst
     if have is not None and estimate.total > have:
         raise UsageError(
             f"{store.path}: export-onnx --product {options.product} --channels {options.channels} --batch {options.batch} "
-            f"needs about {_gib(estimate.total)} ({estimate.gathered}, float32, twice, and the float64 reference), "
+            f"needs about {_gib(estimate.total)} (the tables and inputs, then the larger of {estimate.gathered} in float32, twice, and the float64 reference), "
             f"more than this machine's {_gib(have)}; reduce --channels or --batch"
         )
     return estimate

@@ -103,6 +103,7 @@ class RenderResult:
     height_label: str
     second_panel: str
     bev_to_display: npt.NDArray[np.float64]  # 3x3 affine
+    coverage_source: str = "grid/valid"  # or "stored config's projection, no grid/" (a matrix-only store)
 
     def pixel_of(self, x_m: float, y_m: float) -> tuple[int, int]:
         """``(column, row)`` of the PNG pixel showing ego point ``(x_m, y_m)`` (row 0 = top)."""
@@ -115,6 +116,7 @@ class RenderResult:
             "width_px": self.width_px,
             "height_px": self.height_px,
             "coverage_heights": self.height_label,
+            "coverage_source": self.coverage_source,
             "second_panel": self.second_panel,
             "coverage_fraction": [float(c.mean()) for c in self.coverage],
         }
@@ -222,7 +224,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     FigureCanvasAgg(fig)
     ax = fig.add_axes(COVERAGE_AXES_RECT)
     _draw_coverage(ax, rig, coverage, colours)
-    ax.set_title(f"camera coverage ({source} at {height_label})", fontsize=10)
+    ax.set_title(f"camera coverage at {height_label} ({source})", fontsize=10)
     handles = _legend_handles(rig, coverage, colours)
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.445, 0.92), fontsize=8, frameon=False, title="cameras", title_fontsize=9)
     inset = fig.add_axes(INSET_AXES_RECT)
@@ -265,7 +267,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     finally:
         if tmp.exists():
             tmp.unlink()
-    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display)
+    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source)
 
 
 def _draw_coverage(

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -388,7 +389,12 @@ def _os_reason(exc: OSError) -> str:
     ``shutil.copytree``), else its first line."""
     if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
         first = exc.args[0][0]
-        return str(first[-1]).splitlines()[0] if isinstance(first, tuple) and first else _one_line(exc)
+        if not (isinstance(first, tuple) and first):
+            return _one_line(exc)
+        why = str(first[-1]).splitlines()[0]
+        # copytree records str(OSError): "[Errno 28] No space left on device: 'src' -> 'dst'"
+        matched = re.match(r"\[Errno \d+\] ([^:]+)", why)
+        return matched.group(1) if matched else why
     if exc.strerror:
         return str(exc.strerror)
     return _one_line(exc)

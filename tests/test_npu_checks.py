@@ -183,6 +183,10 @@ def test_tampered_delta_invalid_cell_is_caught(built: dict[str, Any]) -> None:
         ("delta", lambda a: a.update(on_device_bytes_total=1), "on_device_size"),
         ("delta", lambda a: a["build_options"].update(block="ten"), "contract"),
         ("delta", lambda a: a.pop("build_options"), "contract"),
+        ("delta", lambda a: a.update(block=11), "decoder_attrs"),
+        ("delta", lambda a: a.update(block_grid=[1, 1]), "decoder_attrs"),
+        ("delta", lambda a: a.update(logical_shape=[1, 1, 1, 1]), "decoder_attrs"),
+        ("delta", lambda a: a.update(max_error_bound_px=1.0), "decoder_attrs"),
     ],
 )
 def test_tampered_attributes_fail_and_never_raise(built: dict[str, Any], group: str, edit: Callable[[dict[str, Any]], None], check: str) -> None:

@@ -194,8 +194,10 @@ def test_a_matrix_only_store_renders_the_projection_coverage(tmp_path: Path) -> 
     assert (tmp_path / "x.png").is_file()
     assert np.array_equal(result.coverage, compute_sampling_grid(rig).valid.any(axis=1))
     assert result.second_panel.startswith("matrix/camera_mass")
+    assert result.to_json()["coverage_source"] == "stored config's projection, no grid/"
     full = run_grid(rig, tmp_path / "g").store
-    assert np.array_equal(render_store(full, tmp_path / "y.png").coverage, result.coverage)
+    drawn = render_store(full, tmp_path / "y.png")
+    assert np.array_equal(drawn.coverage, result.coverage) and drawn.to_json()["coverage_source"] == "grid/valid"
 
 
 def test_non_finite_camera_mass_is_refused(tmp_path: Path) -> None:

@@ -457,3 +457,12 @@ def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, m
     result = runner.invoke(cli_app, ["verify", str(store), "--quiet"])
     assert result.exit_code in (1, 2) and "Traceback" not in result.output
     assert "Permission denied" in result.stderr
+
+
+def test_a_failed_copy_of_the_kept_groups_is_reported_by_its_strerror() -> None:
+    """copytree gathers str(OSError) per file: the message keeps the reason, not errno and paths."""
+    import shutil
+
+    error = shutil.Error([("a/c/0", "b/c/0", "[Errno 28] No space left on device: 'a/c/0' -> 'b/c/0'")])
+    assert store_module._os_reason(error) == "No space left on device"
+    assert store_module._os_reason(OSError(30, "Read-only file system")) == "Read-only file system"

@@ -144,6 +144,15 @@ def _out_of_memory(exc: BaseException, writes: str = "store", writes_before: int
     )
 
 
+def _silence_abandoned_io() -> None:
+    """An interrupt can leave zarr's event-loop tasks (chunk reads and writes) pending; asyncio
+    logs "Task was destroyed but it is pending!" for each when the interpreter exits. The
+    command already said what happened in one line: nothing more goes to stderr."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+
+
 def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
     ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
@@ -166,8 +175,10 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
             except KeyboardInterrupt as exc:
+                _silence_abandoned_io()
                 raise fail(f"interrupted; {_left_behind(exc, writes, writes_before)}", 130) from None
             except Terminated as exc:
+                _silence_abandoned_io()
                 raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes, writes_before)}", 143) from None
             except MemoryError as exc:
                 raise _out_of_memory(exc, writes, writes_before) from None

@@ -23,6 +23,6 @@ ForceOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (for scripts).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary table.")]
-FeatureSeedOption = Annotated[int, typer.Option("--seed", help="Seed of the random features (verify and diff draw the same ones).")]
-FeatureChannelsOption = Annotated[int, typer.Option("--channels", help="Feature channels C of the random features.")]
+FeatureSeedOption = Annotated[int, typer.Option("--seed", help="Seed (>= 0) of the random features (verify and diff draw the same ones).")]
+FeatureChannelsOption = Annotated[int, typer.Option("--channels", help="Feature channels C of the random features, 1 to 512.")]
 DEFAULT_OUT = Path("artifacts")

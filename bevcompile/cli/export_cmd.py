@@ -23,9 +23,9 @@ def export_onnx_command(
     product: Annotated[
         str, typer.Option("--product", metavar="gather|ell|tiles", help="gather (GridGather on gather/ or grid/), ell or tiles (MatrixLift on matrix/).")
     ] = "gather",
-    opset: Annotated[int, typer.Option("--opset", help="ONNX opset.")] = 17,
-    channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph).")] = 64,
-    batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph).")] = 1,
+    opset: Annotated[int, typer.Option("--opset", help="ONNX opset, 9 to 23 (dynamo: 17+; int8-qdq: 13+).")] = 17,
+    channels: Annotated[int, typer.Option("--channels", help="Feature channels C (static in the graph), 1 to 4096.")] = 64,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size N (static in the graph), 1 to 64.")] = 1,
     reduce: Annotated[
         str | None, typer.Option("--reduce", metavar="sum|mean", help="gather: sum or mean over the cameras that see a cell (default: sum).", show_default=False)
     ] = None,
@@ -168,7 +168,7 @@ def export_interop_command(
     ] = None,
     batch: Annotated[
         int | None,
-        typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks) (default: 1).", show_default=False),
+        typer.Option("--batch", help="bevpoolv2: batch size B the arrays are laid out for (BEVDet's batch-major ranks), 1 to 256 (default: 1).", show_default=False),
     ] = None,
     overlap: Annotated[
         str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)

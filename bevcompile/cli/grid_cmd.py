@@ -59,10 +59,10 @@ def grid(
             "feature: ascending feature address). Writes gather/perm.",
         ),
     ] = "row",
-    block: Annotated[int, typer.Option("--block", help="delta/ block size B (B x B BEV cells per block).")] = DEFAULT_BLOCK,
+    block: Annotated[int, typer.Option("--block", help="delta/ block size B (B x B BEV cells per block), 1 to 256.")] = DEFAULT_BLOCK,
     max_error_px: Annotated[
         float,
-        typer.Option("--max-error-px", help="delta/ max decode error over valid cells, in feature pixels."),
+        typer.Option("--max-error-px", help="delta/ max decode error over valid cells, in feature pixels, in (0, 1]."),
     ] = DEFAULT_MAX_ERROR_PX,
     force: ForceOption = False,
     quiet: QuietOption = False,
