@@ -15,6 +15,7 @@ Library entry points (numpy only; PyTorch/ONNX live in the optional ``bevcompile
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
@@ -77,6 +78,10 @@ _EXPORTS = {
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        # ``bevcompile.delta.decode_delta`` after a bare ``import bevcompile``: submodules load
+        # on first attribute access, as they would have after an eager import
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'bevcompile' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value

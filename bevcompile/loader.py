@@ -12,7 +12,9 @@ read it, re-parses the rig config it was built from and hands back a :class:`Loa
 Arrays are read on first access and cached; with ``verify=True`` (the default) each array's
 content is checked against the ``sha256`` recorded at write time, so a model never loads a
 silently corrupted table. :func:`load` also snapshots the store's identity (the root
-``zarr.json`` bytes, every group's ``zarr.json`` bytes and every array's recorded ``sha256``);
+attributes except the list of groups, every group's ``zarr.json`` bytes and every array's
+recorded ``sha256``), so adding a group (``bevcompile matrix`` or ``export-interop`` into the
+same store) leaves a loaded store readable;
 every later lazy read checks the store still matches it, so a store rebuilt while a
 ``LoadedStore`` is held is a :class:`~bevcompile.errors.StoreError` ("... was rewritten since
 it was loaded (reload it)"), never a mix of two builds. Every failure is a one-line
@@ -68,12 +70,13 @@ def _recorded_sha256(meta: bytes | None) -> str | None:
 class StoreIdentity:
     """What a store was when :func:`load` opened it (read straight from the ``zarr.json`` files).
 
-    Convention: ``root`` the root ``zarr.json`` bytes; ``groups`` group -> its ``zarr.json``
+    Convention: ``root`` the root attributes without ``groups`` (the list a command that adds a
+    group changes; None if unreadable); ``groups`` group -> its ``zarr.json``
     bytes (None if unreadable); ``arrays`` ``(group, array)`` -> recorded ``sha256`` (None if
     its metadata has none or is unreadable).
     """
 
-    root: bytes | None
+    root: Any
     groups: Mapping[str, bytes | None]
     arrays: Mapping[tuple[str, str], str | None]
 
@@ -85,13 +88,13 @@ class StoreIdentity:
             groups[group_dir.name] = _read_bytes(group_dir / "zarr.json")
             for array_dir in _child_dirs(group_dir):
                 arrays[(group_dir.name, array_dir.name)] = _recorded_sha256(_read_bytes(array_dir / "zarr.json"))
-        return cls(_read_bytes(path / "zarr.json"), MappingProxyType(groups), MappingProxyType(arrays))
+        return cls(_root_identity(_read_bytes(path / "zarr.json")), MappingProxyType(groups), MappingProxyType(arrays))
 
     def changed(self, path: Path, group: str, array: str | None = None) -> bool:
         """True if the root, ``group`` (or ``group/array``) on disk differ from this snapshot."""
-        if _read_bytes(path / "zarr.json") != self.root or _read_bytes(path / group / "zarr.json") != self.groups.get(
-            group
-        ):
+        if _root_identity(_read_bytes(path / "zarr.json")) != self.root:
+            return True
+        if _read_bytes(path / group / "zarr.json") != self.groups.get(group):
             return True
         if array is None:
             return False
@@ -282,6 +285,10 @@ class LoadedStore:
             hint = f"; run `{command}` to add it" if command else ""
             present = ", ".join(self._reader.groups()) or "none"
             raise StoreError(f"{self.path}: no group {name}/ in this store (groups: {present}){hint}")
+        if self._identity is not None and name not in self._identity.groups:
+            raise StoreError(
+                f"{self.path}: group {name}/ was added after this store was loaded; reload it to read {name}/"
+            )
         group = StoreGroup(self._reader, name, verify=self._verify, identity=self._identity)
         self._groups[name] = group
         return group
@@ -359,14 +366,22 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
             "the store was edited or is damaged"
         )
     identity = StoreIdentity.of(reader.path)
-    if _root_attrs_of(identity.root) != attrs:
+    if identity.root != _without_groups(attrs):
         raise _rewritten(reader.path)  # replaced between opening it and taking the snapshot
     return LoadedStore(reader, rig, verify=verify, identity=identity)
 
 
-def _root_attrs_of(meta: bytes | None) -> Any:
+def _without_groups(attrs: Any) -> Any:
+    if not isinstance(attrs, dict):
+        return None
+    return {key: value for key, value in attrs.items() if key != "groups"}
+
+
+def _root_identity(meta: bytes | None) -> Any:
+    """The root attributes minus ``groups`` (None if unreadable): what must not change
+    while a store is loaded. A command that adds a group changes only ``groups``."""
     try:
-        return json.loads(meta or b"").get("attributes")
+        return _without_groups(json.loads(meta or b"").get("attributes"))
     except (ValueError, AttributeError):
         return None
 

@@ -240,11 +240,11 @@ GROUPS_ATTR = "groups"
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
 STORE_WRITTEN_ATTR = "bevcompile_store_written"
+"""Set on an interrupt (KeyboardInterrupt, SIGTERM) that arrived after the new store was in
+place (while the old copy was being deleted): the CLI then says the store was written."""
 COMPLETED_WRITES: list[str] = []
 """Stores this process has put in place, in order: an interrupt after a write (while the
 command summarises, or writes its next store) is then reported as "already written"."""
-"""Set on an interrupt (KeyboardInterrupt, SIGTERM) that arrived after the new store was in
-place (while the old copy was being deleted): the CLI then says the store was written."""
 
 
 def _host_tag() -> str:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bevcompile import checks_api
+from bevcompile._version import __version__
 from bevcompile.build import root_attributes, run_grid
 from bevcompile.checks import InspectReport, StoreReport, inspect_paths, inspect_store, resolve_store_paths
 from bevcompile.config import RigConfig, config_sha256, parse_config
@@ -439,6 +440,23 @@ def test_strict_compares_group_attributes_key_by_key(npu_store: Path, tmp_path: 
     failed = [(c.array, c.name, c.reason) for c in strict.failures if c.name == "strict_attrs"]
     assert len(failed) == 1 and failed[0][:2] == (f"{node}/", "strict_attrs") and failed[0][2].startswith(line), failed
     assert f"{store}: {node}/: strict_attrs: {line}" in "\n".join(strict.failure_lines())
+
+
+def test_strict_on_a_store_of_another_version_names_both_versions(npu_store: Path, tmp_path: Path) -> None:
+    """--strict compares with what THIS version builds: a store written by another version gets a
+    note naming both (the likely reason for a strict failure); one from this version gets none."""
+    store = damage.copy_store(npu_store, tmp_path / "s.zarr")
+    assert not any("built by bevcompile" in n for n in inspect_store(store, strict=True).notes)
+    damage.edit_attr(store, "", ["tool_version"], "0.0.9")
+    damage.edit_attr(store, "grid", ["zz_added"], 1)
+    strict = inspect_store(store, strict=True)
+    assert not strict.passed
+    assert f"built by bevcompile 0.0.9, inspected with {__version__} (inspect --strict compares the bytes)" in strict.notes
+
+
+def test_package_version_matches_pyproject() -> None:
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'\nversion = "{__version__}"\n' in pyproject
 
 
 def test_group_folder_is_not_a_store_but_a_damaged_root_still_is(stores: dict[str, Path], tmp_path: Path) -> None:

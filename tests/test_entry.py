@@ -48,3 +48,17 @@ def test_import_bevcompile_is_light_and_names_resolve_lazily() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "module 'bevcompile' has no attribute 'nope'\n"
+
+
+def test_submodules_resolve_after_a_bare_import() -> None:
+    """``import bevcompile; bevcompile.delta.decode_delta`` (as the README writes it) works with
+    the lazy namespace: a submodule loads on first attribute access; private names do not."""
+    code = (
+        "import bevcompile; f = bevcompile.delta.decode_delta; "
+        "import bevcompile.delta as d; assert f is d.decode_delta; "
+        "assert bevcompile.store.STORE_FORMAT; "
+        "exec('try:\\n bevcompile._nope\\nexcept AttributeError as e:\\n print(e)')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "module 'bevcompile' has no attribute '_nope'\n"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from bevcompile._version import __version__
 from bevcompile.build import run_grid
 from bevcompile.cli import app
 
@@ -41,7 +42,7 @@ def test_inspect_fresh_store_exit_0_with_report(small_store: Path) -> None:
     result = runner.invoke(app, ["inspect", str(small_store)])
     assert result.exit_code == 0, result.output
     out = _flat(result.stdout)
-    assert "rig small" in out and "config_sha256" in out and "bevcompile 0.1.0" in out and "format bevcompile/1" in out
+    assert "rig small" in out and "config_sha256" in out and f"bevcompile {__version__}" in out and "format bevcompile/1" in out
     assert "grid/coords" in out and "4x1x24x24x2" in out and "float32" in out
     assert "align_corners" in out and "norm_int16.max_error_px" in out
     assert "norm_matches_coords" in out and "pass" in out

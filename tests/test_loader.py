@@ -138,6 +138,22 @@ def test_a_store_rebuilt_while_loaded_is_refused_not_mixed(tmp_path: Path, small
     assert fresh["matrix"]["ell_weight"].shape[1] == 4  # a reload reads the new build
 
 
+def test_adding_a_group_keeps_a_loaded_store_readable(tmp_path: Path, small: RigConfig) -> None:
+    """load(), read grid/, add matrix/ into the same store (root `groups` attribute changes): the
+    loaded grid/ and gather/ stay readable (they are byte-identical); the new group is not part of
+    the loaded snapshot (a clear error says to reload), and a reload reads it."""
+    path = run_grid(small, tmp_path).store
+    loaded = load(path)
+    coords = loaded["grid"]["coords"]
+    add_matrix_group(path, small, MatrixOptions(mode="grid", topk=6, align=4))
+    assert np.array_equal(loaded["grid"]["norm"], load(path)["grid"]["norm"])
+    assert loaded["gather"]["index"].shape[-1] == 4
+    assert loaded["grid"]["coords"] is coords
+    with pytest.raises(StoreError, match=r"small\.zarr: group matrix/ was added after this store was loaded; reload it"):
+        loaded["matrix"]
+    assert load(path)["matrix"]["ell_index"].shape[1] == 8  # k_pad = 6 padded to align 4
+
+
 def test_unreadable_group_and_array_are_not_reported_as_missing(store: Path, tmp_path: Path) -> None:
     bad_group = copy_store(store, tmp_path / "bad_group.zarr")
     corrupt_metadata(bad_group, "gather")
