@@ -45,9 +45,7 @@ def test_import_bevcompile_is_light_and_names_resolve_lazily() -> None:
         "import bevcompile as b; assert set(b.__all__) <= set(dir(b)); "
         "exec('try:\\n b.nope\\nexcept AttributeError as e:\\n print(e)')"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "module 'bevcompile' has no attribute 'nope'\n"
+    assert _python_stdout(code) == "module 'bevcompile' has no attribute 'nope'\n"
 
 
 def test_submodules_resolve_after_a_bare_import() -> None:
@@ -59,6 +57,11 @@ def test_submodules_resolve_after_a_bare_import() -> None:
         "assert bevcompile.store.STORE_FORMAT; "
         "exec('try:\\n bevcompile._nope\\nexcept AttributeError as e:\\n print(e)')"
     )
+    assert _python_stdout(code) == "module 'bevcompile' has no attribute '_nope'\n"
+
+
+def _python_stdout(code: str) -> str:
+    """stdout of ``python -c code`` in a fresh interpreter (asserting it exits 0)."""
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "module 'bevcompile' has no attribute '_nope'\n"
+    return result.stdout
