@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,20 @@ def test_export_onnx_json(store: Path, tmp_path: Path) -> None:
     assert data["output"] == [2, 2, 3, 40, 40]
     assert data["max_abs_vs_reference"] <= 1e-5
     assert data["graph"]["op_histogram"]["Gather"] == 1
+
+
+def test_export_onnx_option_values_in_any_case(store: Path, tmp_path: Path) -> None:
+    """`--product GATHER --weights LUT --exporter Legacy --reduce Mean` is the lower-case spelling; an
+    unknown value is quoted as typed."""
+    out = tmp_path / "g.onnx"
+    args = ["--product", "GATHER", "--weights", "LUT", "--exporter", "Legacy", "--reduce", "Mean", "--channels", "2", "--json"]
+    result = runner.invoke(app, ["export-onnx", str(store), "--out", str(out), *args])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["product"], data["weights"], data["exporter"], data["passed"]) == ("gather", "lut", "legacy", True)
+    unknown = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "m.onnx"), "--product", "Dense"])
+    assert unknown.exit_code == 2
+    assert "error: --product must be one of gather, ell, tiles, got 'Dense'" in unknown.stderr
 
 
 @pytest.mark.parametrize(
@@ -218,6 +233,22 @@ def test_export_interop_json(store: Path) -> None:
     assert data["build_options"]["bevpoolv2"] == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
     assert data["bevpoolv2"]["n_points"] == 4 * 8 * 8 * 12
     assert 0 < data["bevpoolv2"]["n_kept"] < data["bevpoolv2"]["n_points"]
+
+
+def test_export_interop_option_values_in_any_case(store: Path, tmp_path: Path) -> None:
+    """`--to BEVPoolV2 --frustum-mapping Rig --rounding FLOOR` records the lower-case names, as
+    the lower-case spelling does."""
+    store = Path(shutil.copytree(store, tmp_path / store.name))  # the module's store keeps its interop/ group
+    args = ["--to", "BEVPoolV2", "--frustum-mapping", "Rig", "--rounding", "FLOOR", "--to", "FastBEV-LUT", "--overlap", "Nearest-Centre", "--json"]
+    result = runner.invoke(app, ["export-interop", str(store), *args])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["targets"] == ["bevpoolv2", "fastbev-lut"]
+    assert data["build_options"]["bevpoolv2"] == {"frustum_mapping": "rig", "rounding": "floor", "z_bins": None, "batch": 1}
+    assert data["build_options"]["fastbev-lut"] == {"overlap": "nearest-centre"}
+    unknown = runner.invoke(app, ["export-interop", str(store), "--to", "LSS"])
+    assert unknown.exit_code == 2
+    assert "error: --to must be one of bevpoolv2, fastbev-lut, got 'LSS'" in unknown.stderr
 
 
 def test_export_interop_batch(store: Path, tmp_path: Path) -> None:

@@ -163,3 +163,24 @@ def test_help_lists_the_npu_options() -> None:
     assert result.exit_code == 0
     for option in ("--format", "--frac-bits", "--align", "--order", "--block", "--max-error-px"):
         assert option in result.stdout
+
+
+def test_convention_option_values_in_any_case_write_the_same_bytes(tmp_path: Path) -> None:
+    """`--format NORM_Q16 --order Cache` is `--format norm_q16 --order cache`: same store bytes,
+    lower-case names in build_options (as every command with enumerated values)."""
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    spellings = {
+        "lower": ["--format", "norm_q16", "--format", "pixel_q", "--order", "cache"],
+        "mixed": ["--format", "NORM_Q16", "--format", "Pixel_Q", "--order", "Cache"],
+    }
+    for sub, args in spellings.items():
+        result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path / sub), "-q", *args])
+        assert result.exit_code == 0, result.output
+    digest = tree_digest(tmp_path / "lower" / "small.zarr")
+    assert digest == tree_digest(tmp_path / "mixed" / "small.zarr") and len(digest) > 10
+    reader = open_store(tmp_path / "mixed" / "small.zarr")
+    assert reader.group_attrs("grid")["build_options"]["formats"] == ["pixel_q", "norm_q16"]
+    assert reader.group_attrs("gather")["build_options"]["order"] == "cache"
+    unknown = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path / "bad"), "--order", "ZigZag"])
+    assert unknown.exit_code == 2
+    assert "error: --order must be one of row, cache, feature, got 'ZigZag'" in unknown.stderr

@@ -84,7 +84,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
-        (["--quantize", "int4"], "error: --quantize must be int8, got 'int4'"),
+        (["--quantize", "int4"], "error: --quantize must be one of int8, none, got 'int4'"),
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
         (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
         (
@@ -194,3 +194,27 @@ def test_frustum_grid_too_big_for_this_machine_is_one_line_exit_2(tmp_path: Path
     assert len(lines) == 1 and lines[0].startswith(f"error: {config}: bevcompile matrix --mode frustum of "), lines
     assert "more than this machine's 1 MiB; use coarser bev steps" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_convention_option_values_in_any_case_write_the_same_bytes(tmp_path: Path) -> None:
+    """`--mode GRID --splat Nearest ...` builds what the lower-case spelling builds, byte for byte;
+    the store records the lower-case names."""
+    from .rigs import tree_digest
+
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    spellings = {
+        "lower": ["--mode", "frustum", "--splat", "nearest", "--normalize", "mean", "--rounding", "trunc", "--quantize", "int8"],
+        "mixed": ["--mode", "Frustum", "--splat", "NEAREST", "--normalize", "Mean", "--rounding", "TRUNC", "--quantize", "INT8"],
+    }
+    for sub, args in spellings.items():
+        result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / sub), "-q", *args])
+        assert result.exit_code == 0, result.output
+    digest = tree_digest(tmp_path / "lower" / "small.zarr")
+    assert digest == tree_digest(tmp_path / "mixed" / "small.zarr") and len(digest) > 10
+    attrs = open_store(tmp_path / "mixed" / "small.zarr").group_attrs("matrix")["build_options"]
+    assert (attrs["mode"], attrs["splat"], attrs["normalize"], attrs["rounding"], attrs["quantize"]) == ("frustum", "nearest", "mean", "trunc", "int8")
+    none = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "none"), "-q", "--quantize", "NONE"])
+    assert none.exit_code == 0, none.output
+    unknown = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "bad"), "--splat", "Cubic"])
+    assert unknown.exit_code == 2
+    assert "error: --splat must be one of nearest, bilinear, got 'Cubic'" in unknown.stderr

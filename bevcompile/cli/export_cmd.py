@@ -10,7 +10,7 @@ import typer
 
 from ..errors import CheckFailed, UsageError
 from ._app import cli_command
-from ._options import JsonOption, QuietOption
+from ._options import JsonOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False, metavar="STORE")]
@@ -51,11 +51,13 @@ def export_onnx_command(
     OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
     (with --weights lut/int8/int8-qdq: the reference with the same dequantised weights; the distance to the
     float reference and the size against the float32 export are reported)."""
-    from ..onnx_export import ExportOptions, ExportResult, export_onnx, export_stages
+    from ..onnx_export import EXPORTERS, PRODUCTS, WEIGHTS, ExportOptions, ExportResult, export_onnx, export_stages
+    from ..torch import REDUCTIONS
 
     options = ExportOptions(
-        product=product.lower(), opset=opset, channels=channels, batch=batch, reduce=(reduce or "sum").lower(),
-        seed=seed, exporter=exporter.lower(), weights=weights.lower(),
+        product=canonical_choice(product, PRODUCTS), opset=opset, channels=channels, batch=batch,
+        reduce=canonical_choice(reduce or "sum", REDUCTIONS), seed=seed, exporter=canonical_choice(exporter, EXPORTERS),
+        weights=canonical_choice(weights, WEIGHTS),
     )
     options.validate()
     if reduce is not None and options.product != "gather":
@@ -178,7 +180,10 @@ def export_interop_command(
 ) -> None:
     """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
     from ..interop import (
+        FRUSTUM_MAPPINGS,
         INTEROP_TARGETS,
+        OVERLAP_POLICIES,
+        ROUNDINGS,
         BevPoolOptions,
         FastBevOptions,
         frustum_shape,
@@ -186,26 +191,27 @@ def export_interop_command(
     )
     from ..loader import load
 
-    names = {target.lower() for target in to}
-    for name in sorted(names):
+    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
+    for name in requested:
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
+    names = set(requested)
     given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
     for flag, value in given.items():
         applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
         if value is not None and applies not in names:
             raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
     targets: dict[str, dict[str, object]] = {}
-    for target in to:
-        name = target.lower()
-        if name not in INTEROP_TARGETS:
-            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+    for name in requested:
         if name == "bevpoolv2":
-            bev_options = BevPoolOptions((frustum_mapping or "linspace").lower(), (rounding or "trunc").lower(), z_bins, 1 if batch is None else batch)
+            bev_options = BevPoolOptions(
+                canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
+                z_bins, 1 if batch is None else batch,
+            )
             bev_options.validate()
             targets[name] = bev_options.to_dict()
         else:
-            lut_options = FastBevOptions((overlap or "first").lower())
+            lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
             lut_options.validate()
             targets[name] = lut_options.to_dict()
     loaded = load(store, verify=False)

@@ -13,7 +13,7 @@ from ..delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..formats import FORMATS
 from ..gather import ORDERS
 from ._app import cli_command
-from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
 
 
@@ -79,10 +79,10 @@ def grid(
             force=force,
             progress=advance,
             npu=True,
-            formats=tuple(formats or ()),
+            formats=tuple(canonical_choice(name, FORMATS) for name in formats or ()),
             frac_bits=frac_bits,
             align=align,
-            order=order,
+            order=canonical_choice(order, ORDERS),
             block=block,
             max_error_px=max_error_px,
         )

@@ -8,9 +8,19 @@ import typer
 
 from ..config import load_config
 from ..errors import UsageError
-from ..matrix import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
+from ..matrix import (
+    MODES,
+    NORMALIZES,
+    QUANTIZE,
+    ROUNDINGS,
+    SPLATS,
+    MatrixOptions,
+    MatrixRunResult,
+    matrix_work_units,
+    run_matrix,
+)
 from ._app import cli_command
-from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
 
 
@@ -70,19 +80,20 @@ def matrix(
 ) -> None:
     """Build the sparse camera-to-BEV matrix (COO, ELL, optional tiles / int8 / compact rows) and
     write the matrix/ group of <out>/<name>.zarr."""
-    quantize_value = None if quantize in (None, "none") else quantize
-    if quantize_value not in (None, "int8"):
-        raise UsageError(f"--quantize must be int8, got {quantize!r}")
+    quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))
+    quantize_value = None if quantize_value == "none" else quantize_value
+    if quantize_value not in QUANTIZE:
+        raise UsageError(f"--quantize must be one of int8, none, got {quantize!r}")
     options = MatrixOptions(
-        mode=mode,
+        mode=canonical_choice(mode, MODES),
         topk=topk,
         align=align,
-        splat=splat,
-        normalize=normalize,
+        splat=canonical_choice(splat, SPLATS),
+        normalize=canonical_choice(normalize, NORMALIZES),
         tile_rows=tile_rows,
         quantize=quantize_value,
         compact_rows=compact_rows,
-        rounding=rounding,
+        rounding=canonical_choice(rounding, ROUNDINGS),
     ).validate()
     rig = load_config(config)
     label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
