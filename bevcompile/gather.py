@@ -55,6 +55,9 @@ CACHE_ROW_GROUP = 8
 ORDERS = ("row", "cache", "feature")
 """Gather row orders: ``row`` (BEV row-major), ``cache`` (8-row feature bands swept column by
 column), ``feature`` (ascending first-corner feature address: monotone reads)."""
+REDUCTIONS = ("sum", "mean")
+"""How ``GridGather`` / ``export-onnx --product gather --reduce`` combine the cameras that see a cell
+(here, free of torch, so the CLI can check ``--reduce`` without importing it)."""
 ORDER_KEYS = {
     "cache": "valid cells first, then cam, v0 // 8, u0, v0 (ascending in even u0 columns, descending "
     "in odd ones), flat cell (stable), with (u0, v0) = the first corner (clip(floor(u), 0, W_f - 1), "

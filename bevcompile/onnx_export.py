@@ -60,6 +60,7 @@ import numpy as np
 
 from ._version import __version__
 from .errors import CheckFailed, DependencyError, StoreError, UsageError
+from .gather import REDUCTIONS
 from .loader import LoadedStore, MatrixLayout, load, matrix_layout
 from .onnx_graph import (
     EXTRA_HINT,
@@ -187,7 +188,7 @@ class ExportOptions:
             raise UsageError(f"--channels must be in [1, 4096], got {self.channels}")
         if not 1 <= self.batch <= 64:
             raise UsageError(f"--batch must be in [1, 64], got {self.batch}")
-        if self.reduce not in ("sum", "mean"):
+        if self.reduce not in REDUCTIONS:
             raise UsageError(f"--reduce must be sum or mean, got {self.reduce!r}")
         if self.exporter not in EXPORTERS:
             raise UsageError(f"--exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")

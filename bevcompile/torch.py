@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DependencyError, StoreError, UsageError
-from .gather import CORNER_ORDER, LUT_CODE_ORDER, bilinear_corners
+from .gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS, bilinear_corners
 from .grid import norm_to_feature_px
 from .loader import LoadedStore, load
 
@@ -48,7 +48,6 @@ except ImportError:  # pragma: no cover - exercised by a subprocess test without
     ) from None
 
 StoreLike = str | Path | LoadedStore
-REDUCTIONS = ("sum", "mean")
 GRID_SOURCES = ("auto", "gather", "grid")
 MATRIX_FORMS = ("ell", "tiles")
 GRID_WEIGHTS = ("float32", "lut")

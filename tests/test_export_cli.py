@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +235,18 @@ def test_export_interop_json(store: Path) -> None:
     assert data["build_options"]["bevpoolv2"] == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
     assert data["bevpoolv2"]["n_points"] == 4 * 8 * 8 * 12
     assert 0 < data["bevpoolv2"]["n_kept"] < data["bevpoolv2"]["n_points"]
+
+
+def test_export_onnx_checks_its_options_before_importing_torch() -> None:
+    """A bad option is the usage error even where PyTorch is missing (and costs no torch import):
+    the option names the CLI canonicalises come from torch-free modules."""
+    code = (
+        "import sys; sys.modules['torch'] = None; from bevcompile._entry import main; "
+        "main(['export-onnx', 'x.zarr', '--product', 'Dense', '--reduce', 'Mean'])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: --product must be one of gather, ell, tiles, got 'Dense'\n"
 
 
 def test_export_interop_option_values_in_any_case(store: Path, tmp_path: Path) -> None:

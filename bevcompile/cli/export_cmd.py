@@ -51,8 +51,16 @@ def export_onnx_command(
     OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
     (with --weights lut/int8/int8-qdq: the reference with the same dequantised weights; the distance to the
     float reference and the size against the float32 export are reported)."""
-    from ..onnx_export import EXPORTERS, PRODUCTS, WEIGHTS, ExportOptions, ExportResult, export_onnx, export_stages
-    from ..torch import REDUCTIONS
+    from ..onnx_export import (
+        EXPORTERS,
+        PRODUCTS,
+        REDUCTIONS,
+        WEIGHTS,
+        ExportOptions,
+        ExportResult,
+        export_onnx,
+        export_stages,
+    )
 
     options = ExportOptions(
         product=canonical_choice(product, PRODUCTS), opset=opset, channels=channels, batch=batch,
