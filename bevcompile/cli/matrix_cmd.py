@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 
 from ..config import load_config
-from ..errors import UsageError
 from ..matrix import (
     MODES,
     NORMALIZES,
@@ -80,10 +79,7 @@ def matrix(
 ) -> None:
     """Build the sparse camera-to-BEV matrix (COO, ELL, optional tiles / int8 / compact rows) and
     write the matrix/ group of <out>/<name>.zarr."""
-    quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))
-    quantize_value = None if quantize_value == "none" else quantize_value
-    if quantize_value not in QUANTIZE:
-        raise UsageError(f"--quantize must be one of int8, none, got {quantize!r}")
+    quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))  # MatrixOptions.validate refuses the rest
     options = MatrixOptions(
         mode=canonical_choice(mode, MODES),
         topk=topk,
@@ -91,7 +87,7 @@ def matrix(
         splat=canonical_choice(splat, SPLATS),
         normalize=canonical_choice(normalize, NORMALIZES),
         tile_rows=tile_rows,
-        quantize=quantize_value,
+        quantize=None if quantize_value == "none" else quantize_value,
         compact_rows=compact_rows,
         rounding=canonical_choice(rounding, ROUNDINGS),
     ).validate()
