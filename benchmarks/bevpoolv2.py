@@ -42,7 +42,7 @@ def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
     one argsort (stable here, so the result is comparable), intervals from the sorted ranks."""
     import numpy as np
 
-    from bevcompile.interop import (
+    from bevcompile.interop.bevpoolv2 import (
         BevPoolOptions,
         frustum_points_ego,
         frustum_rig,
@@ -82,8 +82,8 @@ def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
 
 
 def child(kind: str, config: str, result_file: str) -> None:
-    from bevcompile.config import load_config
-    from bevcompile.interop import build_bevpoolv2
+    from bevcompile.interop.bevpoolv2 import build_bevpoolv2
+    from bevcompile.rig.config import load_config
 
     rig = load_config(config)
     t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speed-up {summary['speedup']:.2f}x, memory {summary['memory_ratio']:.1f}x less, arrays equal: {equal}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from bevcompile.config import load_config
+    from bevcompile.rig.config import load_config
 
     path = out / f"bevpoolv2-{load_config(args.config).name}.json"
     path.write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,7 +1,7 @@
 """Benchmark of the sparse aggregation matrix build (``make bench``).
 
-Compares the streamed build (:func:`bevcompile.matrix.build_matrix`) with the straightforward
-baseline (:func:`bevcompile.reference_pool.reference_matrix`: every point at once, every entry
+Compares the streamed build (:func:`bevcompile.matrix.build.build_matrix`) with the straightforward
+baseline (:func:`bevcompile.matrix.reference.reference_matrix`: every point at once, every entry
 at once, one full lexsort) on ``configs/dense-6cam.yaml`` (88.5 M frustum points) with
 ``--topk 24 --align 16``. Each build runs in its own fresh process (so ``ru_maxrss`` is that
 build's peak resident memory) with one BLAS thread; both results are hashed and must be equal.
@@ -40,7 +40,7 @@ SMALL_STRIDE = 8
 
 
 def _load_rig(config: str, small: bool) -> Any:
-    from bevcompile.config import config_to_dict, load_config, parse_config
+    from bevcompile.rig.config import config_to_dict, load_config, parse_config
 
     rig = load_config(config)
     if small:
@@ -67,8 +67,8 @@ def child(args: argparse.Namespace) -> None:
     """Run one build in this (fresh) process and write its figures to ``args.result_file``."""
     import numpy as np
 
-    from bevcompile.matrix import MatrixOptions, build_matrix
-    from bevcompile.reference_pool import reference_matrix
+    from bevcompile.matrix.build import MatrixOptions, build_matrix
+    from bevcompile.matrix.reference import reference_matrix
 
     rig = _load_rig(args.config, args.small)
     options = MatrixOptions(topk=args.topk, align=args.align, splat=args.splat, rounding=args.rounding)

@@ -1,7 +1,18 @@
 """bevcompile: compile camera-to-BEV view transforms into static NPU tables.
 
-Library entry points (numpy only; PyTorch/ONNX live in the optional ``bevcompile.torch`` and
-``bevcompile.onnx_export`` modules):
+The package, by product (each subpackage's ``__init__`` says what lives there and what it may import)::
+
+    rig/      the calibrated rig: config (the only YAML reader) and camera geometry
+    grid/     IPM sampling grids, gather tables, fixed-point formats, delta-LUT  (bevcompile grid)
+    matrix/   the sparse aggregation matrix: streamed Top-K build, ELL/tiles/int8  (bevcompile matrix)
+    interop/  BEVDet BEVPoolv2 arrays, Fast-BEV LUT                              (bevcompile export-interop)
+    store/    the zarr v3 store: atomic writes, the loader, inspect/verify runners, plug-in contract
+    report/   diff of two calibrations, the coverage picture                    (bevcompile diff / render)
+    deploy/   PyTorch modules and ONNX export                                   (bevcompile export-onnx)
+    cli/      the command line, one module per command
+    errors.py the typed error tree; conventions.py the conventions, stated once; memory.py the memory guard
+
+Library entry points, importable from here (numpy only; imported on first use):
 
 * :func:`load_config` / :func:`parse_config` — validated rig config.
 * :func:`compute_sampling_grid` — float64 IPM grid of every BEV cell in every camera.
@@ -10,6 +21,9 @@ Library entry points (numpy only; PyTorch/ONNX live in the optional ``bevcompile
 * :func:`build_matrix` / :func:`run_matrix` — the sparse aggregation matrix (``bevcompile matrix``).
 * :func:`load` — a typed, read-only view of a store for model code.
 * :func:`inspect_store` / :func:`verify_store` — integrity checks and equivalence reports.
+
+PyTorch modules: :mod:`bevcompile.torch` (extra ``[torch]``). The flat module names of 0.2
+(``bevcompile.config``, ``bevcompile.checks_api``, ...) still import (:mod:`bevcompile._legacy`).
 """
 
 from __future__ import annotations
@@ -18,13 +32,12 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from . import _legacy
 from ._version import __version__
 
+_legacy.install()
+
 if TYPE_CHECKING:
-    from .build import run_grid
-    from .checks import inspect_store
-    from .config import RigConfig, config_sha256, config_to_dict, load_config, parse_config
-    from .delta import decode_delta, encode_delta
     from .errors import (
         BevcompileError,
         CheckFailed,
@@ -34,25 +47,29 @@ if TYPE_CHECKING:
         StoreError,
         UsageError,
     )
-    from .gather import build_gather_tables, gather_sample
-    from .grid import compute_sampling_grid, feature_px_to_norm, norm_to_feature_px
-    from .loader import LoadedStore, load
-    from .matrix import MatrixOptions, build_matrix, run_matrix
-    from .reference import grid_sample
-    from .verify import verify_store
+    from .grid.build import run_grid
+    from .grid.delta import decode_delta, encode_delta
+    from .grid.gather import build_gather_tables, gather_sample
+    from .grid.ipm import compute_sampling_grid, feature_px_to_norm, norm_to_feature_px
+    from .grid.reference import grid_sample
+    from .matrix.build import MatrixOptions, build_matrix, run_matrix
+    from .rig.config import RigConfig, config_sha256, config_to_dict, load_config, parse_config
+    from .store.inspection import inspect_store
+    from .store.loader import LoadedStore, load
+    from .store.verify import verify_store
 
 # Imported on first use (PEP 562), so that ``import bevcompile`` (and the console entry point,
 # which must be able to catch a Ctrl-C while numpy and zarr load) costs nothing up front.
 _EXPORTS = {
-    "run_grid": "build",
-    "inspect_store": "checks",
-    "RigConfig": "config",
-    "config_sha256": "config",
-    "config_to_dict": "config",
-    "load_config": "config",
-    "parse_config": "config",
-    "decode_delta": "delta",
-    "encode_delta": "delta",
+    "run_grid": "grid.build",
+    "inspect_store": "store.inspection",
+    "RigConfig": "rig.config",
+    "config_sha256": "rig.config",
+    "config_to_dict": "rig.config",
+    "load_config": "rig.config",
+    "parse_config": "rig.config",
+    "decode_delta": "grid.delta",
+    "encode_delta": "grid.delta",
     "BevcompileError": "errors",
     "CheckFailed": "errors",
     "ConfigError": "errors",
@@ -60,25 +77,25 @@ _EXPORTS = {
     "StoreConflictError": "errors",
     "StoreError": "errors",
     "UsageError": "errors",
-    "build_gather_tables": "gather",
-    "gather_sample": "gather",
-    "compute_sampling_grid": "grid",
-    "feature_px_to_norm": "grid",
-    "norm_to_feature_px": "grid",
-    "LoadedStore": "loader",
-    "load": "loader",
-    "MatrixOptions": "matrix",
-    "build_matrix": "matrix",
-    "run_matrix": "matrix",
-    "grid_sample": "reference",
-    "verify_store": "verify",
+    "build_gather_tables": "grid.gather",
+    "gather_sample": "grid.gather",
+    "compute_sampling_grid": "grid.ipm",
+    "feature_px_to_norm": "grid.ipm",
+    "norm_to_feature_px": "grid.ipm",
+    "LoadedStore": "store.loader",
+    "load": "store.loader",
+    "MatrixOptions": "matrix.build",
+    "build_matrix": "matrix.build",
+    "run_matrix": "matrix.build",
+    "grid_sample": "grid.reference",
+    "verify_store": "store.verify",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        # ``bevcompile.delta.decode_delta`` after a bare ``import bevcompile``: submodules load
+        # ``bevcompile.grid.delta.decode_delta`` after a bare ``import bevcompile``: submodules load
         # on first attribute access, as they would have after an eager import
         if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f".{name}", __name__)

@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bevcompile.config import RigConfig
+from bevcompile.rig.config import RigConfig
 
 from . import rigs
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from bevcompile.store import array_sha256
+from bevcompile.store.zarr_io import array_sha256
 
 
 def chunk_files(store: Path, array: str) -> list[Path]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from bevcompile.checks_api import Check, CheckContext, VerifyRow
-from bevcompile.config import RigConfig
+from bevcompile.rig.config import RigConfig
+from bevcompile.store.plugins import Check, CheckContext, VerifyRow
 
 FAKE_ARRAY = np.arange(4, dtype=np.int32)
 

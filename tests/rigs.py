@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from bevcompile.config import RigConfig, load_config, parse_config
+from bevcompile.rig.config import RigConfig, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 NUSCENES_YAML = ROOT / "configs" / "nuscenes.yaml"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bevcompile.build import run_grid
 from bevcompile.conventions import CONVENTIONS
-from bevcompile.store import open_store
+from bevcompile.grid.build import run_grid
+from bevcompile.store.zarr_io import open_store
 
 from .rigs import ROOT, small_rig
 

@@ -110,7 +110,7 @@ def _left_behind(exc: BaseException, writes: str, writes_before: int = 0) -> str
         return "nothing was written"
     if writes == "file":
         return "no file was left half-written (writes are atomic)"
-    from ..store import COMPLETED_WRITES, STORE_WRITTEN_ATTR
+    from ..store.zarr_io import COMPLETED_WRITES, STORE_WRITTEN_ATTR
 
     written = getattr(exc, STORE_WRITTEN_ATTR, None) or ", ".join(COMPLETED_WRITES[writes_before:])
     if written:
@@ -166,7 +166,7 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            from ..store import COMPLETED_WRITES
+            from ..store.zarr_io import COMPLETED_WRITES
 
             writes_before = len(COMPLETED_WRITES)
             try:

@@ -10,9 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..diff import SHIFT_PERCENTILE, CameraDiff, ShiftStats, StoreDiff, diff_stores
 from ..errors import CheckFailed
-from ..verify import DEFAULT_CHANNELS, format_psnr
+from ..report.diff import SHIFT_PERCENTILE, CameraDiff, ShiftStats, StoreDiff, diff_stores
+from ..store.verify import DEFAULT_CHANNELS, format_psnr
 from ._app import cli_command
 from ._options import FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
 from ._output import compact_json, new_table, print_json, print_table, progress_bar, stderr_lines, stdout_console

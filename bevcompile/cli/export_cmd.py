@@ -51,7 +51,7 @@ def export_onnx_command(
     OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
     (with --weights lut/int8/int8-qdq: the reference with the same dequantised weights; the distance to the
     float reference and the size against the float32 export are reported)."""
-    from ..onnx_export import (
+    from ..deploy.onnx_export import (
         EXPORTERS,
         PRODUCTS,
         REDUCTIONS,
@@ -90,8 +90,8 @@ def export_onnx_command(
 
 
 def _print_export(result: object) -> None:
-    from ..onnx_export import ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY, ExportResult
-    from ..onnx_graph import FORBIDDEN_OPS
+    from ..deploy.onnx_export import ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY, ExportResult
+    from ..deploy.onnx_graph import FORBIDDEN_OPS
 
     assert isinstance(result, ExportResult)
     scan = result.scan
@@ -187,17 +187,10 @@ def export_interop_command(
     json_output: JsonOption = False,
 ) -> None:
     """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
-    from ..interop import (
-        FRUSTUM_MAPPINGS,
-        INTEROP_TARGETS,
-        OVERLAP_POLICIES,
-        ROUNDINGS,
-        BevPoolOptions,
-        FastBevOptions,
-        frustum_shape,
-        run_export_interop,
-    )
-    from ..loader import load
+    from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, ROUNDINGS, BevPoolOptions, frustum_shape
+    from ..interop.export import INTEROP_TARGETS, run_export_interop
+    from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
+    from ..store.loader import load
 
     requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
     for name in requested:

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..build import run_grid, total_grid_cells
-from ..config import load_config
-from ..delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
-from ..formats import FORMATS
-from ..gather import ORDERS
+from ..grid.build import run_grid, total_grid_cells
+from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
+from ..grid.formats import FORMATS
+from ..grid.gather import ORDERS
+from ..rig.config import load_config
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..checks import InspectReport, StoreReport, count_arrays, inspect_store, resolve_store_paths
 from ..errors import CheckFailed
-from ..verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
+from ..store.inspection import InspectReport, StoreReport, count_arrays, inspect_store, resolve_store_paths
+from ..store.verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
 from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
 from ._output import (
@@ -215,7 +215,7 @@ def render(
     quiet: QuietOption = False,
 ) -> None:
     """Draw camera coverage on the BEV plane (x forward up) and the matrix's per-cell weight."""
-    from ..render import render_store
+    from ..report.render import render_store
 
     result = render_store(store, out, height=height)
     if json_output:

@@ -6,8 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..config import load_config
-from ..matrix import (
+from ..matrix.build import (
     MODES,
     NORMALIZES,
     QUANTIZE,
@@ -18,6 +17,7 @@ from ..matrix import (
     matrix_work_units,
     run_matrix,
 )
+from ..rig.config import load_config
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console

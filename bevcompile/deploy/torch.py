@@ -1,0 +1,585 @@
+"""PyTorch modules that run a store's tables (the ``[torch]`` extra).
+
+Both modules register the store's arrays as ``persistent=True`` buffers (so they travel in
+``state_dict`` and become initializers of an exported ONNX graph) and compute with Gather
+(``index_select``), Mul, ReduceSum, MatMul and static-shape Reshape/Transpose only: no
+GridSample, ScatterND/ScatterElements, OneHot, NonZero, Loop or If, and no data-dependent
+shape. Shapes are fixed by the store; only the batch ``N`` and channels ``C`` come from the
+input.
+
+Both take a ``weights=`` choice: the float32 tables (default), or the store's quantised
+constants kept small in the module and in an exported graph and dequantised in the graph
+(``GridGather(weights="lut")``: ``gather/weight_u8`` uint8 codes + ``gather/lut``;
+``MatrixLift(weights="int8")``: the ``matrix --quantize int8`` values + per-row float32 scales).
+
+* :class:`GridGather` — ``(N, n_cam, C, H_f, W_f)`` camera features -> ``(N, C, n_heights, ny, nx)``
+  BEV features, equal to ``grid_sample(bilinear, zeros, align_corners)`` on ``grid/norm``
+  per camera, summed (``reduce="sum"``) or averaged (``reduce="mean"``) over the cameras that
+  see the cell; cells no camera sees are 0.
+* :class:`MatrixLift` — ``(N, n_cam, C, H_f, W_f)`` features (and, in frustum mode,
+  ``(N, n_cam, D, H_f, W_f)`` depth probabilities) -> ``(N, C, ny, nx)`` = ``W @ (depth x feat)``
+  with the ``matrix/`` group's ELL or tile form.
+
+Quantised weights keep the graph static and within the same op set (they add Cast, and
+Gather/Mul): the uint8 LUT codes are Cast to int32 because ONNX Gather takes int32/int64
+indices; int8 matrix values are Cast to float32 (exact, ``|q| <= 127``).
+
+Importing this module without PyTorch raises :class:`~bevcompile.errors.DependencyError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DependencyError, StoreError, UsageError
+from ..grid.gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS, bilinear_corners
+from ..grid.ipm import norm_to_feature_px
+from ..store.loader import LoadedStore, load
+
+try:
+    import torch
+    from torch import nn
+except ImportError:  # pragma: no cover - exercised by a subprocess test without torch
+    raise DependencyError(
+        "bevcompile.torch needs PyTorch: pip install 'bevcompile[torch]' (torch==2.13.0)"
+    ) from None
+
+StoreLike = str | Path | LoadedStore
+GRID_SOURCES = ("auto", "gather", "grid")
+MATRIX_FORMS = ("ell", "tiles")
+GRID_WEIGHTS = ("float32", "lut")
+"""``GridGather(weights=...)``: the float32 ``gather/weight`` or the ``gather/weight_u8`` + ``gather/lut`` codes."""
+MATRIX_WEIGHTS = ("float32", "int8")
+"""``MatrixLift(weights=...)``: the float32 ELL/tile weights or the ``--quantize int8`` values + row scales."""
+LUT_CORNER_U_CODE = tuple(LUT_CODE_ORDER.index(corner[2:]) for corner in CORNER_ORDER)
+"""Column of ``weight_u8`` holding the u-side code of each corner in :data:`CORNER_ORDER`: ``(0, 1, 0, 1)``."""
+LUT_CORNER_V_CODE = tuple(LUT_CODE_ORDER.index(corner[:2]) for corner in CORNER_ORDER)
+"""Column of ``weight_u8`` holding the v-side code of each corner: ``(2, 2, 3, 3)``."""
+
+
+def _feature_shape(features: torch.Tensor, n_cam: int, feature_size: tuple[int, int]) -> tuple[int, int, int, int, int]:
+    """``(N, n_cam, C, H_f, W_f)`` of ``features``; a :class:`UsageError` naming the expected
+    shape when it is not a 5-D tensor that fits the store."""
+    w_f, h_f = feature_size
+    shape = tuple(features.shape)
+    if len(shape) != 5 or (shape[1], shape[3], shape[4]) != (n_cam, h_f, w_f):
+        raise UsageError(f"features {shape} do not fit the store: expected (N, {n_cam}, C, {h_f}, {w_f})")
+    n, cams, c, h, w = shape
+    return n, cams, c, h, w
+
+
+def _buffer(array: np.ndarray, dtype: Any = None) -> torch.Tensor:
+    """A torch tensor that owns a writable copy of ``array`` (store arrays are read-only)."""
+    return torch.from_numpy(np.array(array, dtype=dtype, copy=True, order="C"))
+
+
+# --------------------------------------------------------------------------------------
+# gather tables
+# --------------------------------------------------------------------------------------
+
+
+def bilinear_tables_from_norm(
+    norm: np.ndarray, feature_size: tuple[int, int], align_corners: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bilinear gather tables from a ``grid_sample`` grid (used when a store has no ``gather/``).
+
+    Convention:
+        norm: ``(n_cam, n_heights, ny, nx, 2)`` normalised ``(x, y)`` per camera.
+        returns ``index`` int32 and ``weight`` float32 ``(n_cam, n_heights, ny, nx, 4)``: corners
+        ``(v0,u0) (v0,u1) (v1,u0) (v1,u1)`` as flat indices ``cam*H_f*W_f + v*W_f + u`` into the
+        camera-stacked features; corners outside the map have weight 0 and an in-range index
+        (the clamped pixel), exactly as ``grid_sample(padding_mode="zeros")`` reads 0 there.
+    """
+    w_f, h_f = feature_size
+    uv_feature_px = norm_to_feature_px(np.asarray(norm, dtype=np.float64), feature_size, align_corners)
+    # every cell is sampled as grid_sample would: invalid cells sit off the map, so all corners weigh 0
+    pixel_index, weight, _frac, _inside = bilinear_corners(
+        uv_feature_px, np.ones(uv_feature_px.shape[:-1], dtype=bool), feature_size
+    )
+    n_cam = norm.shape[0]
+    cam_base = (np.arange(n_cam, dtype=np.int64) * (h_f * w_f)).reshape((n_cam,) + (1,) * (norm.ndim - 1))
+    return (cam_base + pixel_index).astype(np.int32), weight.astype(np.float32)
+
+
+def _lut_tables(store: LoadedStore, table_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``(weight_u8, lut)`` of ``gather/``, checked against the index table's shape.
+
+    Convention: ``weight_u8`` uint8 ``table_shape`` (last axis the codes ``(cu0, cu1, cv0, cv1)``),
+    ``lut`` float32 ``(L,)`` with every code ``< L``.
+    """
+    group = store["gather"]
+    for name in ("weight_u8", "lut"):
+        if name not in group:
+            raise StoreError(f"{store.path}: gather/ has no {name}; rebuild it with `bevcompile grid`")
+    codes = np.asarray(group["weight_u8"])
+    lut = np.asarray(group["lut"])
+    if codes.dtype != np.uint8 or codes.shape != table_shape:
+        raise StoreError(f"{store.path}: gather/weight_u8 is {codes.dtype} {codes.shape}; expected uint8 {table_shape} like gather/index")
+    if lut.ndim != 1 or lut.size == 0 or (codes.size and int(codes.max()) >= lut.size):
+        raise StoreError(f"{store.path}: gather/lut has shape {lut.shape}; every weight_u8 code must index it")
+    return codes, lut
+
+
+def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
+    """``(index, weight, row_of_cell, source used, layout)``.
+
+    ``layout`` ``"bev"``: tables ``(n_cam, n_h, ny, nx, 4)``, ``row_of_cell`` None. ``"flat"`` /
+    ``"flat_cache"`` / ``"flat_feature"`` (``grid --align N`` / ``--order cache|feature``): tables ``(n_cells_padded, 4)`` as
+    stored, ``row_of_cell[cell]`` = the table row of flat cell ``((cam*n_h + ih)*ny + iy)*nx + ix``
+    (``gather/perm_inverse``, or ``arange(n_cells)``).
+    """
+    n_h, ny, nx = store.bev_shape
+    logical = (store.rig.n_cam, n_h, ny, nx, 4)
+    n_cells = int(np.prod(logical[:-1]))
+    if source == "gather" or (source == "auto" and store.has_group("gather")):
+        group = store["gather"]
+        index = np.asarray(group["index"])
+        weight = np.asarray(group["weight"])
+        if index.shape != weight.shape:
+            raise StoreError(f"{store.path}: gather/index {index.shape} and gather/weight {weight.shape} differ in shape")
+        if index.shape == logical:
+            return index, weight, None, "gather", "bev"
+        layout = str(group.attrs.get("layout", "flat"))
+        if index.ndim != 2 or index.shape[1] != 4 or index.shape[0] < n_cells:
+            raise StoreError(
+                f"{store.path}: gather/index has shape {index.shape}; expected {logical} or a padded ({n_cells}+, 4) layout"
+            )
+        if layout.startswith("flat_") or "perm_inverse" in group:
+            row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
+            if row_of_cell.shape != (n_cells,):
+                raise StoreError(f"{store.path}: gather/perm_inverse has shape {row_of_cell.shape}; expected ({n_cells},)")
+        else:
+            row_of_cell = np.arange(n_cells, dtype=np.int64)
+        return index, weight, row_of_cell, "gather", layout
+    if source not in ("auto", "grid"):
+        raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
+    grid = store["grid"]
+    align = bool(grid.attrs.get("align_corners", False))
+    index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.feature_size, align)
+    return index, weight, None, "grid", "bev"
+
+
+class GridGather(nn.Module):
+    """IPM grid sampling as Gather + Mul + ReduceSum with the store's static tables.
+
+    ``forward(features)``:
+        features ``(N, n_cam, C, H_f, W_f)`` float (cameras in the store's order).
+        returns ``(N, C, n_heights, ny, nx)`` (``collapse_heights=False``) or ``(N, C, ny, nx)``.
+
+    ``out[n, c, h, iy, ix] = sum_cam sum_k weight[cam, h, iy, ix, k] * feats_flat[n, c, index[cam, h, iy, ix, k]]``
+    with ``feats_flat = features.transpose(1, 2).reshape(N, C, n_cam * H_f * W_f)`` (flat index
+    ``cam * H_f * W_f + v * W_f + u``): per camera this is
+    ``grid_sample(features[:, cam], grid/norm[cam], bilinear, zeros, align_corners)``.
+
+    ``reduce="sum"`` adds the cameras; ``reduce="mean"`` divides by the number of cameras
+    that see the cell (``grid/valid``) at that height; with ``collapse_heights=True`` the
+    heights are added too and ``mean`` divides by the number of valid (camera, height) pairs.
+    Cells no camera sees are 0 either way.
+
+    ``weights="lut"`` (needs the ``gather/`` group): instead of ``weight`` the buffers are
+    ``weight_u8`` uint8 (as stored, same shape as ``index``; codes ``(cu0, cu1, cv0, cv1)``)
+    and ``lut`` float32 ``(L,)``; the forward Casts the codes to int32 (ONNX Gather indices are
+    int32/int64), Gathers ``lut`` once (per-side weights), Gathers those per corner with the
+    constant columns :data:`LUT_CORNER_U_CODE` / :data:`LUT_CORNER_V_CODE` and multiplies:
+    ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` in corner order ``(v0,u0) (v0,u1) (v1,u0) (v1,u1)``;
+    the weighted sum is then the same. Its distance to ``grid_sample`` on features in
+    ``[0, 1]`` is bounded per camera by ``gather/``'s ``lut_max_sample_error_unit_features``.
+
+    Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
+    ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
+    (layouts ``flat``/``flat_cache``/``flat_feature`` of ``grid --align N [--order cache|feature]``:
+    the Gather keeps the aligned length and the permuted order, then ``row_of_cell`` int32 — ``gather/perm_inverse`` or
+    ``arange(n_cells)`` — brings the rows back to cell order with one more Gather) — or derived
+    from ``grid/norm`` by :func:`bilinear_tables_from_norm` when the store has no ``gather/``
+    group or ``source="grid"``; and ``inv_count`` float32 (mean only): ``1 / count`` or 0.
+    Peak extra memory: the gathered tensor, ``N * C * n_cam * n_heights * ny * nx * 4`` floats
+    (``N * C * n_cells_padded * 4`` for the flat layouts).
+    """
+
+    index: torch.Tensor
+    weight: torch.Tensor
+    weight_u8: torch.Tensor
+    lut: torch.Tensor
+    corner_u_code: torch.Tensor
+    corner_v_code: torch.Tensor
+    row_of_cell: torch.Tensor
+    inv_count: torch.Tensor
+
+    def __init__(
+        self,
+        store: StoreLike,
+        *,
+        reduce: str = "sum",
+        collapse_heights: bool = False,
+        source: str = "auto",
+        weights: str = "float32",
+    ) -> None:
+        super().__init__()
+        if reduce not in REDUCTIONS:
+            raise UsageError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
+        if source not in GRID_SOURCES:
+            raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
+        if weights not in GRID_WEIGHTS:
+            raise UsageError(f"weights must be one of {', '.join(GRID_WEIGHTS)}, got {weights!r}")
+        if weights == "lut" and source == "grid":
+            raise UsageError("weights='lut' reads gather/weight_u8 and gather/lut; source='grid' has no LUT codes (use source='auto' or 'gather')")
+        loaded = load(store)
+        if weights == "lut" and not loaded.has_group("gather"):
+            raise StoreError(
+                f"{loaded.path}: weights='lut' needs the gather/ group (weight_u8 + lut) and this store has none; "
+                "run `bevcompile grid` to write it"
+            )
+        self.weights = weights
+        self.n_cam = loaded.rig.n_cam
+        self.feature_size = loaded.feature_size
+        self.bev_shape = loaded.bev_shape
+        self.reduce = reduce
+        self.collapse_heights = collapse_heights
+        index, weight, row_of_cell, used, layout = _gather_tables(loaded, source)
+        self.source = used
+        self.layout = layout
+        self.register_buffer("index", _buffer(index, np.int32), persistent=True)
+        if weights == "float32":
+            self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
+        else:
+            codes, lut = _lut_tables(loaded, tuple(index.shape))
+            self.register_buffer("weight_u8", _buffer(codes, np.uint8), persistent=True)
+            self.register_buffer("lut", _buffer(lut, np.float32), persistent=True)
+            self.register_buffer("corner_u_code", torch.tensor(LUT_CORNER_U_CODE, dtype=torch.int32), persistent=False)
+            self.register_buffer("corner_v_code", torch.tensor(LUT_CORNER_V_CODE, dtype=torch.int32), persistent=False)
+        if row_of_cell is not None:
+            self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
+        if reduce == "mean":
+            valid = np.asarray(loaded["grid"]["valid"], dtype=bool)
+            count = valid.sum(axis=(0, 1)) if collapse_heights else valid.sum(axis=0)
+            with np.errstate(divide="ignore"):
+                inv = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)
+            self.register_buffer("inv_count", _buffer(inv, np.float32), persistent=True)
+
+    def extra_repr(self) -> str:
+        n_h, ny, nx = self.bev_shape
+        w_f, h_f = self.feature_size
+        return (
+            f"n_cam={self.n_cam}, feature={w_f}x{h_f}, bev={n_h}x{ny}x{nx}, reduce={self.reduce}, "
+            f"collapse_heights={self.collapse_heights}, source={self.source}, layout={self.layout}"
+            + ("" if self.weights == "float32" else f", weights={self.weights}")
+        )
+
+    def corner_weights(self) -> torch.Tensor:
+        """The bilinear weights the forward uses, shaped like ``index`` (float32).
+
+        ``weights="float32"``: the ``weight`` buffer itself. ``weights="lut"``: reconstructed
+        in the graph, ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` (Cast, Gather, Gather, Mul).
+        """
+        if self.weights == "float32":
+            return self.weight
+        codes = self.weight_u8.reshape(-1).to(torch.int32)  # Cast: ONNX Gather indices are int32/int64
+        per_side = self.lut.index_select(0, codes).reshape(-1, 4)  # (rows, 4): lut[cu0], lut[cu1], lut[cv0], lut[cv1]
+        weight = per_side.index_select(1, self.corner_u_code) * per_side.index_select(1, self.corner_v_code)
+        return weight.reshape(self.weight_u8.shape)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
+        n_h, ny, nx = self.bev_shape
+        cells = n_h * ny * nx
+        flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
+        weight = self.corner_weights()
+        if self.layout == "bev":
+            gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, n_cam, cells, 4)
+            out = (gathered * weight.reshape(n_cam, cells, 4)).sum(dim=(2, 4))  # (N, C, cells)
+        else:
+            rows = self.index.shape[0]
+            gathered = flat.index_select(2, self.index.reshape(-1)).reshape(n, c, rows, 4)
+            per_row = (gathered * weight).sum(dim=3)  # (N, C, n_cells_padded), stored row order
+            per_cell = per_row.index_select(2, self.row_of_cell)  # (N, C, n_cam * cells)
+            out = per_cell.reshape(n, c, n_cam, cells).sum(dim=2)
+        if self.collapse_heights:
+            out = out.reshape(n, c, n_h, ny * nx).sum(dim=2)
+            if self.reduce == "mean":
+                out = out * self.inv_count.reshape(ny * nx)
+            return out.reshape(n, c, ny, nx)
+        if self.reduce == "mean":
+            out = out * self.inv_count.reshape(cells)
+        return out.reshape(n, c, n_h, ny, nx)
+
+
+# --------------------------------------------------------------------------------------
+# matrix lift
+# --------------------------------------------------------------------------------------
+
+
+class MatrixLift(nn.Module):
+    """The lift ``F_bev = W @ X`` with the ``matrix/`` group's ELL or tile form.
+
+    ``forward(features[, depth])``:
+        features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` (frustum mode
+        only: LSS depth probabilities). returns ``(N, C, ny, nx)``.
+
+    ``X`` is, in grid mode, the features with columns ``(cam*H_f + v)*W_f + u``; in frustum
+    mode the outer product ``X[col, c] = depth[cam, d, v, u] * features[cam, c, v, u]`` with
+    columns ``((cam*D + d)*H_f + v)*W_f + u`` (BEVDet's ``depth.unsqueeze(1) * feat.unsqueeze(2)``).
+    Rows are BEV cells ``iy*nx + ix`` (``row_ids`` with ``--compact-rows``; cells without a row
+    are 0).
+
+    ``form="ell"`` (buffers ``ell_index`` int32 / ``ell_weight`` float32 ``(rows_pad, k_pad)``,
+    as stored): one Gather of the K entries of every row, Mul by the weight, ReduceSum over K.
+    In frustum mode the outer product is NEVER materialised: for each ELL entry the module
+    gathers the feature column of its pixel (``feat_index = (col // (D*H_f*W_f))*H_f*W_f +
+    col % (H_f*W_f)``, a derived int32 buffer) and the depth probability ``depth.flat[col]``,
+    multiplies both by the weight and reduces over K. Peak extra memory:
+    ``N * C * rows_pad * k_pad`` floats (the gathered features) instead of the
+    ``N * C * n_cam * D * H_f * W_f`` of the outer product.
+
+    ``form="tiles"`` (buffers ``tile_cols`` int32, ``tile_col_offsets`` int64, ``tile_weight``
+    float32, as stored): per row tile ``t`` one Gather of the tile's columns (frustum: of the
+    feature columns and depth probabilities of those columns, multiplied — the outer product
+    restricted to the tile's columns), one MatMul with the dense ``(R, n_cols_t)`` block, then
+    a Concat of the tiles. Peak extra memory: ``N * C * max_t n_cols_t`` floats per tile.
+
+    ``weights="int8"`` (store built with ``bevcompile matrix --quantize int8``): the float32
+    weight buffer is replaced by the int8 values as stored — ``ell_weight_int8`` int8
+    ``(rows_pad, k_pad)`` + ``row_scale`` float32 ``(rows_pad,)``, or ``tile_weight_int8`` int8
+    ``(R * T,)`` (persistent as its per-tile views ``tile{t}_block`` int8 ``(R, n_cols_t)``)
+    + ``tile_row_scale`` float32 ``(n_tiles * R,)`` — and the graph dequantises:
+    Cast int8 -> float32 of the values (exact, ``|q| <= 127``), the same Gather/Mul/ReduceSum
+    (ELL) or MatMul + Concat (tiles), then ONE Mul by the row scale on the ``(N, C, rows)``
+    result. This is exact, not an approximation: the stored decode is
+    ``W[r, j] = float32(q[r, j]) * s[r]`` with one scale per row, so
+    ``sum_j W[r, j] X[col_j] = s[r] * sum_j q[r, j] X[col_j]`` — the scale factors out of the
+    K-reduction (ELL) and out of row ``r`` of the MatMul (tiles). In float32 it differs from
+    per-entry dequantisation only in rounding order (one rounding of ``s * sum`` instead of one
+    of ``q * s`` per entry), and it costs ``N * C * rows`` multiplies instead of
+    ``N * C * rows * k_pad``.
+    """
+
+    ell_index: torch.Tensor
+    ell_weight: torch.Tensor
+    ell_weight_int8: torch.Tensor
+    row_scale: torch.Tensor
+    feat_index: torch.Tensor
+    tile_cols: torch.Tensor
+    tile_col_offsets: torch.Tensor
+    tile_weight: torch.Tensor
+    tile_weight_int8: torch.Tensor
+    tile_row_scale: torch.Tensor
+    tile_feat_index: torch.Tensor
+    row_of_cell: torch.Tensor
+    cell_mask: torch.Tensor
+
+    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32") -> None:
+        super().__init__()
+        from ..store.loader import matrix_layout
+
+        if form not in MATRIX_FORMS:
+            raise UsageError(f"form must be one of {', '.join(MATRIX_FORMS)}, got {form!r}")
+        if weights not in MATRIX_WEIGHTS:
+            raise UsageError(f"weights must be one of {', '.join(MATRIX_WEIGHTS)}, got {weights!r}")
+        loaded = load(store)
+        layout = matrix_layout(loaded)
+        group = loaded["matrix"]
+        rig = loaded.rig
+        int8 = weights == "int8"
+        if int8 and ("ell_weight_int8" not in group or "row_scale" not in group):
+            raise StoreError(
+                f"{loaded.path}: weights='int8' needs matrix/ell_weight_int8 + row_scale; "
+                "rebuild the matrix with `bevcompile matrix --quantize int8`"
+            )
+        self.form = form
+        self.weights = weights
+        self.mode = layout.mode
+        self.n_cam = rig.n_cam
+        self.n_depth = rig.depth.n_bins
+        self.feature_size = loaded.feature_size
+        _, self.ny, self.nx = loaded.bev_shape
+        self.n_rows = layout.n_rows
+        self.rows_pad = layout.rows_pad
+        self.k_pad = layout.k_pad
+        w_f, h_f = self.feature_size
+        plane = h_f * w_f
+
+        def feat_of(cols: np.ndarray) -> np.ndarray:
+            c = np.asarray(cols, dtype=np.int64)
+            return ((c // (self.n_depth * plane)) * plane + c % plane).astype(np.int32)
+
+        if form == "ell":
+            index = np.asarray(group["ell_index"])
+            self.register_buffer("ell_index", _buffer(index, np.int32), persistent=True)
+            if not int8:
+                self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
+            else:
+                values, scale = np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"])
+                if values.dtype != np.int8 or values.shape != index.shape or scale.shape != (index.shape[0],):
+                    raise StoreError(
+                        f"{loaded.path}: matrix/ell_weight_int8 {values.dtype} {values.shape} and row_scale {scale.shape} "
+                        f"do not fit ell_index {index.shape}"
+                    )
+                self.register_buffer("ell_weight_int8", _buffer(values, np.int8), persistent=True)
+                self.register_buffer("row_scale", _buffer(scale, np.float32), persistent=True)
+            if self.mode == "frustum":
+                self.register_buffer("feat_index", _buffer(feat_of(index)), persistent=True)
+            out_rows = self.rows_pad
+            self.tiles: list[tuple[int, int]] = []
+        else:
+            if "tile_weight" not in group:
+                raise StoreError(f"{loaded.path}: matrix/ has no tiles; rebuild it with `bevcompile matrix --tile-rows R`")
+            if layout.tile_rows is None:
+                raise StoreError(f"{loaded.path}: matrix/ build_options have no tile_rows")
+            if int8 and ("tile_weight_int8" not in group or "tile_row_scale" not in group):
+                raise StoreError(
+                    f"{loaded.path}: weights='int8' with form='tiles' needs matrix/tile_weight_int8 + tile_row_scale; "
+                    "rebuild the matrix with `bevcompile matrix --quantize int8 --tile-rows R`"
+                )
+            offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
+            cols = np.asarray(group["tile_cols"])
+            self.tile_rows = layout.tile_rows
+            self.register_buffer("tile_cols", _buffer(cols, np.int32), persistent=True)
+            self.register_buffer("tile_col_offsets", _buffer(offsets, np.int64), persistent=True)
+            if not int8:
+                self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
+            else:
+                values, scale = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"])
+                n_tiles = offsets.size - 1
+                if values.dtype != np.int8 or values.shape != (self.tile_rows * int(offsets[-1]),) or scale.shape != (n_tiles * self.tile_rows,):
+                    raise StoreError(
+                        f"{loaded.path}: matrix/tile_weight_int8 {values.dtype} {values.shape} and tile_row_scale {scale.shape} "
+                        f"do not fit {n_tiles} tiles of {self.tile_rows} rows"
+                    )
+                # the flat array is not persistent: its per-tile views below are (no bytes twice in state_dict)
+                self.register_buffer("tile_weight_int8", _buffer(values, np.int8), persistent=False)
+                self.register_buffer("tile_row_scale", _buffer(scale, np.float32), persistent=True)
+            if self.mode == "frustum":
+                self.register_buffer("tile_feat_index", _buffer(feat_of(cols)), persistent=True)
+            self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(offsets.size - 1)]
+            # per-tile views of the stored buffers (shared memory, not in state_dict): each
+            # becomes its own constant in an exported graph, so no Slice is left in it. The int8
+            # blocks are persistent instead: a non-persistent buffer is traced as a constant and
+            # the exporter folds its Cast, storing float32 blocks again; a persistent one becomes
+            # an int8 initializer.
+            self._tile_blocks_name = "tile_weight_int8" if int8 else "tile_weight"
+            self._register_tile_views()
+            out_rows = len(self.tiles) * self.tile_rows
+        # rows -> BEV cells: reshape when the rows are the cells; else one Gather (+ Mul by a
+        # 0/1 mask for cells that have no row)
+        n_cells = self.ny * self.nx
+        self.row_mapping = "identity"
+        if not (layout.row_cells.size == n_cells and np.array_equal(layout.row_cells, np.arange(n_cells)) and out_rows == n_cells):
+            row_of_cell = np.zeros(n_cells, dtype=np.int64)
+            has_row = np.zeros(n_cells, dtype=bool)
+            row_of_cell[layout.row_cells] = np.arange(layout.row_cells.size)
+            has_row[layout.row_cells] = True
+            if layout.row_cells.size > out_rows:
+                raise StoreError(f"{loaded.path}: {layout.row_cells.size} matrix rows but the {form} form holds {out_rows}")
+            self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
+            self.row_mapping = "gather"
+            if not has_row.all():
+                self.register_buffer("cell_mask", _buffer(has_row, np.float32), persistent=True)
+                self.row_mapping = "gather+mask"
+
+    def _register_tile_views(self) -> None:
+        """(Re-)register the per-tile views of the flat tile buffers (shared memory)."""
+        blocks = getattr(self, self._tile_blocks_name)
+        int8 = self._tile_blocks_name == "tile_weight_int8"
+        r = self.tile_rows
+        for t, (a, b) in enumerate(self.tiles):
+            self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
+            self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=int8)
+            if self.mode == "frustum":
+                self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any, **kwargs: Any) -> None:
+        """After loading, the forward must read the loaded tables. ``load_state_dict(sd)`` copies
+        into the existing tensors (the views see it), but ``assign=True`` (the usual way into a
+        module built on the ``meta`` device) puts NEW tensors in place of the persistent buffers:
+        the float ``tile_weight`` (its views would keep the old storage) or, for int8, the
+        persistent ``tile{t}_block`` (the flat ``tile_weight_int8`` would be stale for a later
+        ``.to()``). So re-derive: int8 rebuilds the flat buffer from the loaded blocks; then
+        every per-tile view is re-registered on the current flat buffers."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.form == "tiles":
+            if self._tile_blocks_name == "tile_weight_int8":
+                blocks = [getattr(self, f"tile{t}_block").reshape(-1) for t in range(len(self.tiles))]
+                if blocks:  # the loaded blocks are the truth: one new flat buffer holding them
+                    self.tile_weight_int8 = torch.cat(blocks)
+            self._register_tile_views()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> MatrixLift:
+        """``.to()``/``.cuda()``/``.double()`` convert every buffer on its own, which would cut the
+        per-tile views off the flat buffers (a later ``load_state_dict`` would then not reach
+        the views the forward reads): re-register the views on the converted flat buffers."""
+        super()._apply(fn, recurse)
+        if self.form == "tiles":
+            self._register_tile_views()
+        return self
+
+    def extra_repr(self) -> str:
+        w_f, h_f = self.feature_size
+        shape = f"ell={self.rows_pad}x{self.k_pad}" if self.form == "ell" else f"tiles={len(self.tiles)}x{self.tile_rows}"
+        return (
+            f"mode={self.mode}, form={self.form}, n_cam={self.n_cam}, feature={w_f}x{h_f}, "
+            f"bev={self.ny}x{self.nx}, {shape}, rows={self.row_mapping}"
+            + ("" if self.weights == "float32" else f", weights={self.weights}")
+        )
+
+    def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
+        n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
+        if self.mode == "grid" and depth is not None:
+            raise UsageError(
+                "this MatrixLift is in grid mode (a `bevcompile matrix --mode grid` store): it lifts the features alone "
+                "and takes no depth; call it as lift(features)"
+            )
+        flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
+        depth_flat: torch.Tensor | None = None
+        if self.mode == "frustum":
+            if depth is None or tuple(depth.shape) != (n, n_cam, self.n_depth, h_f, w_f):
+                got = None if depth is None else tuple(depth.shape)
+                raise UsageError(f"frustum mode needs depth (N, {n_cam}, {self.n_depth}, {h_f}, {w_f}), got {got}")
+            depth_flat = depth.reshape(n, n_cam * self.n_depth * h_f * w_f)
+        int8 = self.weights == "int8"
+        if self.form == "ell":
+            rows = self.rows_pad
+            entries = rows * self.k_pad
+            # int8: the integer values, exact in float32 (the module's float dtype: row_scale's); the row scale is applied after the K-sum
+            weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_weight
+            if depth_flat is None:
+                gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
+                coeff = weight.reshape(1, 1, entries)
+            else:
+                gathered = flat.index_select(2, self.feat_index.reshape(-1))
+                coeff = (depth_flat.index_select(1, self.ell_index.reshape(-1)) * weight.reshape(1, entries)).reshape(n, 1, entries)
+            out = (gathered * coeff).reshape(n, c, rows, self.k_pad).sum(dim=3)  # (N, C, rows_pad)
+            if int8:
+                out = out * self.row_scale  # one Mul per row: s[r] * sum_j q[r, j] X[col_j]
+        else:
+            parts = []
+            for t, (a, b) in enumerate(self.tiles):
+                cols = getattr(self, f"tile{t}_cols")
+                block = getattr(self, f"tile{t}_block")  # (R, n_cols_t)
+                if depth_flat is None:
+                    x = flat.index_select(2, cols)  # (N, C, n_cols_t)
+                else:
+                    feat_cols = getattr(self, f"tile{t}_feat")
+                    x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
+                block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if int8 else block.transpose(0, 1)
+                if block_t.dtype != x.dtype:  # MatMul needs one dtype: promote as the ELL path's Mul does
+                    common = torch.promote_types(x.dtype, block_t.dtype)  # (a Python-level check: the
+                    x, block_t = x.to(common), block_t.to(common)  # float32 export traces no Cast)
+                parts.append(torch.matmul(x, block_t))  # (N, C, R)
+            if not parts:  # an empty matrix stored with --compact-rows: no rows, no tiles
+                parts.append(flat.new_zeros((n, c, 0)))
+            out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+            if int8:
+                out = out * self.tile_row_scale  # one Mul per row of every tile (N, C, n_tiles * R)
+        if self.row_mapping == "identity":
+            return out.reshape(n, c, self.ny, self.nx)
+        if out.shape[2] == 0:  # an empty compacted matrix: no row, every cell 0
+            return flat.new_zeros((n, c, self.ny, self.nx))
+        out = out.index_select(2, self.row_of_cell)
+        if self.row_mapping == "gather+mask":
+            out = out * self.cell_mask
+        return out.reshape(n, c, self.ny, self.nx)
+
+
+__all__ = ["GRID_SOURCES", "GRID_WEIGHTS", "MATRIX_FORMS", "MATRIX_WEIGHTS", "GridGather", "MatrixLift", "bilinear_tables_from_norm"]

@@ -1,0 +1,533 @@
+"""Assemble products into store groups: the library functions behind ``bevcompile grid``.
+
+This module glues the pure core (config dataclasses -> arrays) to the store writer. It
+computes, measures and describes; it never prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..conventions import CONVENTIONS
+from ..errors import UsageError
+from ..memory import refuse_beyond_memory
+from ..rig.config import RigConfig, config_sha256
+from ..store.root import root_attributes
+from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
+from .delta import (
+    BASIS_TERMS,
+    DEFAULT_BLOCK,
+    DEFAULT_MAX_ERROR_PX,
+    LUT_ARRAYS,
+    DeltaEncoding,
+    basis_denominator,
+    check_block,
+    check_escape_resolution,
+    check_max_error,
+    encode_delta,
+)
+from .formats import FormatProduct, build_formats, check_format_names, resolve_pixel_q_frac_bits
+from .gather import (
+    CORNER_ORDER,
+    DEFAULT_LUT_FRAC_BITS,
+    LUT_CODE_ORDER,
+    ORDER_KEYS,
+    GatherLayout,
+    GatherTables,
+    build_gather_tables,
+    check_align,
+    check_lut_frac_bits,
+    check_order,
+    layout_tables,
+)
+from .ipm import (
+    INVALID_PX,
+    NORM_INT16_SCALE,
+    GridProducts,
+    SamplingGrid,
+    build_grid_products,
+    compute_sampling_grid,
+    coverage_fraction,
+)
+
+ProgressFn = Callable[[int], None]
+GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
+"""Groups owned (rewritten or removed) by ``bevcompile grid``."""
+
+
+
+
+def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatProduct] = (), pixel_q_frac_bits: int | None = None) -> GroupData:
+    """The ``grid/`` group: coords, valid, norm, norm_int16, the requested fixed-point
+    ``formats`` (see :mod:`bevcompile.grid.formats`) and their attributes.
+
+    ``build_options`` is ``{"align_corners"}`` plus, when formats are requested, ``"formats"``
+    (canonical order) and, with pixel_q, ``"pixel_q_frac_bits"``: exactly what rebuilds the group.
+    """
+    w_f, h_f = products.feature_size
+    per_cam_chunks = (1, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    attrs: dict[str, Any] = {
+        "build_options": {"align_corners": products.align_corners},
+        "align_corners": products.align_corners,
+        "feature_size": [w_f, h_f],
+        "feature_size_order": "[W_f, H_f]",
+        "cameras": list(rig.camera_names),
+        "heights": list(rig.bev.heights),
+        "shape_order": "(n_cam, n_heights, ny, nx[, 2])",
+        "component_order": "(u, v) for coords; (x, y) for norm and its encodings",
+        "coords_unit": "feature-map pixels, integer = pixel centre",
+        "valid_rule": CONVENTIONS["valid_rule"],
+        "invalid_coords_px": [INVALID_PX, INVALID_PX],
+        "norm_formula": (
+            "norm = 2 u / (W_f - 1) - 1" if products.align_corners else "norm = (2 u + 1) / W_f - 1"
+        ),
+        "norm_int16": {
+            "arrays": ["norm_int16"],
+            "invalid_in_band": False,
+            "dtype": "int16",
+            "axis_order": "(x, y) normalised (grid_sample)",
+            "encode": "q = clip(round_half_even(norm * 32767), -32767, 32767)",
+            "decode": "norm = q / 32767",
+            "scale": 1.0 / NORM_INT16_SCALE,
+            "offset": 0.0,
+            "invalid_note": "invalid cells saturate to -1.0, which samples in range: mask with grid/valid",
+            "max_error_px": products.norm_int16_max_error_px,
+            "saturated_valid_cells": products.norm_int16_saturated_valid_cells,
+            "saturation_note": (
+                "under align_corners=True, valid cells with u < 0, u > W_f - 1, v < 0 or v > H_f - 1 lie "
+                "outside [-1, 1] and are clamped to the border pixel centre (up to 0.5 px); norm_q16 has headroom"
+            ),
+            "feature_size": [w_f, h_f],
+        },
+        "coverage": coverage_fraction(products.valid).round(6).tolist(),
+    }
+    arrays: dict[str, np.ndarray] = {
+        "coords": products.coords,
+        "valid": products.valid,
+        "norm": products.norm,
+        "norm_int16": products.norm_int16,
+    }
+    chunks: dict[str, tuple[int, ...]] = {
+        "coords": (*per_cam_chunks, 2),
+        "valid": per_cam_chunks,
+        "norm": (*per_cam_chunks, 2),
+        "norm_int16": (*per_cam_chunks, 2),
+    }
+    if formats:
+        attrs["build_options"]["formats"] = [f.name for f in formats]
+        if pixel_q_frac_bits is not None:
+            attrs["build_options"]["pixel_q_frac_bits"] = pixel_q_frac_bits
+        attrs["formats"] = ["norm_int16", *(f.name for f in formats)]
+        for fmt in formats:
+            attrs[fmt.name] = fmt.attrs
+            for name, array in fmt.arrays.items():
+                arrays[name] = array
+                chunks[name] = (*per_cam_chunks, *array.shape[4:])
+    return GroupData(arrays=arrays, attrs=attrs, chunks=chunks)
+
+
+# --------------------------------------------------------------------------------------
+# NPU products of ``bevcompile grid``: formats (grid/), gather/, delta/
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GridBuildOptions:
+    """Every option of ``bevcompile grid`` that shapes the arrays.
+
+    ``frac_bits`` is ``--frac-bits``: the gather LUT's fractional bits (default 8) AND pixel_q's
+    (default: the J5 rule). ``npu`` writes ``gather/`` and ``delta/`` (the CLI always does).
+    """
+
+    align_corners: bool = False
+    formats: tuple[str, ...] = ()
+    frac_bits: int | None = None
+    align: int = 1
+    order: str = "row"
+    block: int = DEFAULT_BLOCK
+    max_error_px: float = DEFAULT_MAX_ERROR_PX
+    npu: bool = True
+
+    def validated(self) -> GridBuildOptions:
+        """Checked and normalised copy (formats canonical, without norm_int16); UsageError."""
+        if not isinstance(self.align_corners, bool):
+            raise UsageError(f"align_corners must be a boolean, got {self.align_corners!r}")
+        frac_bits = None if self.frac_bits is None else check_lut_frac_bits(self.frac_bits)
+        return replace(
+            self,
+            formats=check_format_names(self.formats),
+            frac_bits=frac_bits,
+            align=check_align(self.align),
+            order=check_order(self.order),
+            block=check_block(self.block),
+            max_error_px=check_max_error(self.max_error_px),
+        )
+
+    @property
+    def lut_frac_bits(self) -> int:
+        return DEFAULT_LUT_FRAC_BITS if self.frac_bits is None else self.frac_bits
+
+
+@dataclass
+class GridCommandBuild:
+    """Everything ``bevcompile grid`` computed: products, store groups and summary figures."""
+
+    sampling: SamplingGrid
+    products: GridProducts
+    formats: list[FormatProduct]
+    pixel_q_frac_bits: int | None
+    gather: GatherTables | None
+    layout: GatherLayout | None
+    delta: DeltaEncoding | None
+    groups: dict[str, GroupData]
+    summary: dict[str, Any]
+
+
+def build_grid_command(
+    rig: RigConfig,
+    options: GridBuildOptions,
+    *,
+    progress: ProgressFn | None = None,
+    sampling: SamplingGrid | None = None,
+) -> GridCommandBuild:
+    """Pure: compute every group ``bevcompile grid`` writes (no I/O).
+
+    Options that depend on the rig (pixel_q range, delta escape resolution) are checked before
+    the grid is computed. ``sampling`` may pass a precomputed float64 grid of ``rig``.
+    """
+    options = options.validated()
+    bev_shape = (rig.bev.ny, rig.bev.nx)
+    if "pixel_q" in options.formats:
+        resolve_pixel_q_frac_bits(options.frac_bits, rig.feature_size, bev_shape)
+    if options.npu:
+        check_escape_resolution(rig.feature_size, options.max_error_px)
+    if sampling is None:
+        sampling = compute_sampling_grid(rig, progress=progress)
+    products = build_grid_products(sampling, options.align_corners)
+    formats, pixel_q_bits = build_formats(sampling, options.formats, options.align_corners, frac_bits=options.frac_bits)
+    groups = {"grid": grid_group(products, rig, formats, pixel_q_bits)}
+    summary: dict[str, Any] = {"formats": _format_summary(products, formats), "gather": None, "delta": None}
+    tables = layout = encoding = None
+    if options.npu:
+        tables = build_gather_tables(sampling, options.lut_frac_bits)
+        layout = layout_tables(tables, sampling.coords_feature_px, align=options.align, order=options.order)
+        groups["gather"] = gather_group(tables, layout, rig)
+        encoding = encode_delta(
+            sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=options.block, max_error_px=options.max_error_px
+        )
+        groups["delta"] = delta_group(encoding, rig)
+        summary["gather"] = _gather_summary(groups["gather"].attrs)
+        summary["delta"] = _delta_summary(groups["delta"].attrs)
+    return GridCommandBuild(sampling, products, formats, pixel_q_bits, tables, layout, encoding, groups, summary)
+
+
+def build_grid_command_groups(rig: RigConfig, options: GridBuildOptions) -> dict[str, GroupData]:
+    """The store groups of ``bevcompile grid`` for ``rig`` and ``options`` (pure)."""
+    return build_grid_command(rig, options).groups
+
+
+def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> GroupData:
+    """The ``gather/`` group (index, weight, weight_u8, lut [, cell_valid, perm, perm_inverse])."""
+    w_f, h_f = tables.feature_size
+    n_h, ny, nx = len(rig.bev.heights), rig.bev.ny, rig.bev.nx
+    levels = 1 << tables.frac_bits
+    arrays: dict[str, np.ndarray] = {
+        "index": layout.index,
+        "weight": layout.weight,
+        "weight_u8": layout.weight_u8,
+        "lut": tables.lut,
+    }
+    if layout.cell_valid is not None:
+        arrays["cell_valid"] = layout.cell_valid
+    if layout.perm is not None and layout.perm_inverse is not None:
+        arrays["perm"] = layout.perm
+        arrays["perm_inverse"] = layout.perm_inverse
+    table_shape = "(n_cam, n_heights, ny, nx, 4)" if layout.layout == "bev" else "(n_cells_padded, 4)"
+    attrs: dict[str, Any] = {
+        "build_options": {"frac_bits": tables.frac_bits, "align": layout.align, "order": layout.order},
+        "layout": layout.layout,
+        "table_shape": table_shape,
+        "logical_shape": [rig.n_cam, n_h, ny, nx],
+        "n_cells": layout.n_cells,
+        "n_cells_padded": layout.n_cells_padded,
+        "align": layout.align,
+        "order": layout.order,
+        "feature_size": [w_f, h_f],
+        "stacked_feature_size": rig.n_cam * h_f * w_f,
+        "corner_order": list(CORNER_ORDER),
+        "corner_formula": "u0 = floor(u), u1 = u0 + 1, v0 = floor(v), v1 = v0 + 1; (u, v) feature pixels, integer = pixel centre",
+        "index_formula": "index = cam * H_f * W_f + v * W_f + u (flat into features of shape (n_cam, H_f, W_f) per channel)",
+        "weight_formula": "a_u = u - u0, a_v = v - v0; weights ((1-a_u)(1-a_v), a_u(1-a_v), (1-a_u)a_v, a_u a_v) in float64, stored float32",
+        "sample_formula": "out[c, cell] = sum_k weight[cell, k] * features.transpose(1, 0, 2, 3).reshape(C, -1)[c, index[cell, k]]",
+        "equivalent_to": "torch.nn.functional.grid_sample(features, grid/norm, mode='bilinear', padding_mode='zeros', align_corners=grid.align_corners)",
+        "out_of_map_corners": "weight 0; u/v clamped into the map (index always in range)",
+        "invalid_cells": "weight 0 on all 4 corners; index cam * H_f * W_f",
+        "lut": {
+            "frac_bits": tables.frac_bits,
+            "levels": levels,
+            "table": f"lut[c] = c / {levels - 1} (float32, shape ({levels},))",
+            "code_order": list(LUT_CODE_ORDER),
+            "quantise": f"q = round_half_even(a * {levels - 1}); code_u1 = q_u, code_u0 = {levels - 1} - q_u (same for v); out-of-map side and invalid cell: 0",
+            "reconstruct": "w(v_j, u_i) = lut[code_v_j] * lut[code_u_i]",
+        },
+        **tables.figures,
+        "mean_index_jump_row_order": layout.jump_row_order,
+        "mean_index_jump_gather_order": layout.jump_gather_order,
+        "mean_index_jump_definition": "mean |index[k+1, 0] - index[k, 0]| over consecutive valid rows in gather order",
+        "band_switches_row_order": layout.band_switches_row_order,
+        "band_switches_gather_order": layout.band_switches_gather_order,
+        "band_switches_definition": "number of consecutive valid rows (gather order) whose 8-row feature band (cam, floor(v0) // 8) differs",
+    }
+    if layout.layout != "bev":
+        attrs["flat_cell_formula"] = "flat = ((cam * n_heights + ih) * ny + iy) * nx + ix"
+        attrs["padding_rows"] = "rows k >= n_cells: index 0, weight 0, weight_u8 0, cell_valid False" + (", perm 0" if layout.perm is not None else "")
+        attrs["cell_valid"] = "cell_valid[k] = row k holds a real cell that is valid (grid/valid); False on padding rows"
+    if layout.perm is not None:
+        attrs["perm"] = "row k holds flat cell perm[k] (k < n_cells); perm_inverse[flat cell] = its row (length n_cells)"
+        attrs["order_key"] = ORDER_KEYS[layout.order]
+    return GroupData(arrays=arrays, attrs=attrs)
+
+
+def delta_group(encoding: DeltaEncoding, rig: RigConfig) -> GroupData:
+    """The ``delta/`` group (every array the decoder reads; see :mod:`bevcompile.grid.delta`)."""
+    lut = encoding.lut
+    w_f, h_f = rig.feature_size
+    n_cam, n_h, ny, nx = lut.logical_shape
+    attrs: dict[str, Any] = {
+        "build_options": {"block": lut.block, "max_error_px": encoding.max_error_bound_px},
+        "block": lut.block,
+        "block_grid": [int(lut.block_slot.shape[2]), int(lut.block_slot.shape[3])],
+        "logical_shape": [n_cam, n_h, ny, nx],
+        "feature_size": [w_f, h_f],
+        "component_order": "(u, v) feature pixels, integer = pixel centre",
+        "escape_frac_bits": lut.escape_frac_bits,
+        "basis_terms": list(BASIS_TERMS),
+        "basis_formula": f"tx = (2 lx - (B - 1)) / {basis_denominator(lut.block)}, ty = (2 ly - (B - 1)) / {basis_denominator(lut.block)}; basis[j, ly, lx]",
+        "decode": (
+            "k = block_slot[cam, ih, iy // B, ix // B]; (ly, lx) = (iy % B, ix % B); "
+            "coords[c] = scale[k, 0] * sum_j coef[k, j, c] * basis[j, ly, lx] + scale[k, 1] * res8[res8_slot[k], ly, lx, c] "
+            f"+ 2**-{lut.escape_frac_bits} * res16[res16_slot[k], ly, lx, c]"
+        ),
+        "row_0": "empty block: decodes every cell to (-2, -2)",
+        "invalid_in_band": True,
+        "invalid_rule": "invalid cells decode off the map: u <= -1.5 or u >= W_f + 0.5 or v <= -1.5 or v >= H_f + 0.5 (grid_sample zeros padding reads exactly 0); no valid bitmap is loaded",
+        "max_error_bound_px": encoding.max_error_bound_px,
+        "max_error_px": encoding.max_error_px,
+        "max_error_px_float32_decode": encoding.max_error_px_float32,
+        "error_definition": "max over valid cells and both axes of |decode - coords| in feature pixels (float64 grid)",
+        "n_blocks": encoding.n_blocks,
+        "n_active_blocks": encoding.n_active,
+        "n_predictor_only": encoding.n_predictor_only,
+        "n_residual": encoding.n_residual,
+        "n_escape": encoding.n_escape,
+        "on_device_arrays": list(LUT_ARRAYS),
+        "on_device_bytes": encoding.on_device_bytes,
+        "on_device_bytes_total": encoding.on_device_total,
+        "norm_int16_bytes": encoding.norm_int16_bytes,
+        "ratio_vs_norm_int16": encoding.ratio,
+    }
+    return GroupData(arrays=lut.arrays(), attrs=attrs)
+
+
+def _format_summary(products: GridProducts, formats: Sequence[FormatProduct]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = [
+        {
+            "name": "norm_int16",
+            "arrays": ["grid/norm_int16"],
+            "max_error_px": products.norm_int16_max_error_px,
+            "invalid_in_band": False,
+            "saturated_valid_cells": products.norm_int16_saturated_valid_cells,
+        }
+    ]
+    for fmt in formats:
+        rows.append(
+            {
+                "name": fmt.name,
+                "arrays": [f"grid/{a}" for a in fmt.arrays],
+                "max_error_px": fmt.max_error_px,
+                "invalid_in_band": bool(fmt.attrs["invalid_in_band"]),
+                "saturated_valid_cells": int(fmt.attrs["saturated_valid_cells"]),
+                **({"frac_bits": fmt.attrs["frac_bits"]} if "frac_bits" in fmt.attrs else {}),
+            }
+        )
+    return rows
+
+
+def _gather_summary(attrs: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "layout", "n_cells", "n_cells_padded", "align", "order", "weight_float32_max_error",
+        "gather_max_sample_error_unit_features", "lut_max_weight_error", "lut_max_sample_error_unit_features",
+        "mean_index_jump_row_order", "mean_index_jump_gather_order", "band_switches_row_order", "band_switches_gather_order",
+    )
+    return {"frac_bits": attrs["lut"]["frac_bits"], "lut_levels": attrs["lut"]["levels"], **{k: attrs[k] for k in keys}}
+
+
+def _delta_summary(attrs: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "block", "max_error_bound_px", "max_error_px", "n_blocks", "n_active_blocks", "n_predictor_only", "n_residual",
+        "n_escape", "on_device_bytes_total", "norm_int16_bytes", "ratio_vs_norm_int16",
+    )
+    return {k: attrs[k] for k in keys}
+
+
+@dataclass
+class CameraSummary:
+    name: str
+    coverage: list[float]  # per height, fraction of BEV cells valid
+    u_range: tuple[float, float] | None
+    v_range: tuple[float, float] | None
+
+
+@dataclass
+class GridRunResult:
+    rig: RigConfig
+    store: Path
+    products: GridProducts
+    cameras: list[CameraSummary]
+    write: WriteReport
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": str(self.store),
+            "name": self.rig.name,
+            "config_sha256": config_sha256(self.rig),
+            "align_corners": self.products.align_corners,
+            "feature_size": list(self.products.feature_size),
+            "bev_shape": [len(self.rig.bev.heights), self.rig.bev.ny, self.rig.bev.nx],
+            "heights": list(self.rig.bev.heights),
+            "norm_int16_max_error_px": self.products.norm_int16_max_error_px,
+            "cameras": [
+                {
+                    "name": c.name,
+                    "coverage": c.coverage,
+                    "u_range": list(c.u_range) if c.u_range else None,
+                    "v_range": list(c.v_range) if c.v_range else None,
+                }
+                for c in self.cameras
+            ],
+            "bytes_written": self.write.bytes_per_array,
+            "bytes_total": self.write.total_bytes,
+            **self.extra,
+        }
+
+
+def summarise_cameras(rig: RigConfig, products: GridProducts) -> list[CameraSummary]:
+    out = []
+    coverage = coverage_fraction(products.valid)
+    for cam_index, camera in enumerate(rig.cameras):
+        valid = products.valid[cam_index]
+        coords = products.coords[cam_index][valid]
+        u_range: tuple[float, float] | None = None
+        v_range: tuple[float, float] | None = None
+        if coords.size:
+            u_range = (float(coords[:, 0].min()), float(coords[:, 0].max()))
+            v_range = (float(coords[:, 1].min()), float(coords[:, 1].max()))
+        out.append(CameraSummary(camera.name, [float(c) for c in coverage[cam_index]], u_range, v_range))
+    return out
+
+
+GRID_BYTES_PER_SAMPLE = 256
+"""Peak memory of ``bevcompile grid`` per sample (camera x height x BEV cell), with margin:
+measured ~195 B/sample (80 MB for nuScenes' 98 k samples, 356 MB for 1.6 M, 1.27 GB for 6.3 M)."""
+GRID_BYTES_BASE = 64 * 2**20
+
+
+
+
+def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid", block: int | None = None) -> None:
+    """Refuse, before any work, a rig whose grid cannot fit in this machine's memory.
+
+    The config limit (10^8 BEV cells) is about the format; this is about the machine: a grid
+    within it can still need far more memory than there is, and the kernel would kill the
+    process (no error message, no cleanup). Estimate: ``64 MiB + 256 B`` per sample, where the
+    delta-LUT's ``block`` (when given) pads ny and nx up to multiples of itself: its temporaries
+    scale with the padded grid (measured ~225 B per padded sample, 257 x 257 at ``--block 256``).
+    """
+    samples = total_grid_cells(rig)
+    padding = ""
+    if block is not None and block > 0:
+        padded_ny = -(-rig.bev.ny // block) * block
+        padded_nx = -(-rig.bev.nx // block) * block
+        padded = rig.n_cam * len(rig.bev.heights) * padded_ny * padded_nx
+        if padded > samples:
+            samples = padded
+            padding = f" (padded to {padded_ny} x {padded_nx} by --block {block})"
+    refuse_beyond_memory(
+        GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples,
+        f"{rig.source}: {what} of {rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
+        f"cells{padding} = {samples:,} samples",
+        "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else ""),
+    )
+
+
+
+
+
+
+def run_grid(
+    rig: RigConfig,
+    out_dir: str | Path,
+    *,
+    align_corners: bool = False,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+    npu: bool = True,
+    formats: Sequence[str] = (),
+    frac_bits: int | None = None,
+    align: int = 1,
+    order: str = "row",
+    block: int = DEFAULT_BLOCK,
+    max_error_px: float = DEFAULT_MAX_ERROR_PX,
+) -> GridRunResult:
+    """Compute the IPM grid of ``rig`` and write the ``grid/`` group into
+    ``<out_dir>/<name>.zarr`` (atomically; see :func:`bevcompile.store.zarr_io.write_groups`).
+
+    ``formats`` adds fixed-point formats to ``grid/``. ``npu=True`` (what ``bevcompile grid``
+    always does) also writes ``gather/`` and ``delta/`` (see :func:`build_grid_command`).
+    Every group of :data:`GRID_COMMAND_GROUPS` not written is removed from an existing store,
+    so a store never holds NPU tables of an older build. Options are validated before any
+    work (:class:`~bevcompile.errors.UsageError`).
+    """
+    options = GridBuildOptions(
+        align_corners=align_corners,
+        formats=tuple(formats),
+        frac_bits=frac_bits,
+        align=align,
+        order=order,
+        block=block,
+        max_error_px=max_error_px,
+        npu=npu,
+    ).validated()
+    check_grid_memory(rig, block=options.block if options.npu else None)
+    path = store_path(out_dir, rig.name)
+    attrs = root_attributes(rig)
+    check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    built = build_grid_command(rig, options, progress=progress)
+    report = write_groups(
+        path,
+        root_attrs=attrs,
+        groups=built.groups,
+        force=force,
+        replace_groups=GRID_COMMAND_GROUPS,
+    )
+    extra = dict(built.summary)
+    extra["arrays"] = {
+        f"{group}/{name}": {"shape": list(array.shape), "dtype": str(array.dtype)}
+        for group, data in built.groups.items()
+        for name, array in data.arrays.items()
+    }
+    return GridRunResult(rig, path, built.products, summarise_cameras(rig, built.products), report, extra=extra)
+
+
+def total_grid_cells(rig: RigConfig) -> int:
+    return rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+
+
+def as_float_list(values: np.ndarray) -> list[float]:
+    return [float(v) for v in np.asarray(values).ravel()]

@@ -1,0 +1,443 @@
+"""BEVDet's BEVPoolv2 arrays. Pure numpy: config dataclasses in, arrays out (the ``interop/``
+group is written by :mod:`bevcompile.interop.export`).
+
+BEVDet BEVPoolv2 (``--to bevpoolv2``)
+-------------------------------------
+The five int32 arrays BEVDet's ``voxel_pooling_prepare_v2`` computes and that ``bev_pool_v2``
+(CUDA) and its TensorRT plug-in (``TRTBEVPoolv2``) take as inputs, for a fixed batch size
+``B`` (``--batch``, default 1; a TensorRT engine is built for one batch size):
+
+* ``ranks_depth[i] = (((b * n_cam + cam) * D + d) * H_f + v) * W_f + u`` — the kept frustum
+  point's index into the depth probabilities ``(B, n_cam, D, H_f, W_f)``;
+* ``ranks_feat[i] = ((b * n_cam + cam) * H_f + v) * W_f + u`` — its row in the channels-last
+  features ``(B, n_cam, H_f, W_f, C)``;
+* ``ranks_bev[i] = ((b * Z + z) * Y + y) * X + x`` — its voxel in the ``(B, Z, Y, X)`` output;
+* ``interval_starts``, ``interval_lengths`` — the runs of equal ``ranks_bev``.
+
+These are BEVDet's ``voxel_pooling_prepare_v2`` formulas (its batch index is the most
+significant digit of every rank). Points are enumerated in ``ranks_depth`` order, the ones
+outside the voxel grid dropped, and the rest sorted by ``ranks_bev`` with a STABLE sort, so
+inside a voxel the points stay in increasing ``ranks_depth`` order: the arrays are
+deterministic (BEVDet's ``argsort`` is not). The rig is the same for every batch item, so the
+batch-``B`` arrays are the batch-1 arrays repeated ``B`` times with the rank offsets above
+(and ``interval_starts`` offset by ``b * n_kept_1``).
+Pooling: ``bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]``.
+
+Frustum point of ``(cam, d, v, u)``: the feature pixel ``(u, v)`` mapped to the network input
+(``linspace`` — BEVDet's ``torch.linspace(0, W_in - 1, W_f)`` — or the rig's ``stride``
+mapping), through the image augmentation and the lens model, at depth ``d_k`` along the
+optical axis, into the ego frame (:func:`bevcompile.rig.geometry.unproject_feature_to_ego`).
+Voxel coordinate: ``c = (p - lower) / step`` per axis (x, y, z; float64), then ``trunc``
+(toward zero, BEVDet's ``.long()``: points up to one voxel *below* the lower bound land in
+voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import UsageError
+from ..matrix.entries import CameraRays, camera_rays
+from ..rig.config import FeatureSpec, RigConfig
+
+ProgressFn = Callable[[int], None]
+
+FRUSTUM_MAPPINGS = ("linspace", "stride", "rig")
+ROUNDINGS = ("trunc", "floor")
+BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
+BEVPOOL_PREFIX = "bevpoolv2_"
+INT32_MAX = np.iinfo(np.int32).max
+MAX_BATCH = 256
+_POINTS_PER_STEP = 1 << 21  # frustum points unprojected per step (bounds peak memory)
+
+
+# --------------------------------------------------------------------------------------
+# BEVPoolv2
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BevPoolOptions:
+    """How the BEVPoolv2 arrays are built (recorded as ``build_options``).
+
+    ``frustum_mapping``: ``linspace`` (BEVDet's frustum), ``stride``, or ``rig`` (the rig's
+    ``feature.pixel_mapping``, as ``matrix/`` uses). ``rounding``: ``trunc`` (BEVDet's
+    ``.long()``) or ``floor``. ``z_bins``: voxels along z over the rig's ``bev.z`` range
+    (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
+    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`).
+    """
+
+    frustum_mapping: str = "linspace"
+    rounding: str = "trunc"
+    z_bins: int | None = None
+    batch: int = 1
+
+    def validate(self) -> None:
+        if self.frustum_mapping not in FRUSTUM_MAPPINGS:
+            raise UsageError(f"--frustum-mapping must be one of {', '.join(FRUSTUM_MAPPINGS)}, got {self.frustum_mapping!r}")
+        if self.rounding not in ROUNDINGS:
+            raise UsageError(f"--rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+        if self.z_bins is not None and not 1 <= self.z_bins <= 4096:
+            raise UsageError(f"--z-bins must be in [1, 4096], got {self.z_bins}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 1 <= self.batch <= MAX_BATCH:
+            raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BevPoolOptions:
+        if not isinstance(data, dict):
+            raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch"}
+        if unknown:
+            raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
+        z_bins = data.get("z_bins")
+        batch = data.get("batch", 1)  # stores written before --batch existed are batch 1
+        if isinstance(batch, bool) or not isinstance(batch, int):
+            raise UsageError(f"bevpoolv2 build option batch must be an integer, got {batch!r}")
+        options = cls(
+            frustum_mapping=str(data.get("frustum_mapping", "linspace")),
+            rounding=str(data.get("rounding", "trunc")),
+            z_bins=None if z_bins is None else int(z_bins),
+            batch=batch,
+        )
+        options.validate()
+        return options
+
+
+@dataclass(frozen=True)
+class VoxelGrid:
+    """The voxel grid of the pooling: lower bounds, steps and counts per axis ``(x, y, z)``."""
+
+    lower: tuple[float, float, float]
+    step: tuple[float, float, float]
+    size: tuple[int, int, int]  # (X, Y, Z) = (nx, ny, nz)
+
+    @property
+    def n_voxels(self) -> int:
+        return self.size[0] * self.size[1] * self.size[2]
+
+
+def voxel_grid(rig: RigConfig, z_bins: int | None) -> VoxelGrid:
+    """The rig's BEV x/y cells and its ``bev.z`` range split into ``z_bins`` voxels."""
+    bev = rig.bev
+    nz = bev.z.n if z_bins is None else z_bins
+    z_step = bev.z.step if z_bins is None else (bev.z.max - bev.z.min) / z_bins
+    return VoxelGrid((bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, z_step), (bev.nx, bev.ny, nz))
+
+
+def frustum_rig(rig: RigConfig, mapping: str) -> RigConfig:
+    """``rig`` with its feature pixel mapping replaced (``rig`` keeps it)."""
+    if mapping == "rig" or mapping == rig.feature.pixel_mapping:
+        return rig
+    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping))
+
+
+def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
+    """``(n_cam, D, H_f, W_f)``: the shape of the depth probabilities (and of the frustum)."""
+    w_f, h_f = rig.feature_size
+    return rig.n_cam, rig.depth.n_bins, h_f, w_f
+
+
+def frustum_points_ego(
+    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: CameraRays | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ego coordinates of one camera's LSS frustum points.
+
+    Convention:
+        returns ``points_ego`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) ego frame, for
+        depth bins ``depth_slice`` (default all), pixel ``(u, v)`` = feature pixel centre under
+        ``rig.feature.pixel_mapping``, depth along the optical axis; and ``ok`` bool
+        ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model; those
+        points are NaN). The arithmetic is the ``matrix/`` builder's, term for term
+        (``origin_ego + d * ray_ego`` with the rays of
+        :func:`bevcompile.matrix.entries.camera_rays`), so a point on a voxel boundary falls on
+        the same side in both products.
+    """
+    camera_rays_ = rays if rays is not None else camera_rays(rig, cam_index)
+    w_f, h_f = rig.feature_size
+    depths = np.asarray(rig.depth.values(), dtype=np.float64)
+    if depth_slice is not None:
+        depths = depths[depth_slice]
+    points_ego = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
+    pixels = camera_rays_.pixel_index
+    for axis in range(3):
+        points_ego[:, pixels, axis] = camera_rays_.origin_ego[axis] + depths[:, None] * camera_rays_.ray_ego[axis][None, :]
+    ok = np.zeros(h_f * w_f, dtype=bool)
+    ok[pixels] = True
+    shape = (depths.size, h_f, w_f)
+    return points_ego.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
+
+
+def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
+
+    ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
+    fails every comparison, so unprojectable points are never kept.
+    """
+    lower = np.asarray(grid.lower, dtype=np.float64)
+    step = np.asarray(grid.step, dtype=np.float64)
+    scaled = (np.asarray(points_ego, dtype=np.float64) - lower) / step
+    kept = np.ones(scaled.shape[:-1], dtype=bool)
+    for axis, n in enumerate(grid.size):
+        f = scaled[..., axis]
+        kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
+        kept &= f < n
+    return scaled, kept
+
+
+def voxel_coords(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+    """Voxel coordinates of points.
+
+    Convention:
+        points_ego ``(..., 3)`` float64 metres (x, y, z); returns int64 ``(..., 3)`` voxel
+        ``(ix, iy, iz)`` = ``trunc`` or ``floor`` of ``(p - lower) / step`` and ``kept`` bool
+        ``(...)``: finite and ``0 <= i < size`` on every axis (index 0 where not kept).
+    """
+    scaled, kept = _voxel_scaled(points_ego, grid, rounding)
+    coords = np.zeros(scaled.shape, dtype=np.int64)
+    # kept values are > -1 (trunc) or >= 0 (floor): a cast truncates toward zero = the rounding
+    coords[kept] = scaled[kept].astype(np.int64)
+    return coords, kept
+
+
+@dataclass(frozen=True)
+class BevPoolV2Arrays:
+    """BEVDet BEVPoolv2 inputs (batch ``options.batch``) and the facts needed to use them.
+
+    Convention:
+        all arrays int32, 1-D. ``ranks_*`` have one entry per kept frustum point (of every batch
+        item), sorted by ``ranks_bev`` (stable: ``ranks_depth`` ascending inside a voxel);
+        ``interval_*`` one entry per occupied voxel. ``depth_shape = (n_cam, D, H_f, W_f)`` per
+        batch item; ``grid_size = (X, Y, Z)``; output ``(B, Z, Y, X, C)`` (BEVDet's
+        ``bev_feat_shape``).
+    """
+
+    ranks_bev: npt.NDArray[np.int32]
+    ranks_depth: npt.NDArray[np.int32]
+    ranks_feat: npt.NDArray[np.int32]
+    interval_starts: npt.NDArray[np.int32]
+    interval_lengths: npt.NDArray[np.int32]
+    depth_shape: tuple[int, int, int, int]
+    grid: VoxelGrid
+    options: BevPoolOptions
+
+    @property
+    def batch(self) -> int:
+        return self.options.batch
+
+    @property
+    def n_points(self) -> int:
+        """Frustum points of all batch items."""
+        n_cam, d, h, w = self.depth_shape
+        return self.batch * n_cam * d * h * w
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.ranks_bev.size)
+
+    @property
+    def n_intervals(self) -> int:
+        return int(self.interval_starts.size)
+
+    @property
+    def max_interval_length(self) -> int:
+        return int(self.interval_lengths.max()) if self.interval_lengths.size else 0
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in BEVPOOL_ARRAYS}
+
+
+def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progress: ProgressFn | None = None) -> BevPoolV2Arrays:
+    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch ``options.batch``), with a stable sort.
+
+    Streams the frustum in steps of at most ~2 M points; ``progress(n)`` is called with the
+    number of frustum points processed (total ``n_cam * D * H_f * W_f``: the geometry is
+    computed once and repeated for every batch item).
+    """
+    options = options or BevPoolOptions()
+    options.validate()
+    frig = frustum_rig(rig, options.frustum_mapping)
+    grid = voxel_grid(rig, options.z_bins)
+    n_cam, n_d, h_f, w_f = frustum_shape(rig)
+    n_points = n_cam * n_d * h_f * w_f
+    batch = options.batch
+    if batch * n_points > INT32_MAX or batch * grid.n_voxels > INT32_MAX:
+        raise UsageError(
+            f"batch {batch} x {n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
+        )
+    d_step = max(1, _POINTS_PER_STEP // (h_f * w_f))
+    plane = h_f * w_f
+    x_size, y_size, _ = grid.size
+    bev_parts: list[np.ndarray] = []
+    depth_parts: list[np.ndarray] = []
+    feat_parts: list[np.ndarray] = []
+    for cam in range(n_cam):
+        rays = camera_rays(frig, cam)
+        for d0 in range(0, n_d, d_step):
+            d1 = min(n_d, d0 + d_step)
+            points, _ok = frustum_points_ego(frig, cam, slice(d0, d1), rays)  # NaN where not ok
+            scaled, kept = _voxel_scaled(points, grid, options.rounding)
+            flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
+            c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
+            bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
+            depth_parts.append((flat_kept + (cam * n_d + d0) * plane).astype(np.int32))
+            feat_parts.append((flat_kept % plane + cam * plane).astype(np.int32))
+            if progress is not None:
+                progress((d1 - d0) * plane)
+    ranks_bev = np.concatenate(bev_parts) if bev_parts else np.zeros(0, np.int32)
+    ranks_depth = np.concatenate(depth_parts) if depth_parts else np.zeros(0, np.int32)
+    # stable sort; voxel ranks < 2**16 sort as uint16 (numpy's radix sort, ~4x faster)
+    keys = ranks_bev.astype(np.uint16) if grid.n_voxels <= 1 << 16 else ranks_bev
+    order = np.argsort(keys, kind="stable")
+    ranks_bev = ranks_bev[order]
+    ranks_depth = ranks_depth[order]
+    ranks_feat = np.concatenate(feat_parts)[order] if feat_parts else np.zeros(0, np.int32)
+    starts, lengths = intervals_of(ranks_bev)
+    if batch > 1:
+        # batch b: every rank gets b as its most significant digit; still sorted and stable
+        n_kept_one = int(ranks_bev.size)
+        ranks_bev = _repeat_with_offset(ranks_bev, batch, grid.n_voxels)
+        ranks_depth = _repeat_with_offset(ranks_depth, batch, n_points)
+        ranks_feat = _repeat_with_offset(ranks_feat, batch, n_cam * plane)
+        starts = _repeat_with_offset(starts, batch, n_kept_one)
+        lengths = np.tile(lengths, batch)
+    return BevPoolV2Arrays(
+        ranks_bev=np.ascontiguousarray(ranks_bev, dtype=np.int32),
+        ranks_depth=np.ascontiguousarray(ranks_depth, dtype=np.int32),
+        ranks_feat=np.ascontiguousarray(ranks_feat, dtype=np.int32),
+        interval_starts=np.ascontiguousarray(starts, dtype=np.int32),
+        interval_lengths=np.ascontiguousarray(lengths, dtype=np.int32),
+        depth_shape=(n_cam, n_d, h_f, w_f),
+        grid=grid,
+        options=options,
+    )
+
+
+def _repeat_with_offset(values: np.ndarray, batch: int, stride: int) -> npt.NDArray[np.int32]:
+    """``concat(values + b * stride for b in range(batch))`` as int32 (the caller checked the range)."""
+    offsets = np.arange(batch, dtype=np.int64)[:, None] * stride
+    return (np.asarray(values, dtype=np.int64)[None, :] + offsets).reshape(-1).astype(np.int32)
+
+
+def feat_rank_from_depth_rank(ranks_depth: np.ndarray, depth_shape: tuple[int, int, int, int]) -> npt.NDArray[np.int32]:
+    """``(cam, d, v, u)`` flat index -> ``(cam, v, u)`` flat index: ``cam*H*W + (r mod H*W)``
+    (with a batch, ``cam`` stands for ``b * n_cam + cam`` on both sides)."""
+    _n_cam, n_d, h_f, w_f = depth_shape
+    plane = h_f * w_f
+    r = np.asarray(ranks_depth, dtype=np.int64)
+    return ((r // (n_d * plane)) * plane + r % plane).astype(np.int32)
+
+
+def intervals_of(ranks_bev_sorted: np.ndarray) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Runs of equal values in a sorted array: ``(interval_starts, interval_lengths)`` int32."""
+    r = np.asarray(ranks_bev_sorted)
+    if r.size == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    change = np.ones(r.size, dtype=bool)
+    change[1:] = r[1:] != r[:-1]
+    starts = np.flatnonzero(change)
+    lengths = np.diff(np.append(starts, r.size))
+    return starts.astype(np.int32), lengths.astype(np.int32)
+
+
+def bev_pool_v2(
+    depth: np.ndarray,
+    features: np.ndarray,
+    arrays: BevPoolV2Arrays | dict[str, np.ndarray],
+    grid_size: tuple[int, int, int],
+) -> npt.NDArray[np.float64]:
+    """Sum pooling with the BEVPoolv2 arrays (what BEVDet's ``bev_pool_v2`` kernel computes).
+
+    Convention:
+        depth: ``(n_cam, D, H_f, W_f)`` depth probabilities; features: ``(n_cam, C, H_f, W_f)``
+        (channels-first, as everywhere in bevcompile; the kernel's channels-last rows are
+        ``(cam * H_f + v) * W_f + u``); grid_size ``(X, Y, Z)``.
+        returns float64 ``(C, Z, Y, X)``; voxels with no point are 0. With a leading batch
+        axis on both inputs (``(B, n_cam, ...)``, arrays built with ``batch=B``) it returns
+        ``(B, C, Z, Y, X)``.
+    """
+    if isinstance(arrays, BevPoolV2Arrays):
+        arrays = arrays.arrays()
+    features = np.asarray(features)
+    batched = features.ndim == 5
+    batch = features.shape[0] if batched else 1
+    feats = features.reshape(-1, *features.shape[-3:])  # (B * n_cam, C, H_f, W_f)
+    n_rows, c, h_f, w_f = feats.shape
+    x_size, y_size, z_size = grid_size
+    feat_rows = np.moveaxis(feats.astype(np.float64), 1, -1).reshape(n_rows * h_f * w_f, c)
+    depth_flat = np.asarray(depth, dtype=np.float64).reshape(-1)
+    out = np.zeros((batch * z_size * y_size * x_size, c), dtype=np.float64)
+    starts = np.asarray(arrays["interval_starts"], dtype=np.int64)
+    if starts.size:
+        products = depth_flat[arrays["ranks_depth"]][:, None] * feat_rows[arrays["ranks_feat"]]
+        sums = np.add.reduceat(products, starts, axis=0)
+        out[np.asarray(arrays["ranks_bev"])[starts]] = sums
+    pooled = np.moveaxis(out.reshape(batch, z_size, y_size, x_size, c), -1, 1)  # (B, C, Z, Y, X)
+    return pooled if batched else pooled[0]
+
+
+def reference_frustum_pool(
+    rig: RigConfig, options: BevPoolOptions, depth: np.ndarray, features: np.ndarray
+) -> npt.NDArray[np.float64]:
+    """Straightforward LSS sum pooling (every point scattered with ``np.add.at``): the
+    reference the BEVPoolv2 arrays are checked against. Same conventions as :func:`bev_pool_v2`."""
+    frig = frustum_rig(rig, options.frustum_mapping)
+    grid = voxel_grid(rig, options.z_bins)
+    n_cam, c, _h_f, _w_f = features.shape
+    x_size, y_size, z_size = grid.size
+    out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
+    for cam in range(n_cam):
+        points, ok = frustum_points_ego(frig, cam)
+        coords, kept = voxel_coords(points, grid, options.rounding)
+        kept &= ok
+        d_idx, v_idx, u_idx = np.nonzero(kept)
+        cell = (coords[kept][:, 2] * y_size + coords[kept][:, 1]) * x_size + coords[kept][:, 0]
+        values = depth[cam, d_idx, v_idx, u_idx].astype(np.float64)[None, :] * features[cam][:, v_idx, u_idx].astype(np.float64)
+        for ch in range(c):
+            np.add.at(out[ch], cell, values[ch])
+    return out.reshape(c, z_size, y_size, x_size)
+
+
+def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
+    """The ``interop/`` attributes describing the BEVPoolv2 arrays (formulas and figures)."""
+    n_cam, n_d, h_f, w_f = result.depth_shape
+    x_size, y_size, z_size = result.grid.size
+    return {
+        "batch": result.batch,
+        "depth_shape": [n_cam, n_d, h_f, w_f],
+        "depth_shape_order": "(n_cam, D, H_f, W_f) per batch item; inputs (B, n_cam, D, H_f, W_f)",
+        "feat_shape": [n_cam, h_f, w_f],
+        "feat_shape_order": "(n_cam, H_f, W_f, C) channels-last rows per batch item; inputs (B, n_cam, H_f, W_f, C)",
+        "grid_size": [x_size, y_size, z_size],
+        "grid_size_order": "(X, Y, Z) = (nx, ny, nz)",
+        "output_shape_order": "(B, Z, Y, X, C) (BEVDet bev_feat_shape)",
+        "grid_lower": list(result.grid.lower),
+        "grid_step": list(result.grid.step),
+        "ranks_depth": "(((b * n_cam + cam) * D + d) * H_f + v) * W_f + u",
+        "ranks_feat": "((b * n_cam + cam) * H_f + v) * W_f + u",
+        "ranks_bev": "((b * Z + z) * Y + y) * X + x",
+        "batch_layout": "the batch-1 arrays repeated B times with the rank offsets above; interval_starts offset by b * n_kept / B",
+        "voxel_coordinate": (
+            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), float64; "
+            "kept iff 0 <= i < grid_size on every axis"
+        ),
+        "frustum": (
+            "feature pixel (u, v) centre under pixel mapping "
+            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> ego"
+        ),
+        "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
+        "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",
+        "n_points": result.n_points,
+        "n_kept": result.n_kept,
+        "n_intervals": result.n_intervals,
+        "max_interval_length": result.max_interval_length,
+    }
+
+

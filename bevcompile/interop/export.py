@@ -1,0 +1,217 @@
+"""The ``interop/`` group: build the requested targets, keep the others, write atomically.
+
+:func:`run_export_interop` is the only I/O of the interop package: the ``interop/`` group through
+:func:`bevcompile.store.zarr_io.write_groups`, and ``.npy`` files (BEVDet's array names) on request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError, UsageError
+from ..rig.config import RigConfig
+from .bevpoolv2 import BEVPOOL_ARRAYS, BEVPOOL_PREFIX, BevPoolOptions, ProgressFn, bevpoolv2_attrs, build_bevpoolv2
+from .fastbev import FASTBEV_LUT_ARRAY, FastBevLut, FastBevOptions, build_fastbev_lut, fastbev_attrs
+
+INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
+
+
+# --------------------------------------------------------------------------------------
+# the interop/ group
+# --------------------------------------------------------------------------------------
+
+
+def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
+    return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
+
+
+def build_target(
+    rig: RigConfig, target: str, build_options: Any, progress: ProgressFn | None = None
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Arrays (named as in ``interop/``) and attributes of one target from its build options."""
+    if target == "bevpoolv2":
+        bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress)
+        return {BEVPOOL_PREFIX + k: v for k, v in bev.arrays().items()}, bevpoolv2_attrs(bev)
+    if target == "fastbev-lut":
+        lut = build_fastbev_lut(rig, FastBevOptions.from_dict(build_options))
+        if progress is not None:
+            progress(int(lut.lut.size))
+        return _fastbev_arrays(lut), fastbev_attrs(lut, rig)
+    raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+
+
+def target_arrays(target: str) -> tuple[str, ...]:
+    """Names of the ``interop/`` arrays a target owns."""
+    if target == "bevpoolv2":
+        return tuple(BEVPOOL_PREFIX + name for name in BEVPOOL_ARRAYS)
+    return (FASTBEV_LUT_ARRAY, "fastbev_n_views")
+
+
+def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_attrs: dict[str, Any]) -> dict[str, Any]:
+    """Group attributes: ``build_options`` per target (rebuilds the arrays bit-exactly) plus,
+    per target, the formulas and measured figures."""
+    w_f, h_f = rig.feature_size
+    attrs: dict[str, Any] = {
+        "build_options": {t: build_options[t] for t in INTEROP_TARGETS if t in build_options},
+        "targets": [t for t in INTEROP_TARGETS if t in build_options],
+        "cameras": list(rig.camera_names),
+        "feature_size": [w_f, h_f],
+        "feature_size_order": "[W_f, H_f]",
+    }
+    for target in attrs["targets"]:
+        attrs[target] = target_attrs[target]
+    return attrs
+
+
+@dataclass
+class InteropRunResult:
+    """What :func:`run_export_interop` wrote."""
+
+    store: Any  # pathlib.Path
+    targets: tuple[str, ...]  # targets built by this run
+    kept_targets: tuple[str, ...]  # other targets of the group, rebuilt from their recorded options
+    arrays: dict[str, np.ndarray]
+    attrs: dict[str, Any]
+    bytes_written: dict[str, int]
+    npy_files: list[Any]  # pathlib.Path
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": str(self.store),
+            "targets": list(self.targets),
+            "kept_targets": list(self.kept_targets),
+            "build_options": self.attrs["build_options"],
+            **{t: self.attrs[t] for t in self.attrs["targets"]},
+            "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in self.arrays.items()},
+            "bytes_written": self.bytes_written,
+            "npy_files": [str(p) for p in self.npy_files],
+            "notes": self.notes,
+        }
+
+
+def npy_names(target: str) -> dict[str, str]:
+    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2)."""
+    if target == "bevpoolv2":
+        return {BEVPOOL_PREFIX + name: f"{name}.npy" for name in BEVPOOL_ARRAYS}
+    return {FASTBEV_LUT_ARRAY: "fastbev_lut.npy", "fastbev_n_views": "fastbev_n_views.npy"}
+
+
+def run_export_interop(
+    store_path: Any,
+    targets: dict[str, dict[str, Any]],
+    *,
+    npy_dir: Any = None,
+    progress: ProgressFn | None = None,
+) -> InteropRunResult:
+    """Build the requested interop targets for the store at ``store_path`` and write them into
+    its ``interop/`` group (atomically, see :func:`bevcompile.store.zarr_io.write_groups`); targets
+    already in the group and not requested are rebuilt from their recorded build options and
+    kept. With ``npy_dir``, the requested targets are also written as ``.npy`` files (BEVDet's
+    array names) plus ``interop.json`` (the group attributes).
+
+    ``targets`` maps target name -> build options (``BevPoolOptions.to_dict()`` /
+    ``FastBevOptions.to_dict()``).
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from ..store.loader import load
+    from ..store.root import root_attributes
+    from ..store.zarr_io import GroupData, write_groups
+
+    for target in targets:
+        if target not in INTEROP_TARGETS:
+            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+    if npy_dir is not None and Path(npy_dir).exists() and not Path(npy_dir).is_dir():
+        raise UsageError(f"--npy {npy_dir}: is a file; give a folder for the .npy files")
+    store = load(store_path, verify=False)
+    rig = store.rig
+    notes: list[str] = []
+    build_options: dict[str, Any] = {}
+    kept: list[str] = []
+    if store.has_group("interop"):
+        recorded = store["interop"].attrs.get("build_options")
+        if isinstance(recorded, Mapping):
+            for target, options in recorded.items():
+                if target in INTEROP_TARGETS and target not in targets:
+                    build_options[target] = _thaw(options)
+                    kept.append(target)
+    for target, options in targets.items():
+        build_options[target] = dict(options)
+    arrays: dict[str, np.ndarray] = {}
+    target_attrs: dict[str, Any] = {}
+    for target in [t for t in INTEROP_TARGETS if t in build_options]:
+        try:
+            target_arrays_, attrs_ = build_target(rig, target, build_options[target], progress if target in targets else None)
+        except UsageError as exc:
+            if target in targets:
+                raise
+            notes.append(f"dropped {target}: its recorded build_options do not rebuild ({exc})")
+            kept.remove(target)
+            del build_options[target]
+            continue
+        arrays.update(target_arrays_)
+        target_attrs[target] = attrs_
+    attrs = interop_group_attrs(rig, build_options, target_attrs)
+    folder = Path(npy_dir) if npy_dir is not None else None
+    if folder is not None:  # before the store is touched: a bad --npy changes nothing
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".bevcompile-write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
+        for target in [t for t in INTEROP_TARGETS if t in targets]:
+            for file_name in npy_names(target).values():
+                if (folder / file_name).is_dir():
+                    raise StoreError(f"{folder / file_name}: is a directory, cannot write the .npy file there")
+    report = write_groups(
+        store.path,
+        root_attrs=root_attributes(rig),
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs)},
+        replace_groups=("interop",),
+    )
+    npy_files: list[Path] = []
+    if folder is not None:
+        try:
+            for target in [t for t in INTEROP_TARGETS if t in targets]:
+                for array_name, file_name in npy_names(target).items():
+                    path = folder / file_name
+                    tmp = folder / f".{file_name}.tmp-{os.getpid()}"
+                    with open(tmp, "wb") as fh:
+                        np.save(fh, arrays[array_name], allow_pickle=False)
+                    os.replace(tmp, path)
+                    npy_files.append(path)
+            meta = folder / "interop.json"
+            tmp = folder / f".interop.json.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(attrs, indent=2, sort_keys=True, allow_nan=False) + "\n")
+            os.replace(tmp, meta)
+            npy_files.append(meta)
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
+    return InteropRunResult(
+        store=store.path,
+        targets=tuple(t for t in INTEROP_TARGETS if t in targets),
+        kept_targets=tuple(kept),
+        arrays=arrays,
+        attrs=attrs,
+        bytes_written=report.bytes_per_array,
+        npy_files=npy_files,
+        notes=notes,
+    )
+
+
+def _thaw(value: Any) -> Any:
+    """Plain dict/list copy of a (possibly read-only) attribute value."""
+    if hasattr(value, "items"):
+        return {str(k): _thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_thaw(v) for v in value]
+    return value

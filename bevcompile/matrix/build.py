@@ -1,0 +1,797 @@
+"""Sparse aggregation matrices: the camera-to-BEV lift as one product ``F_bev = W @ F_img``.
+
+Pure numpy (no zarr, no printing). :func:`build_matrix` returns :class:`MatrixProducts`
+(COO, ELL, tiles, int8, camera mass and the measured figures); :func:`run_matrix` builds
+and writes the ``matrix/`` group (the store I/O lives in :mod:`bevcompile.store.zarr_io`).
+
+Conventions (README "Sparse aggregation matrices"; stored in the ``matrix/`` group attributes):
+
+* Rows: BEV cells, row-major ``row = iy * nx + ix`` (``--compact-rows``: only non-empty
+  rows, ``row_ids[r]`` is the BEV cell of row ``r``).
+* ``mode="frustum"`` columns: ``col = ((cam * D + d) * H_f + v) * W_f + u`` — the flattening
+  of BEVDet's ``(N, D, H, W)`` depth x feature outer product. The point of column
+  ``(cam, d, v, u)`` is the feature-pixel centre ``(u, v)`` lifted to depth ``bins[d]`` along
+  the optical axis, in ego metres, evaluated exactly as
+  ``ray_ego = R[:, 0] * x_n + R[:, 1] * y_n + R[:, 2]`` (``(x_n, y_n, 1)`` = the undistorted
+  normalised ray of :func:`bevcompile.rig.geometry.unproject_image_to_cam`) and
+  ``p_ego = t + d * ray_ego`` (``ego_from_cam = [R | t]``) — the same point as
+  :func:`bevcompile.rig.geometry.unproject_feature_to_ego` (to ~1e-13 m), written elementwise so
+  that every build (streamed, reference, any chunking) gets identical bits.
+* Cell coordinates ``f_x = (x - x_min) / dx``, ``f_y = (y - y_min) / dy``,
+  ``f_z = (z - z_min) / dz``; a point is in range iff its cell index ``i = floor(f)``
+  (``rounding="floor"``: the cell containing it) or ``i = trunc(f)`` (``rounding="trunc"``:
+  BEVDet's ``.long()``, which also puts ``f`` in ``(-1, 0)`` into cell 0) satisfies
+  ``0 <= i < n`` on all three axes (z: ``bev.z``; every z bin collapses into the BEV cell).
+* ``splat="nearest"``: weight 1 to cell ``(i_y, i_x)``. ``splat="bilinear"``: with
+  ``g = f - 0.5`` (cell-centre coordinates), ``i0 = floor(g)``, ``a = g - i0``, the point gives
+  ``(1 - a_x)(1 - a_y)``, ``a_x (1 - a_y)``, ``(1 - a_x) a_y``, ``a_x a_y`` to the four cells
+  ``(i0_y + {0,1}, i0_x + {0,1})``; cells outside the grid get nothing (zeros padding).
+* ``mode="grid"`` columns: ``col = (cam * H_f + v) * W_f + u``; row weights are the
+  ``grid_sample`` weights (bilinear, zeros padding; or nearest = round half to even) of the
+  cell's float64 sampling position in every camera at every height (the ``grid/`` geometry),
+  summed over heights in height order. Invalid cells contribute nothing.
+* Entries of weight exactly 0 are not stored. Top-K (``topk > 0``) keeps per row the K entries
+  of largest raw weight; ties by smaller squared distance of the source point to the cell
+  centre (frustum: ``((g_x - i_x) dx)^2 + ((g_y - i_y) dy)^2`` metres^2; grid: squared
+  feature-pixel distance between the pixel centre and the sampling position, minimum over
+  heights), then by smaller column. ``normalize="mean"`` divides each kept row by its kept
+  raw weight sum; ``"sum"`` keeps raw weights.
+
+Modules: :mod:`bevcompile.matrix.entries` (rays, streamed Top-K build, grid entries) and
+:mod:`bevcompile.matrix.layout` (ELL, tiles, int8); their public names are re-exported here.
+
+Speed: the frustum build streams over ``(camera, depth-bin chunk)`` blocks in two passes
+(a per-row histogram of the Top-K order key, then the candidates that can still be in the
+Top-K), so it never materialises all points or sorts them all; the result is bit-identical
+to the straightforward build in :mod:`bevcompile.matrix.reference`.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import UsageError
+from ..grid.build import check_grid_memory
+from ..memory import refuse_beyond_memory
+from ..rig.config import RigConfig, config_sha256
+from ..store.root import root_attributes
+from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
+from .entries import CameraRays, Entries, _hist_bins, camera_rays, frustum_entries, grid_entries, select_topk
+from .layout import (
+    INT8_MAX,
+    MAX_PRODUCT_SLOTS,
+    check_product_slots,
+    coo_to_dense,
+    dequantize_rows_int8,
+    ell_layout,
+    int8_errors,
+    quantize_rows_int8,
+    round_up,
+    tile_blocks,
+    tile_int8_errors,
+    tile_layout,
+    tile_scales_and_int8,
+)
+
+__all__ = [
+    "INT8_MAX",
+    "MAX_PRODUCT_SLOTS",
+    "CameraRays",
+    "Entries",
+    "MatrixFigures",
+    "MatrixOptions",
+    "MatrixProducts",
+    "MatrixRunResult",
+    "assemble_products",
+    "build_matrix",
+    "camera_rays",
+    "coo_to_dense",
+    "dequantize_rows_int8",
+    "ell_layout",
+    "int8_errors",
+    "matrix_attributes",
+    "matrix_group",
+    "matrix_work_units",
+    "n_columns",
+    "quantize_rows_int8",
+    "round_up",
+    "run_matrix",
+    "select_topk",
+    "tile_blocks",
+    "tile_int8_errors",
+    "tile_layout",
+    "tile_scales_and_int8",
+]
+
+ProgressFn = Callable[[int], None]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+MODES = ("frustum", "grid")
+SPLATS = ("nearest", "bilinear")
+NORMALIZES = ("sum", "mean")
+ROUNDINGS = ("floor", "trunc")
+QUANTIZE = (None, "int8")
+MAX_INDEX = np.iinfo(np.int32).max
+
+TOPK_RULE = (
+    "per row keep the K entries of largest raw weight; ties: smaller squared distance of the source point "
+    "to the cell centre, then smaller column index; K = 0 keeps every entry"
+)
+K_PAD_RULE = "k_pad = round_up(K, align) when K > 0 (shape independent of the calibration); round_up(max(max row nnz, 1), align) when K = 0"
+
+
+# --------------------------------------------------------------------------------------
+# options
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatrixOptions:
+    """Every option of a matrix build (stored as ``matrix/`` ``attrs["build_options"]``)."""
+
+    mode: str = "frustum"
+    topk: int = 0
+    align: int = 16
+    splat: str = "bilinear"
+    normalize: str = "sum"
+    tile_rows: int | None = None
+    quantize: str | None = None
+    compact_rows: bool = False
+    rounding: str = "floor"
+
+    def validate(self) -> MatrixOptions:
+        """Raise :class:`UsageError` (one line) for any invalid option; return self."""
+        checks: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
+            ("mode", self.mode, MODES),
+            ("splat", self.splat, SPLATS),
+            ("normalize", self.normalize, NORMALIZES),
+            ("rounding", self.rounding, ROUNDINGS),
+            ("quantize", self.quantize, QUANTIZE),
+        )
+        for name, value, allowed in checks:
+            if value not in allowed:
+                shown = ", ".join("none" if a is None else str(a) for a in allowed)
+                raise UsageError(f"--{name} must be one of {shown}, got {value!r}")
+        for name, value, low in (("topk", self.topk, 0), ("align", self.align, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UsageError(f"--{name} must be an integer >= {low}, got {value!r}")
+        if self.tile_rows is not None and (
+            isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int) or self.tile_rows < 1
+        ):
+            raise UsageError(f"--tile-rows must be an integer >= 1, got {self.tile_rows!r}")
+        if self.mode == "grid" and self.rounding != "floor":
+            raise UsageError(f"--rounding {self.rounding} applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)")
+        if self.align > 65536:
+            raise UsageError(f"--align must be <= 65536, got {self.align}")
+        if not isinstance(self.compact_rows, bool):
+            raise UsageError(f"compact_rows must be a boolean, got {self.compact_rows!r}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MatrixOptions:
+        """Options from ``build_options`` (unknown keys are an error: they would not rebuild)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"unknown matrix build option(s): {', '.join(unknown)}")
+        return cls(**dict(data)).validate()
+
+
+# --------------------------------------------------------------------------------------
+# products
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MatrixFigures:
+    """Measured figures of one build (the deterministic ones go into the group attributes)."""
+
+    n_points: int  # frustum: n_cam * D * H_f * W_f; grid: n_cam * n_heights * ny * nx
+    n_points_valid: int  # frustum: points of pixels with a lens preimage; grid: valid samples
+    n_points_in_range: int  # frustum: inside the BEV x/y/z range; grid: = valid samples
+    n_candidates: int  # entries that reached the final Top-K sort
+    nnz: int
+    row_nnz_min: int  # over non-empty rows
+    row_nnz_median: float
+    row_nnz_max: int
+    n_empty_rows: int  # BEV cells without any entry
+    kept_weight_fraction_total: float
+    kept_weight_fraction_worst_row: float
+    worst_row_cell: int  # BEV cell of the worst row (-1 if none)
+    int8_max_rel_error: float | None  # max |deq - w| / max|row| over ELL entries
+    int8_max_abs_error: float | None
+    tile_bytes: int | None
+    dense_bytes: int
+    product_bytes: dict[str, int]
+    build_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class MatrixProducts:
+    """Arrays of the ``matrix/`` group and their figures (see the README's matrix/ contract for each array)."""
+
+    options: MatrixOptions
+    n_cells: int
+    bev_shape: tuple[int, int]  # (ny, nx)
+    n_cam: int
+    n_rows: int
+    n_cols: int
+    rows_pad: int
+    cols_pad: int
+    k_pad: int
+    cols_per_camera: int
+    coo_row: npt.NDArray[np.int32]
+    coo_col: npt.NDArray[np.int32]
+    coo_val: npt.NDArray[np.float32]
+    ell_index: npt.NDArray[np.int32]
+    ell_weight: npt.NDArray[np.float32]
+    camera_mass: npt.NDArray[np.float32]
+    row_ids: npt.NDArray[np.int32] | None
+    n_tiles: int
+    tile_cols: npt.NDArray[np.int32] | None
+    tile_col_offsets: npt.NDArray[np.int64] | None
+    tile_weight: npt.NDArray[np.float32] | None
+    row_scale: npt.NDArray[np.float32] | None
+    ell_weight_int8: npt.NDArray[np.int8] | None
+    tile_row_scale: npt.NDArray[np.float32] | None
+    tile_weight_int8: npt.NDArray[np.int8] | None
+    figures: MatrixFigures
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The group's arrays by name (optional products only when built)."""
+        out: dict[str, np.ndarray] = {
+            "coo_row": self.coo_row,
+            "coo_col": self.coo_col,
+            "coo_val": self.coo_val,
+            "ell_index": self.ell_index,
+            "ell_weight": self.ell_weight,
+            "camera_mass": self.camera_mass,
+        }
+        optional = {
+            "row_ids": self.row_ids,
+            "tile_cols": self.tile_cols,
+            "tile_col_offsets": self.tile_col_offsets,
+            "tile_weight": self.tile_weight,
+            "row_scale": self.row_scale,
+            "ell_weight_int8": self.ell_weight_int8,
+            "tile_row_scale": self.tile_row_scale,
+            "tile_weight_int8": self.tile_weight_int8,
+        }
+        out.update({name: arr for name, arr in optional.items() if arr is not None})
+        return out
+
+    def dense(self) -> npt.NDArray[np.float32]:
+        """The logical matrix as a dense ``(n_rows, n_cols)`` float32 array (small rigs only)."""
+        return coo_to_dense(self.coo_row, self.coo_col, self.coo_val, (self.n_rows, self.n_cols))
+
+
+def _peak_rss_bytes() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def matrix_work_units(rig: RigConfig, options: MatrixOptions) -> int:
+    """Total of the ``progress(n)`` calls of :func:`build_matrix` (points per pass, or grid cells)."""
+    if options.mode == "grid":
+        return rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+    w_f, h_f = rig.feature_size
+    return 2 * rig.n_cam * rig.depth.n_bins * w_f * h_f  # pass 1 (histogram, or row counts when K = 0) + pass 2
+
+
+def n_columns(rig: RigConfig, mode: str) -> int:
+    w_f, h_f = rig.feature_size
+    per_cam = (rig.depth.n_bins if mode == "frustum" else 1) * h_f * w_f
+    return rig.n_cam * per_cam
+
+
+def check_planned_sizes(options: MatrixOptions, n_cells: int) -> None:
+    """Refuse, before any work, options whose padded products could not be allocated.
+
+    Lower bounds only (the K = 0 ELL and the exact tile sizes are checked again once known):
+    ELL ``round_up(rows, align) x round_up(K, align)``; tiles at least ``ceil(rows / R) R x align``.
+    """
+    a = options.align
+    rows_low = 1 if options.compact_rows else n_cells
+    rows_pad = round_up(rows_low, a)
+    if options.topk > 0:
+        k_pad = round_up(options.topk, a)
+        check_product_slots(
+            f"ELL ({rows_pad:,} rows_pad x {k_pad:,} k_pad, from --topk {options.topk:,} --align {a:,})",
+            rows_pad * k_pad,
+            "lower --topk or --align",
+        )
+    else:
+        check_product_slots(f"ELL (at least {rows_pad:,} rows_pad x {a:,} k_pad, from --align {a:,})", rows_pad * a, "lower --align")
+    if options.tile_rows is not None:
+        r = options.tile_rows
+        check_product_slots(
+            f"the tiles (at least {-(-rows_low // r) * r:,} rows x {a:,} columns, from --tile-rows {r:,} --align {a:,})",
+            -(-rows_low // r) * r * a,
+            "use fewer --tile-rows or a smaller --align",
+        )
+
+
+def ell_shape(options: MatrixOptions, row_nnz_cells: npt.NDArray[np.integer[Any]]) -> tuple[int, int]:
+    """``(rows_pad, k_pad)`` of the ELL for the per-cell entry counts ``row_nnz_cells``
+    (``(ny * nx,)``), refused (:class:`UsageError`) over the slot limit: the K = 0 row length is
+    the max row nnz, so this runs on pass 1's counts, before the entries are collected."""
+    n_rows = int(np.count_nonzero(row_nnz_cells)) if options.compact_rows else int(row_nnz_cells.size)
+    max_nnz = int(row_nnz_cells.max()) if row_nnz_cells.size else 0
+    align = options.align
+    rows_pad = round_up(max(n_rows, 1), align)
+    k_pad = round_up(options.topk, align) if options.topk > 0 else round_up(max(max_nnz, 1), align)
+    check_product_slots(f"ELL ({rows_pad:,} rows_pad x {k_pad:,} k_pad)", rows_pad * k_pad, "set --topk to bound the row length")
+    return rows_pad, k_pad
+
+
+FRUSTUM_BYTES_BASE = 64 * 2**20
+FRUSTUM_BYTES_PER_CELL_BIN = 24
+FRUSTUM_BYTES_PER_CELL_CAMERA = 8
+FRUSTUM_BYTES_PER_CELL = 40
+"""Per-BEV-cell memory of a frustum build (see :func:`check_frustum_memory`). Measured on the
+nuScenes rig (6 cameras) at 0.05 and 0.025 m cells (4.2 M / 16.8 M cells): --topk 24 (8 bins)
+~272 B per padded cell (estimate 280), --topk 0 nearest ~79 B (estimate 88)."""
+
+
+def check_frustum_memory(rig: RigConfig, options: MatrixOptions) -> None:
+    """Refuse, before any work, a frustum build whose per-BEV-cell arrays cannot fit in this
+    machine's memory (the :func:`bevcompile.grid.build.check_grid_memory` of the matrix).
+
+    The per-row arrays scale with the cells, not the points, even with ``--compact-rows``: the
+    Top-K histogram (``n_cells x bins`` int64 counters, >= 8 bins), its bincount and threshold
+    temporaries, the row masses and ``camera_mass``. Estimate: ``64 MiB + n_pad (24 bins + 8
+    n_cam + 40) B`` with ``n_pad = (ny + 3)(nx + 3)`` (no bins when K = 0)."""
+    if options.mode != "frustum":
+        return
+    ny, nx = rig.bev.ny, rig.bev.nx
+    n_pad = (ny + 3) * (nx + 3)
+    bins = _hist_bins(ny * nx) if options.topk > 0 else 0
+    per_cell = FRUSTUM_BYTES_PER_CELL_BIN * bins + FRUSTUM_BYTES_PER_CELL_CAMERA * rig.n_cam + FRUSTUM_BYTES_PER_CELL
+    refuse_beyond_memory(
+        FRUSTUM_BYTES_BASE + n_pad * per_cell,
+        f"{rig.source}: bevcompile matrix --mode frustum of {ny} x {nx} = {ny * nx:,} BEV cells",
+        "use coarser bev steps (its per-cell arrays scale with the cells, also with --compact-rows)",
+    )
+
+
+def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None) -> MatrixProducts:
+    """Build every product of the sparse aggregation matrix of ``rig`` (see module docstring).
+
+    Convention:
+        returns :class:`MatrixProducts`: COO ``coo_row``/``coo_col`` int32 and ``coo_val``
+        float32 sorted by (row, col), logical shape ``(n_rows, n_cols)``; ELL ``(rows_pad,
+        k_pad)``; optional tiles/int8/row_ids; ``camera_mass`` float32 ``(n_cam, ny, nx)``.
+    """
+    options = (options or MatrixOptions()).validate()
+    t0 = time.perf_counter()
+    ny, nx = rig.bev.ny, rig.bev.nx
+    n_cells = ny * nx
+    n_cols = n_columns(rig, options.mode)
+    if n_cols > MAX_INDEX or n_cells > MAX_INDEX:
+        raise UsageError(f"matrix of {n_cells:,} rows x {n_cols:,} columns does not fit int32 indices")
+    check_planned_sizes(options, n_cells)
+    if options.mode == "frustum":
+
+        def check_ell(row_nnz: npt.NDArray[np.int64]) -> None:  # K = 0: refuse before pass 2
+            ell_shape(options, row_nnz)
+
+        res = frustum_entries(
+            rig,
+            splat=options.splat,
+            rounding=options.rounding,
+            topk=options.topk,
+            progress=progress,
+            check_row_nnz=check_ell,
+        )
+        kept, total_mass = res.kept, res.total_mass
+        counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)
+        phases = res.phase_seconds
+    else:
+        entries, total_mass, n_valid = grid_entries(rig, splat=options.splat, progress=progress)
+        kept = select_topk(entries, options.topk)
+        n_samples = rig.n_cam * len(rig.bev.heights) * n_cells
+        counts = (n_samples, n_valid, n_valid, len(entries))
+        phases = {"grid_entries_topk": time.perf_counter() - t0}
+    t1 = time.perf_counter()
+    products = assemble_products(rig, options, kept, total_mass, counts, t0)
+    products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
+    return products
+
+
+def assemble_products(
+    rig: RigConfig,
+    options: MatrixOptions,
+    kept: Entries,
+    total_mass: F64,
+    counts: tuple[int, int, int, int],
+    t0: float | None = None,
+) -> MatrixProducts:
+    """Normalise the kept entries and lay out every product.
+
+    Convention: ``kept`` :class:`Entries` sorted by (row, col) with BEV-cell rows and raw
+    weights; ``total_mass`` ``(ny * nx,)`` float64 raw weight of every entry before Top-K;
+    ``counts`` = (points, valid points, points in range, candidates sorted).
+    """
+    t0 = time.perf_counter() if t0 is None else t0
+    ny, nx = rig.bev.ny, rig.bev.nx
+    n_cells = ny * nx
+    n_cols = n_columns(rig, options.mode)
+    cols_per_camera = n_cols // rig.n_cam
+    kept_mass = np.bincount(kept.row, weights=kept.weight, minlength=n_cells)
+    if options.normalize == "mean":
+        safe = np.where(kept_mass > 0, kept_mass, 1.0)
+        values64 = kept.weight / safe[kept.row]
+    else:
+        values64 = kept.weight
+    coo_val = values64.astype(np.float32)
+    # kept fraction of the raw weight (rows with any weight)
+    has = total_mass > 0
+    frac_total = float(kept_mass[has].sum() / total_mass[has].sum()) if has.any() else 1.0
+    frac_rows = np.where(has, kept_mass / np.where(has, total_mass, 1.0), np.inf)
+    worst = int(np.argmin(frac_rows)) if has.any() else -1
+    frac_worst = float(min(1.0, frac_rows[worst])) if worst >= 0 else 1.0
+    frac_total = min(1.0, frac_total)
+    # camera mass (float32 values of the matrix, summed in float64 in (row, col) order)
+    camera = kept.col // cols_per_camera
+    camera_mass = (
+        np.bincount(camera * n_cells + kept.row, weights=coo_val.astype(np.float64), minlength=rig.n_cam * n_cells)
+        .reshape(rig.n_cam, ny, nx)
+        .astype(np.float32)
+    )
+    # rows (optionally compacted)
+    row_nnz_cells = np.bincount(kept.row, minlength=n_cells)
+    if options.compact_rows:
+        row_ids = np.flatnonzero(row_nnz_cells).astype(np.int32)
+        remap = np.full(n_cells, -1, dtype=np.int64)
+        remap[row_ids] = np.arange(row_ids.size)
+        rows = remap[kept.row]
+        n_rows = int(row_ids.size)
+    else:
+        row_ids = None
+        rows = kept.row
+        n_rows = n_cells
+    nnz = len(kept)
+    non_empty = row_nnz_cells[row_nnz_cells > 0]
+    max_nnz = int(non_empty.max()) if non_empty.size else 0
+    align = options.align
+    cols_pad = round_up(n_cols, align)
+    rows_pad, k_pad = ell_shape(options, row_nnz_cells)
+    coo_row = rows.astype(np.int32)
+    coo_col = kept.col.astype(np.int32)
+    ell_index, ell_weight = ell_layout(coo_row, coo_col, coo_val, rows_pad, k_pad)
+    tile_cols = tile_col_offsets = tile_weight = None
+    n_tiles = 0
+    if options.tile_rows is not None:
+        tile_cols, tile_col_offsets, tile_weight = tile_layout(
+            coo_row, coo_col, coo_val, n_rows, n_cols, options.tile_rows, align
+        )
+        n_tiles = int(tile_col_offsets.size - 1)
+    row_scale = ell_int8 = tile_row_scale = tile_int8 = None
+    int8_rel = int8_abs = None
+    if options.quantize == "int8":
+        ell_int8, row_scale = quantize_rows_int8(ell_weight)
+        int8_rel, int8_abs = int8_errors(ell_weight, ell_int8, row_scale)
+        if tile_weight is not None and tile_col_offsets is not None and options.tile_rows is not None:
+            tile_row_scale, tile_int8 = tile_scales_and_int8(
+                tile_weight, tile_col_offsets, options.tile_rows, row_scale
+            )
+            rel_t, abs_t = tile_int8_errors(tile_weight, tile_int8, tile_row_scale, tile_col_offsets, options.tile_rows)
+            int8_rel, int8_abs = max(int8_rel, rel_t), max(int8_abs, abs_t)
+    bytes_per = {
+        "coo": int(coo_row.nbytes + coo_col.nbytes + coo_val.nbytes),
+        "ell": int(ell_index.nbytes + ell_weight.nbytes),
+    }
+    if tile_weight is not None and tile_cols is not None and tile_col_offsets is not None:
+        bytes_per["tiles"] = int(tile_weight.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
+    if ell_int8 is not None and row_scale is not None:
+        bytes_per["ell_int8"] = int(ell_index.nbytes + ell_int8.nbytes + row_scale.nbytes)
+    if tile_int8 is not None and tile_row_scale is not None and tile_cols is not None and tile_col_offsets is not None:
+        bytes_per["tiles_int8"] = int(tile_int8.nbytes + tile_row_scale.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
+    bytes_per["camera_mass"] = int(camera_mass.nbytes)
+    if row_ids is not None:
+        bytes_per["row_ids"] = int(row_ids.nbytes)
+    figures = MatrixFigures(
+        n_points=counts[0],
+        n_points_valid=counts[1],
+        n_points_in_range=counts[2],
+        n_candidates=counts[3],
+        nnz=nnz,
+        row_nnz_min=int(non_empty.min()) if non_empty.size else 0,
+        row_nnz_median=float(np.median(non_empty)) if non_empty.size else 0.0,
+        row_nnz_max=max_nnz,
+        n_empty_rows=int(n_cells - non_empty.size),
+        kept_weight_fraction_total=frac_total,
+        kept_weight_fraction_worst_row=frac_worst,
+        worst_row_cell=worst,
+        int8_max_rel_error=int8_rel,
+        int8_max_abs_error=int8_abs,
+        tile_bytes=bytes_per.get("tiles"),
+        dense_bytes=int(n_rows) * int(n_cols) * 4,
+        product_bytes=bytes_per,
+        build_seconds=time.perf_counter() - t0,
+        peak_rss_bytes=_peak_rss_bytes(),
+    )
+    return MatrixProducts(
+        options=options,
+        n_cells=n_cells,
+        bev_shape=(ny, nx),
+        n_cam=rig.n_cam,
+        n_rows=n_rows,
+        n_cols=n_cols,
+        rows_pad=rows_pad,
+        cols_pad=cols_pad,
+        k_pad=k_pad,
+        cols_per_camera=cols_per_camera,
+        coo_row=coo_row,
+        coo_col=coo_col,
+        coo_val=coo_val,
+        ell_index=ell_index,
+        ell_weight=ell_weight,
+        camera_mass=camera_mass,
+        row_ids=row_ids,
+        n_tiles=n_tiles,
+        tile_cols=tile_cols,
+        tile_col_offsets=tile_col_offsets,
+        tile_weight=tile_weight,
+        row_scale=row_scale,
+        ell_weight_int8=ell_int8,
+        tile_row_scale=tile_row_scale,
+        tile_weight_int8=tile_int8,
+        figures=figures,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# the matrix/ group and the command behind `bevcompile matrix`
+# --------------------------------------------------------------------------------------
+
+MATRIX_COMMAND_GROUPS = ("matrix",)
+"""Groups owned (rewritten) by ``bevcompile matrix``."""
+
+
+def column_formula(mode: str) -> str:
+    if mode == "frustum":
+        return "col = ((cam * D + d) * H_f + v) * W_f + u"
+    return "col = (cam * H_f + v) * W_f + u"
+
+
+def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any]:
+    """Attributes of the ``matrix/`` group (deterministic: no timings, no paths)."""
+    o = products.options
+    f = products.figures
+    w_f, h_f = rig.feature_size
+    ny, nx = products.bev_shape
+    frustum = o.mode == "frustum"
+    attrs: dict[str, Any] = {
+        "build_options": o.to_dict(),
+        "mode": o.mode,
+        "splat": o.splat,
+        "normalize": o.normalize,
+        "rounding": o.rounding if frustum else None,
+        "topk": o.topk,
+        "align": o.align,
+        "logical_shape": [products.n_rows, products.n_cols],
+        "padded_shape": [products.rows_pad, products.cols_pad],
+        "n_cells": products.n_cells,
+        "bev_shape": [ny, nx],
+        "cameras": list(rig.camera_names),
+        "feature_size": [w_f, h_f],
+        "feature_size_order": "[W_f, H_f]",
+        "row_layout": (
+            "row r is BEV cell row_ids[r] = iy * nx + ix (only cells with at least one entry)"
+            if o.compact_rows
+            else "row = iy * nx + ix (BEV cells, row-major)"
+        ),
+        "column_layout": "(cam, depth_bin, v, u)" if frustum else "(cam, v, u)",
+        "column_formula": column_formula(o.mode),
+        "columns_per_camera": products.cols_per_camera,
+        "column_input": (
+            "X[col, c] = depth_probs[cam, d, v, u] * features[cam, c, v, u] (BEVDet depth x feature outer product)"
+            if frustum
+            else "X[col, c] = features[cam, c, v, u]"
+        ),
+        "product": "F_bev[row, c] = sum_col W[row, col] * X[col, c]",
+        "weight_rule": _weight_rule(o),
+        "zero_weights": "entries of weight exactly 0 are not stored",
+        "topk_rule": TOPK_RULE,
+        "normalize_rule": (
+            "mean: each kept row divided by its kept raw weight sum (rows sum to 1)"
+            if o.normalize == "mean"
+            else "sum: raw weights"
+        ),
+        "kept_weight_fraction": {
+            "total": f.kept_weight_fraction_total,
+            "worst_row": f.kept_weight_fraction_worst_row,
+            "worst_row_cell": f.worst_row_cell,
+            "definition": "kept raw weight / raw weight of every entry before Top-K (rows with any weight)",
+        },
+        "nnz": f.nnz,
+        "row_nnz": {
+            "min": f.row_nnz_min,
+            "median": f.row_nnz_median,
+            "max": f.row_nnz_max,
+            "empty_rows": f.n_empty_rows,
+            "over": "rows with at least one entry; empty_rows counts BEV cells without any",
+        },
+        "points": {
+            "total": f.n_points,
+            "valid": f.n_points_valid,
+            "in_range": f.n_points_in_range,
+            "candidates_sorted": f.n_candidates,
+        },
+        "coo": {
+            "arrays": "coo_row int32, coo_col int32, coo_val float32",
+            "order": "sorted by (row, col), no duplicates",
+            "shape": [products.n_rows, products.n_cols],
+        },
+        "ell": {
+            "arrays": "ell_index int32, ell_weight float32 (rows_pad, k_pad)",
+            "shape": [products.rows_pad, products.k_pad],
+            "rows_pad": products.rows_pad,
+            "k_pad": products.k_pad,
+            "k_pad_rule": K_PAD_RULE,
+            "slot_order": "slot j of row r holds the row's j-th entry by increasing column",
+            "padding": "weight 0, index = the row's first column (0 for empty rows and rows >= n_rows)",
+            "formula": "F_bev[r, c] = sum_j ell_weight[r, j] * X[ell_index[r, j], c]",
+        },
+        "cols_pad": products.cols_pad,
+        "cols_pad_note": "round_up(n_cols, align): pad X with zero columns to cols_pad if the NPU needs it; indices are < n_cols",
+        "camera_mass": {
+            "shape": [products.n_cam, ny, nx],
+            "definition": "camera_mass[cam, iy, ix] = sum of the matrix's (float32) values in row of cell (iy, ix) over columns of camera cam",
+        },
+        "dense_bytes": f.dense_bytes,
+        "product_bytes": dict(f.product_bytes),
+    }
+    if o.tile_rows is not None:
+        attrs["tiles"] = {
+            "arrays": "tile_cols int32 (T,), tile_col_offsets int64 (n_tiles + 1,), tile_weight float32 (R * T,)",
+            "tile_rows": o.tile_rows,
+            "n_tiles": products.n_tiles,
+            "total_columns": int(products.tile_cols.size) if products.tile_cols is not None else 0,
+            "layout": (
+                "tile t covers rows [t R, t R + R); its columns are tile_cols[o[t]:o[t+1]] (sorted, padded to a multiple "
+                "of align, at least align, by repeating the last column; 0 for an empty tile); its dense block is "
+                "tile_weight[R o[t] : R o[t+1]].reshape(R, o[t+1] - o[t]) (row-major; rows past n_rows and padding columns are 0)"
+            ),
+            "formula": "F_bev[t R + i, c] = sum_j block_t[i, j] * X[tile_cols[o[t] + j], c]",
+            "bytes": f.tile_bytes,
+            "dense_bytes": f.dense_bytes,
+            "bytes_vs_dense": (f.tile_bytes / f.dense_bytes) if f.tile_bytes is not None and f.dense_bytes else None,
+        }
+    if o.quantize == "int8":
+        attrs["int8"] = {
+            "arrays": "ell_weight_int8 int8 + row_scale float32 (rows_pad,)"
+            + ("; tile_weight_int8 int8 + tile_row_scale float32 (n_tiles * R,)" if o.tile_rows is not None else ""),
+            "encode": "row_scale = float32(max_j |w[r, j]| / 127); q = clip(round_half_even(w / row_scale), -127, 127) (0 where row_scale = 0)",
+            "decode": "w = float32(q) * row_scale[r]",
+            "symmetric": True,
+            "zero_point": 0,
+            "tile_scales": "tile_row_scale[t R + i] = row_scale[t R + i] (the same per-row scale; 0 past rows_pad)",
+            "max_rel_error": f.int8_max_rel_error,
+            "max_rel_error_definition": "max over entries of |decode - w| / max_j |w[r, j]| (ELL and tiles)",
+            "max_abs_error": f.int8_max_abs_error,
+        }
+    if o.compact_rows:
+        attrs["row_ids"] = {"dtype": "int32", "shape": [products.n_rows], "definition": "row_ids[r] = iy * nx + ix of row r"}
+    if frustum:
+        attrs["depth_bins"] = list(rig.depth.values())
+        attrs["n_depth_bins"] = rig.depth.n_bins
+        attrs["point_formula"] = (
+            "p_ego = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with ego_from_cam = [R | t] and (x_n, y_n, 1) the "
+            "undistorted normalised ray of the feature-pixel centre (u, v) (geometry.unproject_image_to_cam)"
+        )
+        attrs["range_rule"] = (
+            "f = (p - min) / step per axis (x, y and the z band); in range iff "
+            + ("floor(f)" if o.rounding == "floor" else "trunc(f) (BEVDet .long(); f in (-1, 0) goes to cell 0)")
+            + " is in [0, n) on all three axes"
+        )
+    else:
+        attrs["heights"] = list(rig.bev.heights)
+        attrs["sampling"] = "float64 grid of bevcompile.grid.compute_sampling_grid (the grid/ geometry), valid cells only"
+    return attrs
+
+
+def _weight_rule(o: MatrixOptions) -> str:
+    if o.mode == "grid":
+        if o.splat == "nearest":
+            return "grid_sample nearest (round half to even) at every camera and height: weight 1; summed over heights"
+        return (
+            "grid_sample bilinear at every camera and height, zeros padding: u0 = floor(u), a = u - u0, weights "
+            "(1 - a_u)(1 - a_v), a_u (1 - a_v), (1 - a_u) a_v, a_u a_v at pixels (u0 + {0,1}, v0 + {0,1}); summed over heights"
+        )
+    if o.splat == "nearest":
+        return "nearest: weight 1 to the cell of the point (the in-range cell index)"
+    return (
+        "bilinear: g = f - 0.5, i0 = floor(g), a = g - i0; weights (1 - a_x)(1 - a_y), a_x (1 - a_y), (1 - a_x) a_y, "
+        "a_x a_y to cells (i0_y + {0,1}, i0_x + {0,1}); cells outside the grid get nothing"
+    )
+
+
+def matrix_group(products: MatrixProducts, rig: RigConfig) -> GroupData:
+    """The ``matrix/`` group: arrays and attributes of :func:`build_matrix`."""
+    return GroupData(arrays=products.arrays(), attrs=matrix_attributes(products, rig))
+
+
+@dataclass
+class MatrixRunResult:
+    """What :func:`run_matrix` built and wrote (``to_json`` for ``--json``)."""
+
+    rig: RigConfig
+    store: Path
+    products: MatrixProducts
+    write: WriteReport
+    build_seconds: float
+    peak_rss_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.products
+        f = p.figures
+        return {
+            "store": str(self.store),
+            "name": self.rig.name,
+            "config_sha256": config_sha256(self.rig),
+            "build_options": p.options.to_dict(),
+            "logical_shape": [p.n_rows, p.n_cols],
+            "padded_shape": [p.rows_pad, p.cols_pad],
+            "ell_shape": [p.rows_pad, p.k_pad],
+            "k_pad": p.k_pad,
+            "n_tiles": p.n_tiles,
+            "nnz": f.nnz,
+            "row_nnz": {"min": f.row_nnz_min, "median": f.row_nnz_median, "max": f.row_nnz_max, "empty_rows": f.n_empty_rows},
+            "kept_weight_fraction": {"total": f.kept_weight_fraction_total, "worst_row": f.kept_weight_fraction_worst_row},
+            "points": {"total": f.n_points, "valid": f.n_points_valid, "in_range": f.n_points_in_range, "candidates_sorted": f.n_candidates},
+            "int8_max_rel_error": f.int8_max_rel_error,
+            "tile_bytes": f.tile_bytes,
+            "dense_bytes": f.dense_bytes,
+            "product_bytes": dict(f.product_bytes),
+            "bytes_written": self.write.bytes_per_array,
+            "bytes_total": self.write.total_bytes,
+            "build_seconds": round(self.build_seconds, 3),
+            "phase_seconds": {k: round(v, 3) for k, v in p.extra.get("phase_seconds", {}).items()},
+            "peak_rss_bytes": self.peak_rss_bytes,
+        }
+
+
+def run_matrix(
+    rig: RigConfig,
+    out_dir: str | Path,
+    options: MatrixOptions | None = None,
+    *,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> MatrixRunResult:
+    """Build the matrix of ``rig`` and write the ``matrix/`` group into ``<out_dir>/<name>.zarr``
+    (atomically; creates the store if needed, keeps the other groups of a same-config store,
+    refuses another config's store unless ``force``)."""
+    options = (options or MatrixOptions()).validate()
+    if options.mode == "grid":
+        check_grid_memory(rig, "bevcompile matrix --mode grid")
+    check_frustum_memory(rig, options)
+    path = store_path(out_dir, rig.name)
+    attrs = root_attributes(rig)
+    check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    t0 = time.perf_counter()
+    products = build_matrix(rig, options, progress=progress)
+    seconds = time.perf_counter() - t0
+    report = write_groups(
+        path,
+        root_attrs=attrs,
+        groups={"matrix": matrix_group(products, rig)},
+        force=force,
+        replace_groups=MATRIX_COMMAND_GROUPS,
+    )
+    return MatrixRunResult(rig, path, products, report, seconds, _peak_rss_bytes())

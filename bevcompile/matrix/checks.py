@@ -1,0 +1,636 @@
+"""``inspect`` / ``verify`` / ``inspect --strict`` plug-in of the ``matrix/`` group.
+
+Contract: see :mod:`bevcompile.store.plugins`. Everything is recomputed from the arrays, the
+stored config and ``build_options``; other attributes are only compared with the
+recomputation. Pure: no zarr, no printing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..rig.config import RigConfig
+from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
+from .build import (
+    INT8_MAX,
+    MatrixOptions,
+    build_matrix,
+    dequantize_rows_int8,
+    int8_errors,
+    n_columns,
+    quantize_rows_int8,
+    round_up,
+    tile_blocks,
+)
+from .reference import bev_pool, grid_pool, reference_matrix
+
+GROUP = "matrix"
+FLOAT_REL_TOL = 1e-5
+"""float32 products vs the float64 reference: max_abs <= FLOAT_REL_TOL * max|reference|."""
+INT8_MIN_PSNR_DB = 40.0
+VERIFY_FULL_POINTS = 20_000_000
+"""Above this many frustum points verify compares sampled rows only (the reference holds a
+camera's points at once)."""
+VERIFY_FULL_GRID_SAMPLES = 1_000_000
+"""Above this many grid samples (cameras x heights x cells) verify compares sampled rows only
+(the grid reference is a plain Python loop)."""
+VERIFY_SAMPLED_ROWS = 256
+SUM_TOL = 1e-5
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+BASE_ARRAYS = {
+    "coo_row": np.int32,
+    "coo_col": np.int32,
+    "coo_val": np.float32,
+    "ell_index": np.int32,
+    "ell_weight": np.float32,
+    "camera_mass": np.float32,
+}
+TILE_ARRAYS = {"tile_cols": np.int32, "tile_col_offsets": np.int64, "tile_weight": np.float32}
+INT8_ARRAYS = {"ell_weight_int8": np.int8, "row_scale": np.float32}
+TILE_INT8_ARRAYS = {"tile_weight_int8": np.int8, "tile_row_scale": np.float32}
+
+
+def expected_arrays(options: MatrixOptions) -> dict[str, Any]:
+    """Array name -> dtype of the group built with ``options``."""
+    out: dict[str, Any] = dict(BASE_ARRAYS)
+    if options.compact_rows:
+        out["row_ids"] = np.int32
+    if options.tile_rows is not None:
+        out.update(TILE_ARRAYS)
+    if options.quantize == "int8":
+        out.update(INT8_ARRAYS)
+        if options.tile_rows is not None:
+            out.update(TILE_INT8_ARRAYS)
+    return out
+
+
+class _Checks:
+    def __init__(self) -> None:
+        self.items: list[Check] = []
+
+    def add(self, name: str, array: str, passed: bool, reason: str) -> bool:
+        self.items.append(Check(name, f"{GROUP}/{array}", bool(passed), " ".join(reason.split())))
+        return bool(passed)
+
+
+def _options(attrs: Mapping[str, Any]) -> MatrixOptions:
+    data = attrs.get("build_options")
+    if not isinstance(data, Mapping):
+        raise ValueError("build_options missing or not a mapping")
+    return MatrixOptions.from_dict(data)
+
+
+# --------------------------------------------------------------------------------------
+# check
+# --------------------------------------------------------------------------------------
+
+
+def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
+    """Invariants of ``matrix/`` (see README "What inspect, verify and inspect --strict do with matrix/")."""
+    out = _Checks()
+    rig = ctx.rig
+    try:
+        options = _options(attrs)
+    except Exception as exc:
+        out.add("build_options", "", False, f"build_options unusable: {exc}")
+        return out.items
+    out.add("build_options", "", True, f"build_options parse: {options.to_dict()}")
+    ny, nx = rig.bev.ny, rig.bev.nx
+    n_cells = ny * nx
+    n_cols = n_columns(rig, options.mode)
+    # contract: presence, dtype, dimensionality
+    wanted = expected_arrays(options)
+    ok_arrays: dict[str, np.ndarray] = {}
+    for name, dtype in wanted.items():
+        arr = arrays.get(name)
+        if arr is None:
+            out.add("contract", name, False, "array missing or unreadable (see the store's read and metadata checks)")
+            continue
+        ndim = 2 if name.startswith("ell_") else 3 if name == "camera_mass" else 1
+        if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
+            out.add("contract", name, False, f"dtype {arr.dtype} ndim {arr.ndim}; expected {np.dtype(dtype)} ndim {ndim}")
+            continue
+        ok_arrays[name] = arr
+        out.add("contract", name, True, f"present, {arr.dtype} {arr.shape}")
+    extra = sorted(set(arrays) - set(wanted))
+    if extra:
+        out.add("contract", "", False, f"arrays not produced by these build_options: {', '.join(extra)}")
+    if any(n not in ok_arrays for n in ("coo_row", "coo_col", "coo_val")):
+        return out.items
+    row = ok_arrays["coo_row"].astype(np.int64)
+    col = ok_arrays["coo_col"].astype(np.int64)
+    val = ok_arrays["coo_val"]
+    if not (row.size == col.size == val.size):
+        out.add("coo_shape", "coo_row", False, f"coo lengths differ: row {row.size}, col {col.size}, val {val.size}")
+        return out.items
+    # rows
+    if options.compact_rows:
+        if "row_ids" not in ok_arrays:
+            return out.items
+        row_ids = ok_arrays["row_ids"].astype(np.int64)
+        n_rows = int(row_ids.size)
+        good = bool(row_ids.size == 0 or (row_ids.min() >= 0 and row_ids.max() < n_cells and np.all(np.diff(row_ids) > 0)))
+        out.add("row_ids", "row_ids", good, f"{n_rows} row ids strictly increasing in [0, {n_cells})" if good else f"row_ids not strictly increasing within [0, {n_cells})")
+        row_cells: I64 | None = row_ids if good else None
+    else:
+        n_rows = n_cells
+        row_cells = np.arange(n_cells, dtype=np.int64)
+    # COO
+    in_range = bool(row.size == 0 or (row.min() >= 0 and row.max() < n_rows and col.min() >= 0 and col.max() < n_cols))
+    out.add("coo_in_range", "coo_row", in_range, f"{row.size} entries, rows in [0, {n_rows}), cols in [0, {n_cols})" + ("" if in_range else ": out of range"))
+    if not in_range:
+        return out.items
+    key = row * n_cols + col
+    sorted_unique = bool(np.all(np.diff(key) > 0))
+    n_bad = int(np.count_nonzero(np.diff(key) <= 0))
+    out.add("coo_sorted_unique", "coo_row", sorted_unique, "sorted by (row, col), no duplicates" if sorted_unique else f"{n_bad} adjacent pair(s) not strictly increasing in (row, col)")
+    finite_pos = bool(np.all(np.isfinite(val)) and np.all(val > 0))
+    out.add("coo_values", "coo_val", finite_pos, "every stored value finite and > 0" if finite_pos else f"{int(np.count_nonzero(~(np.isfinite(val) & (val > 0))))} value(s) not finite or <= 0")
+    nnz_row = np.bincount(row, minlength=n_rows)
+    max_nnz = int(nnz_row.max()) if nnz_row.size else 0
+    if options.topk > 0:
+        out.add("row_nnz_le_k", "coo_row", max_nnz <= options.topk, f"max row nnz {max_nnz} vs K = {options.topk}")
+    if options.compact_rows:
+        empty = int(np.count_nonzero(nnz_row == 0))
+        out.add("compact_rows_nonempty", "row_ids", empty == 0, f"{empty} compacted row(s) without entries")
+    if options.normalize == "mean":
+        sums = np.bincount(row, weights=val.astype(np.float64), minlength=n_rows)[nnz_row > 0]
+        worst = float(np.abs(sums - 1.0).max()) if sums.size else 0.0
+        out.add("mean_rows_sum_to_1", "coo_val", worst <= SUM_TOL, f"max |row sum - 1| = {worst:.3g} (tolerance {SUM_TOL:g})")
+    # attributes vs recomputation
+    rows_pad = round_up(max(n_rows, 1), options.align)
+    cols_pad = round_up(n_cols, options.align)
+    k_pad = round_up(options.topk, options.align) if options.topk > 0 else round_up(max(max_nnz, 1), options.align)
+    non_empty = nnz_row[nnz_row > 0]
+    frustum = options.mode == "frustum"
+    want_attrs: dict[str, Any] = {
+        "logical_shape": [n_rows, n_cols],
+        "padded_shape": [rows_pad, cols_pad],
+        "nnz": int(row.size),
+        # what a consumer reads without parsing build_options: must agree with it and the arrays
+        "mode": options.mode,
+        "splat": options.splat,
+        "normalize": options.normalize,
+        "rounding": options.rounding if frustum else None,
+        "topk": options.topk,
+        "align": options.align,
+        "n_cells": n_cells,
+        "bev_shape": [ny, nx],
+        "cameras": list(rig.camera_names),
+        "feature_size": list(rig.feature_size),
+        "cols_pad": cols_pad,
+        "columns_per_camera": n_cols // rig.n_cam,
+        "coo.shape": [n_rows, n_cols],
+        "ell.shape": [rows_pad, k_pad],
+        "ell.rows_pad": rows_pad,
+        "ell.k_pad": k_pad,
+        "row_nnz.min": int(non_empty.min()) if non_empty.size else 0,
+        "row_nnz.median": float(np.median(non_empty)) if non_empty.size else 0.0,
+        "row_nnz.max": int(non_empty.max()) if non_empty.size else 0,
+        "row_nnz.empty_rows": int(n_cells - non_empty.size),
+        "camera_mass.shape": [rig.n_cam, ny, nx],
+    }
+    if frustum:
+        want_attrs["depth_bins"] = list(rig.depth.values())
+        want_attrs["n_depth_bins"] = rig.depth.n_bins
+    else:
+        want_attrs["heights"] = list(rig.bev.heights)
+    if options.tile_rows is not None:
+        want_attrs["tiles.tile_rows"] = options.tile_rows
+    if options.compact_rows:
+        want_attrs["row_ids.shape"] = [n_rows]
+    for name, want in want_attrs.items():
+        got = _attr(attrs, name)
+        out.add("attrs", "", same_recorded(got, want), f"{name} {got!r} vs recomputed {want!r}")
+    # ELL
+    if "ell_index" in ok_arrays and "ell_weight" in ok_arrays:
+        _check_ell(out, ok_arrays["ell_index"], ok_arrays["ell_weight"], row, col, val, nnz_row, (rows_pad, k_pad), n_cols)
+    # tiles
+    tiles_ok: bool | None = None  # None: no tiles, or tile arrays missing (the contract check says so)
+    if options.tile_rows is not None and all(n in ok_arrays for n in TILE_ARRAYS):
+        tiles_ok = _check_tiles(out, ok_arrays, options, row, col, val, n_rows, n_cols, attrs)
+    # int8
+    if options.quantize == "int8":
+        _check_int8(out, ok_arrays, options, attrs, tiles_ok)
+    # camera mass
+    if "camera_mass" in ok_arrays:
+        mass = ok_arrays["camera_mass"]
+        want_shape = (rig.n_cam, ny, nx)
+        if mass.shape != want_shape:
+            out.add("camera_mass", "camera_mass", False, f"shape {mass.shape} vs {want_shape}")
+        elif row_cells is None:
+            out.add("camera_mass", "camera_mass", False, "not checked: row_ids is invalid, so rows cannot be mapped to BEV cells")
+        else:
+            cam = col // (n_cols // rig.n_cam)
+            cells = row_cells[row]
+            recomputed = (
+                np.bincount(cam * n_cells + cells, weights=val.astype(np.float64), minlength=rig.n_cam * n_cells)
+                .reshape(want_shape)
+                .astype(np.float32)
+            )
+            diff = float(np.abs(recomputed.astype(np.float64) - mass.astype(np.float64)).max()) if mass.size else 0.0
+            out.add("camera_mass", "camera_mass", diff == 0.0, f"max |camera_mass - recomputed from COO| = {diff:.3g}")
+    return out.items
+
+
+def _attr(attrs: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = attrs
+    for key in dotted.split("."):
+        if not isinstance(value, Mapping) or key not in value:
+            return "<missing>"
+        value = value[key]
+    return value
+
+
+def _check_ell(
+    out: _Checks,
+    index: np.ndarray,
+    weight: np.ndarray,
+    row: I64,
+    col: I64,
+    val: np.ndarray,
+    nnz_row: I64,
+    shape: tuple[int, int],
+    n_cols: int,
+) -> None:
+    if index.shape != shape or weight.shape != shape:
+        out.add("ell_shape", "ell_index", False, f"ell_index {index.shape}, ell_weight {weight.shape}; expected {shape} (rows_pad, k_pad)")
+        return
+    out.add("ell_shape", "ell_index", True, f"(rows_pad, k_pad) = {shape}")
+    in_range = bool(index.size == 0 or (index.min() >= 0 and index.max() < n_cols))
+    out.add("ell_index_in_range", "ell_index", in_range, f"every index (padding included) in [0, {n_cols})" if in_range else f"indices span [{index.min()}, {index.max()}], outside [0, {n_cols})")
+    rows_pad, k_pad = shape
+    if nnz_row.size and nnz_row.max() > k_pad:
+        out.add("ell_reconstructs_coo", "ell_weight", False, f"a row has {int(nnz_row.max())} entries > k_pad {k_pad}")
+        return
+    counts = np.zeros(rows_pad, dtype=np.int64)
+    counts[: nnz_row.size] = nnz_row
+    slot = np.arange(k_pad)[None, :]
+    used = slot < counts[:, None]
+    pad_weight = weight[~used]
+    pad_ok = bool(np.all(pad_weight == 0))
+    out.add("ell_padding_zero", "ell_weight", pad_ok, f"{pad_weight.size} padding slot(s), all weight 0" if pad_ok else f"{int(np.count_nonzero(pad_weight))} padding slot(s) with non-zero weight")
+    starts = np.flatnonzero(counts[: nnz_row.size] > 0)
+    first_col = np.zeros(rows_pad, dtype=np.int64)
+    first_col[starts] = col[np.cumsum(np.r_[0, nnz_row])[starts]] if col.size else 0
+    pad_index = index[~used].astype(np.int64)
+    want_pad = np.broadcast_to(first_col[:, None], index.shape)[~used]
+    n_bad_pad = int(np.count_nonzero(pad_index != want_pad))
+    out.add(
+        "ell_padding_index",
+        "ell_index",
+        n_bad_pad == 0,
+        "every padding slot indexes its row's first column (0 for empty rows)" if n_bad_pad == 0 else f"{n_bad_pad} padding slot(s) do not index their row's first column",
+    )
+    got_col = index[used].astype(np.int64)
+    got_val = weight[used]
+    same = bool(got_col.size == col.size and np.array_equal(got_col, col) and np.array_equal(got_val, val))
+    out.add("ell_reconstructs_coo", "ell_weight", same, "ELL slots (row-major) equal the COO entries exactly" if same else "ELL entries differ from COO")
+
+
+def _check_tiles(
+    out: _Checks,
+    arrays: Mapping[str, np.ndarray],
+    options: MatrixOptions,
+    row: I64,
+    col: I64,
+    val: np.ndarray,
+    n_rows: int,
+    n_cols: int,
+    attrs: Mapping[str, Any],
+) -> bool:
+    r = int(options.tile_rows or 1)
+    cols = arrays["tile_cols"].astype(np.int64)
+    offsets = arrays["tile_col_offsets"]
+    weight = arrays["tile_weight"]
+    n_tiles = -(-n_rows // r) if n_rows else 0
+    widths = np.diff(offsets)
+    problems = []
+    if offsets.size != n_tiles + 1:
+        problems.append(f"{offsets.size} offsets, want n_tiles + 1 = {n_tiles + 1}")
+    if offsets.size and offsets[0] != 0:
+        problems.append(f"first offset {int(offsets[0])}, want 0")
+    if offsets.size and offsets[-1] != cols.size:
+        problems.append(f"last offset {int(offsets[-1])}, want len(tile_cols) = {cols.size}")
+    bad_width = np.flatnonzero((widths < options.align) | (widths % options.align != 0))
+    if bad_width.size:
+        problems.append(f"{bad_width.size} tile width(s) not a positive multiple of align {options.align} (tile {int(bad_width[0])}: {int(widths[bad_width[0]])})")
+    if weight.size != r * cols.size:
+        problems.append(f"tile_weight holds {weight.size} values, want R x len(tile_cols) = {r * cols.size}")
+    layout_ok = not problems
+    out.add(
+        "tiles_layout",
+        "tile_col_offsets",
+        layout_ok,
+        f"{n_tiles} tiles of {r} rows, widths multiples of align {options.align}, tile_weight = R x sum(widths)" if layout_ok else "; ".join(problems),
+    )
+    if not layout_ok:
+        return False
+    in_range = bool(cols.size == 0 or (cols.min() >= 0 and cols.max() < n_cols))
+    out.add("tiles_in_range", "tile_cols", in_range, f"every tile column in [0, {n_cols})")
+    sorted_ok = all(np.all(np.diff(cols[offsets[t] : offsets[t + 1]]) >= 0) for t in range(n_tiles))
+    out.add("tiles_sorted", "tile_cols", sorted_ok, "each tile's columns non-decreasing")
+    # reconstruct the COO from the blocks
+    rec_row: list[I64] = []
+    rec_col: list[I64] = []
+    rec_val: list[np.ndarray] = []
+    for t, block in enumerate(tile_blocks(weight, offsets, r)):
+        i, j = np.nonzero(block)
+        rec_row.append(t * r + i)
+        rec_col.append(cols[offsets[t] + j])
+        rec_val.append(block[i, j])
+    t_row = np.concatenate(rec_row) if rec_row else np.zeros(0, np.int64)
+    t_col = np.concatenate(rec_col) if rec_col else np.zeros(0, np.int64)
+    t_val = np.concatenate(rec_val) if rec_val else np.zeros(0, np.float32)
+    order = np.lexsort((t_col, t_row))
+    same = bool(
+        t_row.size == row.size
+        and np.array_equal(t_row[order], row)
+        and np.array_equal(t_col[order], col)
+        and np.array_equal(t_val[order], val)
+    )
+    out.add("tiles_reconstruct_coo", "tile_weight", same, "non-zero tile entries equal the COO entries exactly" if same else f"tiles hold {t_row.size} non-zero entries vs {row.size} in COO, or values/columns differ")
+    recorded = attrs.get("tiles", {}).get("n_tiles") if isinstance(attrs.get("tiles"), Mapping) else None
+    out.add("attrs", "", recorded == n_tiles, f"tiles.n_tiles {recorded} vs recomputed {n_tiles}")
+    return True
+
+
+def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixOptions, attrs: Mapping[str, Any], tiles_ok: bool | None) -> None:
+    info = attrs.get("int8") if isinstance(attrs.get("int8"), Mapping) else {}
+    recorded = info.get("max_rel_error") if isinstance(info, Mapping) else None
+    worst = 0.0
+    worst_abs = 0.0
+    pairs: list[tuple[str, str, str, int | None]] = [("ell_weight", "ell_weight_int8", "row_scale", None)]
+    if options.tile_rows is not None:
+        if tiles_ok or tiles_ok is None:
+            pairs.append(("tile_weight", "tile_weight_int8", "tile_row_scale", options.tile_rows))
+        else:
+            out.add("int8_values", "tile_weight_int8", False, "not checked: the tile layout is invalid (see tiles_layout)")
+    for wname, qname, sname, tile_rows in pairs:
+        if not all(n in arrays for n in (wname, qname, sname)):
+            continue
+        weight, q, scale = arrays[wname], arrays[qname], arrays[sname]
+        if tile_rows is None:
+            if q.shape != weight.shape or scale.shape != (weight.shape[0],):
+                out.add("int8_shape", qname, False, f"{qname} {q.shape}, {sname} {scale.shape} vs weights {weight.shape}")
+                continue
+            want_q, want_scale = quantize_rows_int8(weight)
+            rel, abs_err = int8_errors(weight, q, scale)
+        else:
+            offsets = arrays.get("tile_col_offsets")
+            if offsets is None or q.shape != weight.shape or scale.size != (offsets.size - 1) * tile_rows:
+                out.add("int8_shape", qname, False, f"{qname} {q.shape}, {sname} {scale.shape} do not fit the tiles")
+                continue
+            ell_scale = arrays.get("row_scale")
+            want_scale = np.zeros(scale.size, dtype=np.float32)
+            if ell_scale is not None:
+                n = min(scale.size, ell_scale.size)
+                want_scale[:n] = ell_scale[:n]
+            want_q = np.zeros_like(q)
+            rel = abs_err = 0.0
+            for t, (block, qblock) in enumerate(zip(tile_blocks(weight, offsets, tile_rows), tile_blocks(q, offsets, tile_rows), strict=True)):
+                s = scale[t * tile_rows : (t + 1) * tile_rows]
+                wq, _ = quantize_rows_int8(block, s)
+                a = int(offsets[t]) * tile_rows
+                want_q[a : a + wq.size] = wq.ravel()
+                block_rel, block_abs = int8_errors(block, qblock, s)
+                rel, abs_err = max(rel, block_rel), max(abs_err, block_abs)
+        scale_ok = bool(np.array_equal(scale, want_scale))
+        out.add("int8_scale", sname, scale_ok, f"{sname} = float32(max|w row| / {INT8_MAX}) (recomputed)" if scale_ok else f"{sname} differs from float32(max|w row| / {INT8_MAX})")
+        q_ok = bool(np.array_equal(q, want_q))
+        n_diff = int(np.count_nonzero(q != want_q)) if q.shape == want_q.shape else q.size
+        out.add("int8_values", qname, q_ok, f"{qname} = clip(round(w / scale)) exactly" if q_ok else f"{n_diff} value(s) differ from clip(round(w / scale))")
+        bound = 0.5 / INT8_MAX * (1 + 1e-3)
+        out.add("int8_error_bound", qname, rel <= bound, f"max |decode - w| / max|w row| = {rel:.4g} (half a step is {0.5 / INT8_MAX:.4g})")
+        worst = max(worst, rel)
+        worst_abs = max(worst_abs, abs_err)
+    recorded_abs = info.get("max_abs_error") if isinstance(info, Mapping) else None
+    if isinstance(recorded_abs, int | float) and not isinstance(recorded_abs, bool):
+        close = math.isclose(float(recorded_abs), worst_abs, rel_tol=1e-9, abs_tol=1e-15)
+        out.add("int8_recorded_error", "", close, f"recorded int8.max_abs_error {float(recorded_abs):.6g} vs recomputed {worst_abs:.6g}")
+    else:
+        out.add("int8_recorded_error", "", False, f"int8.max_abs_error missing or not a number: {recorded_abs!r}")
+    if isinstance(recorded, int | float):
+        close = math.isclose(float(recorded), worst, rel_tol=1e-9, abs_tol=1e-15)
+        out.add("int8_recorded_error", "", close, f"recorded int8.max_rel_error {float(recorded):.6g} vs recomputed {worst:.6g}")
+    else:
+        out.add("int8_recorded_error", "", False, f"int8.max_rel_error missing or not a number: {recorded!r}")
+
+
+# --------------------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------------------
+
+
+def lifted_columns(rig: RigConfig, mode: str, cols: npt.NDArray[np.integer[Any]], features: np.ndarray, depth_probs: np.ndarray | None) -> F64:
+    """``X[cols, :]`` without materialising ``X``.
+
+    Convention: frustum ``X[col, c] = depth_probs[cam, d, v, u] * features[cam, c, v, u]``
+    (``col = ((cam*D + d)*H_f + v)*W_f + u``); grid ``X[col, c] = features[cam, c, v, u]``
+    (``col = (cam*H_f + v)*W_f + u``). returns ``(len(cols), C)`` float64.
+    """
+    w_f, h_f = rig.feature_size
+    plane = w_f * h_f
+    cols = np.asarray(cols, dtype=np.int64).ravel()
+    feats = np.asarray(features).reshape(rig.n_cam, -1, plane)  # gathered first, then float64
+    if mode == "grid":
+        cam, pix = cols // plane, cols % plane
+        return np.asarray(feats[cam, :, pix], dtype=np.float64)
+    if depth_probs is None:
+        raise ValueError("frustum-mode verify needs depth probabilities")
+    depth = np.asarray(depth_probs).reshape(rig.n_cam, rig.depth.n_bins, plane)
+    per_cam = rig.depth.n_bins * plane
+    cam, rem = cols // per_cam, cols % per_cam
+    d, pix = rem // plane, rem % plane
+    return np.asarray(depth[cam, d, pix], dtype=np.float64)[:, None] * np.asarray(feats[cam, :, pix], dtype=np.float64)
+
+
+def apply_entries(row: npt.NDArray[np.integer[Any]], values: np.ndarray, lifted: F64, n_rows: int) -> F64:
+    """``out[r, c] = sum over entries of row r of value * lifted[entry, c]``.
+
+    Convention: ``row`` int ``(n,)``, ``values`` ``(n,)``, ``lifted`` float64 ``(n, C)`` (the
+    :func:`lifted_columns` of the entries' columns) -> ``(n_rows, C)`` float64."""
+    row = np.asarray(row, dtype=np.int64).ravel()
+    w = np.asarray(values, dtype=np.float64).ravel()
+    out = np.zeros((n_rows, lifted.shape[1]))
+    for c in range(lifted.shape[1]):
+        out[:, c] = np.bincount(row, weights=w * lifted[:, c], minlength=n_rows)
+    return out
+
+
+def _camera_of(rig: RigConfig, mode: str, cols: np.ndarray) -> I64:
+    return np.asarray(cols, dtype=np.int64) // (n_columns(rig, mode) // rig.n_cam)
+
+
+def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
+    """Every stored form (COO, ELL, tiles, int8) vs the float64 reference pooling on
+    ``ctx.features`` (and ``ctx.depth_probs`` in frustum mode).
+
+    The reference is independent of the matrix builder: with K = 0, BEVDet-style voxel pooling
+    (:func:`bevcompile.matrix.reference.bev_pool`) or grid_sample pooling (``grid_pool``); with
+    K > 0, the straightforward reference build (``reference_matrix``) applied in float64 — on
+    ``VERIFY_SAMPLED_ROWS`` seeded rows when the rig has more than ``VERIFY_FULL_POINTS``
+    frustum points (``VERIFY_FULL_GRID_SAMPLES`` grid samples). Rows per camera for COO (the
+    camera's contribution), ``all`` for every form.
+    """
+    rig = ctx.rig
+    options = _options(attrs)
+    if ctx.features is None:
+        raise ValueError("verify needs ctx.features")
+    mode = options.mode
+    depth = ctx.depth_probs if mode == "frustum" else None
+    n_cells = rig.bev.nx * rig.bev.ny
+    cam_names = list(rig.camera_names)
+    row = arrays["coo_row"].astype(np.int64)
+    col = arrays["coo_col"].astype(np.int64)
+    val = arrays["coo_val"]
+    row_cells = arrays["row_ids"].astype(np.int64) if options.compact_rows else np.arange(n_cells, dtype=np.int64)
+    n_rows = row_cells.size
+    n_ch = ctx.features.shape[1]
+
+    # reference per camera, (n_cam, n_cells_compared, C), and the compared cells
+    w_f, h_f = rig.feature_size
+    if mode == "frustum":
+        size = rig.n_cam * rig.depth.n_bins * w_f * h_f
+        sampled = size > VERIFY_FULL_POINTS
+    else:
+        size = rig.n_cam * len(rig.bev.heights) * n_cells
+        sampled = size > VERIFY_FULL_GRID_SAMPLES
+    note = ""
+    if options.topk == 0 and not sampled:
+        if mode == "frustum":
+            assert depth is not None
+            pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
+            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding})"
+        else:
+            pooled = grid_pool(rig, ctx.features, splat=options.splat, normalize=options.normalize)
+            note = "reference: sum over cameras and heights of grid_sample (numpy, float64 grid)"
+        cells = np.arange(n_cells)
+        ref_cam = pooled.reshape(rig.n_cam, n_ch, n_cells).transpose(0, 2, 1)
+    else:
+        cells = np.arange(n_cells)
+        if sampled:
+            rng = np.random.default_rng(ctx.seed)
+            candidates = row_cells[np.bincount(row, minlength=n_rows) > 0]
+            take = min(VERIFY_SAMPLED_ROWS, candidates.size)
+            cells = np.sort(rng.choice(candidates, size=take, replace=False)) if take else np.zeros(0, np.int64)
+        ref = reference_matrix(rig, options, rows=cells if sampled else None)
+        lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
+        ref_cam_full = np.zeros((rig.n_cam, n_cells, n_ch))
+        ref_camera = _camera_of(rig, mode, ref.col)
+        for c in range(rig.n_cam):
+            m = ref_camera == c
+            ref_cam_full[c] = apply_entries(ref.row[m], ref.value[m], lifted[m], n_cells)
+        ref_cam = ref_cam_full[:, cells]
+        note = f"reference: straightforward build (all points, full lexsort, Top-{options.topk}) in float64"
+        if sampled:
+            note += f"; {cells.size} seeded sampled rows (rig has {size:,} {'points' if mode == 'frustum' else 'grid samples'})"
+    ref_all = ref_cam.sum(axis=0)
+    peak = float(ref_all.max() - ref_all.min()) if ref_all.size else 1.0
+    peak = peak if peak > 0 else 1.0
+    scale_abs = float(np.abs(ref_all).max()) if ref_all.size else 0.0
+    float_tol = FLOAT_REL_TOL * max(scale_abs, 1e-30)
+    float_rule = f"max_abs <= {FLOAT_REL_TOL:g} * max|ref| = {float_tol:.3g}"
+    rows_out: list[VerifyRow] = []
+
+    cell_to_row = np.full(n_cells, -1, dtype=np.int64)
+    cell_to_row[row_cells] = np.arange(n_rows)
+    compared_rows = cell_to_row[cells]
+
+    def to_cells(per_row: F64) -> F64:
+        got = np.zeros((cells.size, per_row.shape[1]))
+        has = compared_rows >= 0
+        got[has] = per_row[compared_rows[has]]
+        return got
+
+    def add(product: str, camera: str, got: F64, ref: F64, rule: str, passed_fn: Any, extra: str = "") -> None:
+        max_abs, mean_abs, psnr = compare(product, camera, got, ref, peak)
+        rows_out.append(VerifyRow(product, camera, max_abs, mean_abs, psnr, rule, bool(passed_fn(max_abs, psnr)), (extra + "; " + note).strip("; ")))
+
+    float_ok = lambda max_abs, _psnr: max_abs <= float_tol  # noqa: E731
+    int8_ok = lambda _max_abs, psnr: psnr >= INT8_MIN_PSNR_DB  # noqa: E731
+
+    # COO per camera and all
+    lifted_coo = lifted_columns(rig, mode, col, ctx.features, depth)
+    coo_camera = _camera_of(rig, mode, col)
+    coo_total = np.zeros((cells.size, n_ch))
+    for c, name in enumerate(cam_names):
+        m = coo_camera == c
+        got = to_cells(apply_entries(row[m], val[m], lifted_coo[m], n_rows))
+        coo_total += got
+        add("matrix/coo", name, got, ref_cam[c], float_rule, float_ok)
+    add("matrix/coo", "all", coo_total, ref_all, float_rule, float_ok)
+
+    if options.topk > 0:
+        # what the pruning costs: the stored Top-K product against the unpruned lift (K = 0,
+        # same splat / rounding / normalize), measured on the same cells; reported, not judged
+        full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
+        lifted_full = lifted_columns(rig, mode, full.col, ctx.features, depth)
+        full_all = apply_entries(full.row, full.value, lifted_full, n_cells)[cells]
+        peak_full = float(full_all.max() - full_all.min()) if full_all.size else 0.0
+        max_abs, mean_abs, psnr = compare("matrix/topk_vs_unpruned", "all", coo_total, full_all, peak_full if peak_full > 0 else 1.0)
+        rows_out.append(VerifyRow(
+            "matrix/topk_vs_unpruned", "all", max_abs, mean_abs, psnr,
+            f"informational: Top-{options.topk} vs the unpruned lift (K = 0)", True,
+            f"PSNR peak = unpruned range; kept weight {_kept_note(attrs)}" + (f"; {note.split('; ', 1)[1]}" if sampled else ""),
+            informational=True,
+        ))
+
+    # ELL (padding included: weight 0 must contribute nothing)
+    ell_index, ell_weight = arrays["ell_index"], arrays["ell_weight"]
+    ell_rows = np.repeat(np.arange(ell_index.shape[0]), ell_index.shape[1])
+    lifted_ell = lifted_columns(rig, mode, ell_index.ravel(), ctx.features, depth)
+    ell_out = apply_entries(ell_rows, ell_weight.ravel(), lifted_ell, ell_index.shape[0])
+    add("matrix/ell", "all", to_cells(ell_out[:n_rows]), ref_all, float_rule, float_ok, f"ELL {ell_index.shape[0]}x{ell_index.shape[1]}")
+    if options.quantize == "int8":
+        deq = dequantize_rows_int8(arrays["ell_weight_int8"], arrays["row_scale"])
+        out_q = apply_entries(ell_rows, deq.ravel(), lifted_ell, ell_index.shape[0])
+        add("matrix/ell_int8", "all", to_cells(out_q[:n_rows]), ref_all, f"PSNR >= {INT8_MIN_PSNR_DB:g} dB (peak = reference range)", int8_ok)
+    if options.tile_rows is not None:
+        r = options.tile_rows
+        offsets = arrays["tile_col_offsets"]
+        tcols = arrays["tile_cols"]
+        forms: list[tuple[str, np.ndarray, np.ndarray | None]] = [("matrix/tiles", arrays["tile_weight"], None)]
+        if options.quantize == "int8":
+            forms.append(("matrix/tiles_int8", arrays["tile_weight_int8"], arrays["tile_row_scale"]))
+        for product, weights, scale in forms:
+            out_t = np.zeros(((offsets.size - 1) * r, n_ch))
+            for t, block in enumerate(tile_blocks(weights, offsets, r)):
+                b = block if scale is None else dequantize_rows_int8(block, scale[t * r : (t + 1) * r])
+                x = lifted_columns(rig, mode, tcols[offsets[t] : offsets[t + 1]], ctx.features, depth)
+                out_t[t * r : (t + 1) * r] = b.astype(np.float64) @ x
+            rule = float_rule if scale is None else f"PSNR >= {INT8_MIN_PSNR_DB:g} dB (peak = reference range)"
+            add(product, "all", to_cells(out_t[:n_rows]), ref_all, rule, float_ok if scale is None else int8_ok, f"{offsets.size - 1} tiles of {r} rows")
+    return rows_out
+
+
+# --------------------------------------------------------------------------------------
+# rebuild
+# --------------------------------------------------------------------------------------
+
+
+def _kept_note(attrs: Mapping[str, Any]) -> str:
+    """The recorded kept-weight fractions as text (the attribute is not trusted for anything else)."""
+    kept = attrs.get("kept_weight_fraction")
+    try:
+        return f"{100 * float(kept['total']):.1f} % total, {100 * float(kept['worst_row']):.1f} % worst row (recorded)"  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return "not recorded"
+
+
+def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``matrix/`` array rebuilt from the stored config and ``build_options``, and the
+    group attributes the build writes (under :data:`~bevcompile.checks_api.REBUILT_ATTRS`)."""
+    from .build import matrix_attributes
+
+    products = build_matrix(rig, _options(attrs))
+    return {**products.arrays(), REBUILT_ATTRS: matrix_attributes(products, rig)}

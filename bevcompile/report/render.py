@@ -1,0 +1,372 @@
+"""``bevcompile render``: a coverage picture of a store (matplotlib, the optional ``[plot]`` extra).
+
+Left panel — the BEV plane seen from above in the automotive orientation: ego **x forward
+points UP**, ego **y left points LEFT** (so the picture is what a driver sees on a map that
+turns with the car), axes in metres, cell ``(iy, ix)`` drawn as the square centred on
+``(x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy)``. Each camera's coverage (``grid/valid``, by
+default at ANY sampling height; ``height=`` picks one; a store without ``grid/`` -- matrix
+only -- uses the VALID RULE on the stored config's float64 projection instead, and the panel
+title says so) is painted in the camera's colour;
+a cell seen by several cameras gets the mean of their colours (overlaps are visibly mixed)
+and each camera's footprint is outlined in its colour. Cells no camera sees are light grey.
+The cameras are drawn at their ego position with an arrow along the ground projection of
+their optical axis; the ego box is the cameras' footprint grown by 0.5 m (the config has no
+vehicle dimensions; it is labelled "nominal").
+
+Right panel — ``matrix/camera_mass`` summed over cameras when the store has a matrix group
+(else the matrix's per-cell nnz from ``coo_row``), or, without a matrix group, the number of
+cameras that see each cell.
+
+The figure has a fixed size and dpi (:data:`FIGSIZE_IN` x :data:`DPI` = 1500 x 750 px) and
+no timestamp in its metadata: same store, same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import BevcompileError, DependencyError, StoreError, UsageError
+from ..grid.ipm import compute_sampling_grid
+from ..rig.config import RigConfig, parse_config
+from ..store.zarr_io import StoreReader, open_store
+
+FIGSIZE_IN = (15.0, 7.5)
+DPI = 100
+UNSEEN_RGB = (0.92, 0.92, 0.92)
+EGO_MARGIN_M = 0.5
+ARROW_FRACTION = 0.07
+"""Optical-axis arrows are this fraction of the larger BEV extent long (main panel)."""
+INSET_HALF_M = 6.0
+COVERAGE_AXES_RECT = (0.04, 0.08, 0.40, 0.84)
+INSET_AXES_RECT = (0.475, 0.08, 0.14, 0.28)
+PANEL2_AXES_RECT = (0.655, 0.08, 0.27, 0.84)
+COLORBAR_AXES_RECT = (0.94, 0.2, 0.012, 0.6)
+_PALETTE = (  # matplotlib tab10, fixed here so the picture does not depend on rcParams
+    (0.12156862745098039, 0.4666666666666667, 0.7058823529411765),
+    (1.0, 0.4980392156862745, 0.054901960784313725),
+    (0.17254901960784313, 0.6274509803921569, 0.17254901960784313),
+    (0.8392156862745098, 0.15294117647058825, 0.1568627450980392),
+    (0.5803921568627451, 0.403921568627451, 0.7411764705882353),
+    (0.5490196078431373, 0.33725490196078434, 0.29411764705882354),
+    (0.8901960784313725, 0.4666666666666667, 0.7607843137254902),
+    (0.4980392156862745, 0.4980392156862745, 0.4980392156862745),
+    (0.7372549019607844, 0.7411764705882353, 0.13333333333333333),
+    (0.09019607843137255, 0.7450980392156863, 0.8117647058823529),
+)
+
+
+def camera_colours(n_cam: int) -> list[tuple[float, float, float]]:
+    """RGB in [0, 1] per camera: tab10, then evenly spaced hues for more than 10 cameras."""
+    if n_cam <= len(_PALETTE):
+        return list(_PALETTE[:n_cam])
+    import colorsys
+
+    return [colorsys.hsv_to_rgb(i / n_cam, 0.75, 0.85) for i in range(n_cam)]
+
+
+def coverage_rgb(coverage: npt.NDArray[np.bool_], colours: list[tuple[float, float, float]]) -> npt.NDArray[np.float64]:
+    """Blend the cameras' colours per cell.
+
+    Convention:
+        coverage: ``(n_cam, ny, nx)`` bool; colours: one RGB per camera.
+        returns ``(ny, nx, 3)`` float64 RGB: the mean colour of the cameras seeing the cell,
+        :data:`UNSEEN_RGB` where none does.
+    """
+    palette = np.asarray(colours, dtype=np.float64)  # (n_cam, 3)
+    count = coverage.sum(axis=0)  # (ny, nx)
+    summed = np.tensordot(coverage.astype(np.float64), palette, axes=([0], [0]))  # (ny, nx, 3)
+    rgb = np.empty_like(summed)
+    seen = count > 0
+    rgb[seen] = summed[seen] / count[seen][:, None]
+    rgb[~seen] = UNSEEN_RGB
+    return rgb
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    """What was drawn, and where: ``bev_to_display`` maps ego ``(y, x)`` metres of the coverage
+    panel to display pixels (origin bottom-left), as matplotlib laid the figure out."""
+
+    path: Path
+    width_px: int
+    height_px: int
+    coverage: npt.NDArray[np.bool_]  # (n_cam, ny, nx) drawn coverage
+    colours: tuple[tuple[float, float, float], ...]
+    height_label: str
+    second_panel: str
+    bev_to_display: npt.NDArray[np.float64]  # 3x3 affine
+    coverage_source: str = "grid/valid"  # or "stored config's projection, no grid/" (a matrix-only store)
+
+    def pixel_of(self, x_m: float, y_m: float) -> tuple[int, int]:
+        """``(column, row)`` of the PNG pixel showing ego point ``(x_m, y_m)`` (row 0 = top)."""
+        disp = self.bev_to_display @ np.array([y_m, x_m, 1.0])
+        return math.floor(float(disp[0])), math.floor(self.height_px - float(disp[1]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "width_px": self.width_px,
+            "height_px": self.height_px,
+            "coverage_heights": self.height_label,
+            "coverage_source": self.coverage_source,
+            "second_panel": self.second_panel,
+            "coverage_fraction": [float(c.mean()) for c in self.coverage],
+        }
+
+
+def default_output(store: Path, name: str) -> Path:
+    """``<store parent>/<name>_coverage.png``."""
+    return store.parent / f"{name}_coverage.png"
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise DependencyError(
+            f"bevcompile render needs matplotlib ({exc.__class__.__name__}: {exc}); install the extra: pip install 'bevcompile[plot]'"
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def _read_rig(reader: StoreReader) -> RigConfig:
+    config = reader.root_attrs.get("config")
+    if config is None:
+        raise StoreError(f"{reader.path}: no stored config (run bevcompile inspect)")
+    try:
+        return parse_config(config, source=f"{reader.path} stored config")
+    except BevcompileError as exc:
+        raise StoreError(f"{reader.path}: stored config unusable ({exc}); run bevcompile inspect") from None
+
+
+def _select_coverage(rig: RigConfig, valid: np.ndarray, height: float | None) -> tuple[np.ndarray, str]:
+    heights = list(rig.bev.heights)
+    if height is None:
+        label = f"any of z = {', '.join(f'{h:g}' for h in heights)} m" if len(heights) > 1 else f"z = {heights[0]:g} m"
+        return np.asarray(valid.any(axis=1)), label
+    matches = [i for i, h in enumerate(heights) if abs(h - height) <= 1e-9]
+    if not matches:
+        raise UsageError(f"--height {height:g} is not a sampling height of this store ({', '.join(f'{h:g}' for h in heights)})")
+    return np.asarray(valid[:, matches[0]]), f"z = {heights[matches[0]]:g} m"
+
+
+def _matrix_panel(reader: StoreReader, rig: RigConfig) -> tuple[np.ndarray, str, str] | None:
+    """``(per-cell values (ny, nx), title, colour-bar label)`` from the matrix group, if any."""
+    if not reader.has_group("matrix"):
+        return None
+    ny, nx = rig.bev.ny, rig.bev.nx
+    names = reader.child_dirs("matrix")  # folder names: no group listing that parses every array's metadata
+    if "camera_mass" in names:
+        mass = reader.read("matrix", "camera_mass")
+        if not np.all(np.isfinite(mass)):
+            raise StoreError(f"{reader.path}: matrix/camera_mass holds non-finite values; run bevcompile inspect")
+        if mass.ndim == 3 and mass.shape == (rig.n_cam, ny, nx):
+            return mass.astype(np.float64).sum(axis=0), "matrix/camera_mass, summed over cameras", "total weight per cell"
+    if "coo_row" in names:
+        rows = reader.read("matrix", "coo_row").astype(np.int64).ravel()
+        if "row_ids" in names:
+            row_ids = reader.read("matrix", "row_ids").astype(np.int64).ravel()
+            if rows.size and (rows.min() < 0 or rows.max() >= row_ids.size):
+                raise StoreError(f"{reader.path}: matrix/coo_row indexes past matrix/row_ids; run bevcompile inspect")
+            rows = row_ids[rows]
+        if rows.size and (rows.min() < 0 or rows.max() >= ny * nx):
+            raise StoreError(f"{reader.path}: matrix/coo_row holds a cell index outside the BEV grid; run bevcompile inspect")
+        nnz = np.bincount(rows, minlength=ny * nx).reshape(ny, nx).astype(np.float64)
+        return nnz, "matrix non-zeros per BEV cell (from coo_row)", "nnz per cell"
+    return None
+
+
+def render_store(path: str | Path, out: str | Path | None = None, *, height: float | None = None) -> RenderResult:
+    """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically).
+
+    Raises :class:`StoreError` for a store that cannot be drawn (not a store, ``grid/valid``
+    unreadable), :class:`UsageError` for a bad ``out``/``height``, :class:`DependencyError`
+    without matplotlib.
+    """
+    Figure, FigureCanvasAgg = _matplotlib()
+    store = Path(path)
+    reader = open_store(store)
+    if "format" not in reader.root_attrs:
+        from ..store.inspection import not_a_store_root
+
+        not_a_store_root(store, "render")
+    rig = _read_rig(reader)
+    out_path = Path(out) if out is not None else default_output(store, rig.name)
+    if out_path.suffix.lower() != ".png":
+        raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
+    if out_path.is_dir():
+        raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
+    if reader.has_group("grid"):
+        valid = reader.read("grid", "valid")
+        expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+        if valid.dtype != np.bool_ or valid.shape != expected:
+            raise StoreError(f"{store}: grid/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
+        source = "grid/valid"
+    else:
+        # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
+        # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
+        valid = compute_sampling_grid(rig).valid
+        source = "stored config's projection, no grid/"
+    coverage, height_label = _select_coverage(rig, valid, height)
+    matrix = _matrix_panel(reader, rig)
+
+    colours = camera_colours(rig.n_cam)
+    fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes(COVERAGE_AXES_RECT)
+    _draw_coverage(ax, rig, coverage, colours)
+    ax.set_title(f"camera coverage at {height_label} ({source})", fontsize=10)
+    handles = _legend_handles(rig, coverage, colours)
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.445, 0.92), fontsize=8, frameon=False, title="cameras", title_fontsize=9)
+    inset = fig.add_axes(INSET_AXES_RECT)
+    _draw_coverage(inset, rig, coverage, colours, half_m=INSET_HALF_M)
+    inset.set_title(f"ego area, +-{INSET_HALF_M:g} m", fontsize=8)
+    inset.tick_params(labelsize=7)
+    inset.set_xlabel("y [m]", fontsize=7)
+    inset.set_ylabel("x [m]", fontsize=7)
+
+    ax2 = fig.add_axes(PANEL2_AXES_RECT)
+    cax = fig.add_axes(COLORBAR_AXES_RECT)
+    if matrix is not None:
+        values, title, cbar_label = matrix
+        second = title
+    else:
+        values = coverage.sum(axis=0).astype(np.float64)
+        title = f"cameras per cell ({height_label}) -- no matrix/ group"
+        cbar_label = "number of cameras"
+        second = "cameras per cell"
+    _draw_values(fig, ax2, cax, rig, values, title, cbar_label, integer=matrix is None)
+    fig.suptitle(
+        f"{rig.name}: {rig.n_cam} cameras, BEV {rig.bev.nx} x {rig.bev.ny} cells of {rig.bev.x.step:g} x {rig.bev.y.step:g} m"
+        "  —  seen from above, x forward UP, y left LEFT",
+        fontsize=12,
+    )
+    fig.canvas.draw()
+    bev_to_display = np.array(ax.transData.get_affine().get_matrix(), dtype=np.float64)
+    width_px, height_px = (round(float(v)) for v in fig.canvas.get_width_height())
+
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out_path}: cannot create its folder ({exc.strerror or exc})") from None
+    tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
+        os.replace(tmp, out_path)
+    except OSError as exc:
+        raise UsageError(f"--out {out_path}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source)
+
+
+def _draw_coverage(
+    ax: Any, rig: RigConfig, coverage: np.ndarray, colours: list[tuple[float, float, float]], half_m: float | None = None
+) -> None:
+    """Coverage image, footprint outlines, ego box and cameras (coloured dot, black arrow along
+    the optical axis projected on the ground); ``half_m`` zooms on the ego."""
+    bev = rig.bev
+    rgb = coverage_rgb(coverage, colours)  # (ny, nx, 3)
+    # displayed image rows follow x (upwards with origin="lower"), columns follow y; the y axis
+    # is then inverted so that +y (left) is on the left.
+    ax.imshow(
+        np.transpose(rgb, (1, 0, 2)),
+        origin="lower",
+        extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max),
+        interpolation="nearest",
+        aspect="equal",
+    )
+    ys = np.asarray(bev.y.centres())
+    xs = np.asarray(bev.x.centres())
+    for cam_index, colour in enumerate(colours):
+        mask = coverage[cam_index]
+        if mask.any() and not mask.all():
+            ax.contour(ys, xs, mask.T.astype(np.float64), levels=[0.5], colors=[colour], linewidths=1.0)
+    if half_m is None:
+        ax.set_xlim(bev.y.max, bev.y.min)
+        ax.set_ylim(bev.x.min, bev.x.max)
+        ax.set_xlabel("ego y [m]  (left is +y, drawn to the LEFT)")
+        ax.set_ylabel("ego x [m]  (forward is +x, drawn UP)")
+        arrow_m = ARROW_FRACTION * max(bev.x.max - bev.x.min, bev.y.max - bev.y.min)
+    else:
+        ax.set_xlim(half_m, -half_m)
+        ax.set_ylim(-half_m, half_m)
+        arrow_m = 0.3 * half_m
+
+    from matplotlib.patches import Rectangle
+
+    positions = np.array([[row[3] for row in cam.ego_from_cam[:3]] for cam in rig.cameras], dtype=np.float64)
+    lo = positions[:, :2].min(axis=0) - EGO_MARGIN_M
+    hi = positions[:, :2].max(axis=0) + EGO_MARGIN_M
+    ax.add_patch(
+        Rectangle((lo[1], lo[0]), hi[1] - lo[1], hi[0] - lo[0], facecolor="white", edgecolor="black", linewidth=1.2, zorder=3)
+    )
+    for cam, colour, position in zip(rig.cameras, colours, positions, strict=True):
+        axis_ego = np.array([cam.ego_from_cam[0][2], cam.ego_from_cam[1][2]], dtype=np.float64)
+        norm = float(np.hypot(*axis_ego))
+        x0, y0 = float(position[0]), float(position[1])
+        ax.plot([y0], [x0], marker="o", markersize=5, color=colour, markeredgecolor="black", zorder=7)
+        if norm > 1e-9:
+            dx, dy = axis_ego / norm * arrow_m
+            ax.annotate(
+                "",
+                xy=(y0 + dy, x0 + dx),
+                xytext=(y0, x0),
+                arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 0, "shrinkB": 0},
+                zorder=6,
+            )
+
+
+def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[float, float, float]]) -> list[Any]:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [
+        Patch(facecolor=colour, edgecolor="black", label=f"{cam.name} ({100 * float(coverage[i].mean()):.1f} %)")
+        for i, (cam, colour) in enumerate(zip(rig.cameras, colours, strict=True))
+    ]
+    handles.append(Patch(facecolor=UNSEEN_RGB, edgecolor="black", label="seen by no camera"))
+    handles.append(Patch(facecolor=(0.6, 0.6, 0.6), edgecolor="none", label="overlap: mean of the colours"))
+    handles.append(Patch(facecolor="white", edgecolor="black", label=f"ego (nominal: cameras + {EGO_MARGIN_M:g} m)"))
+    handles.append(
+        Line2D([], [], color="black", marker="o", markerfacecolor="white", markersize=5, linewidth=1.3, label="camera + optical axis (on ground)")
+    )
+    return handles
+
+
+def _draw_values(
+    fig: Any, ax: Any, cax: Any, rig: RigConfig, values: np.ndarray, title: str, label: str, *, integer: bool
+) -> None:
+    bev = rig.bev
+    shown = np.ma.masked_where(values.T <= 0, values.T)
+    vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
+    image = ax.imshow(
+        shown,
+        origin="lower",
+        extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max),
+        interpolation="nearest",
+        aspect="equal",
+        cmap="viridis",
+        vmin=0.0,
+        vmax=vmax,
+    )
+    ax.set_facecolor(UNSEEN_RGB)
+    ax.set_xlim(bev.y.max, bev.y.min)
+    ax.set_ylim(bev.x.min, bev.x.max)
+    ax.set_xlabel("ego y [m]  (left is +y, drawn to the LEFT)")
+    ax.set_ylabel("ego x [m]  (forward UP)")
+    ax.set_title(title, fontsize=10)
+    colorbar = fig.colorbar(image, cax=cax)
+    colorbar.set_label(label)
+    if integer:
+        colorbar.set_ticks(list(range(int(vmax) + 1)))

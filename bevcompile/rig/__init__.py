@@ -1,0 +1,8 @@
+"""The calibrated rig: what is mounted where, and the geometry of each camera.
+
+* :mod:`.config` — the rig config: frozen dataclasses built by ``parse_config`` (the ONLY module
+  that reads YAML), field-path errors, ``config_sha256``.
+* :mod:`.geometry` — lens models, projection and unprojection, camera poses (``ego_from_cam``).
+
+May import: :mod:`bevcompile.errors`. Nothing else of bevcompile (every product imports this).
+"""

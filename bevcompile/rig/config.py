@@ -1,0 +1,884 @@
+"""Rig configuration: the only module that reads YAML.
+
+A rig config describes the calibrated cameras, the image augmentation that turns a
+calibrated image into the network input, the feature-map stride, the BEV grid and the LSS
+depth bins. :func:`load_config` reads a YAML file, :func:`parse_config` validates plain
+data; both return a frozen :class:`RigConfig` or raise :class:`~bevcompile.errors.ConfigError`
+whose message names the file, the field path (``cameras[2].rotation_wxyz``) and the problem.
+
+:func:`config_to_dict` gives the *resolved* config as plain data (every default filled in,
+per-camera ``image_aug`` merged); it re-parses to an equal config, and
+:func:`config_sha256` hashes its canonical JSON serialisation (free-text ``description``
+fields excluded, so editing a comment does not invalidate a store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+MAX_BEV_CELLS = 10**8
+MAX_DEPTH_BINS = 4096
+MAX_CONFIG_INT = 2**31 - 1
+QUATERNION_TOLERANCE = 1e-6
+ROTATION_TOLERANCE = 1e-6
+AXIS_STEP_TOLERANCE = 1e-6
+"""``bev.x``/``y``/``z``: ``(max - min) / step`` must be within this many steps of a whole number."""
+DEFAULT_CONFIG_NAME = "nuscenes.yaml"
+DISTORTION_MODELS = ("none", "opencv", "fisheye")
+PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
+"""``feature.pixel_mapping``: where feature pixel ``j`` sits on the network input (README
+"Conventions"): ``stride`` ``j*s + (s-1)/2`` (the centre of its ``s`` input pixels);
+``linspace`` ``j*(W_in-1)/(W_f-1)`` (BEVDet's frustum); ``corner`` ``j*s`` (intrinsics divided
+by the stride: Fast-BEV, M2BEV); ``normalized`` ``j*s + s/2`` (input pixels normalised by the
+input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR)."""
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# --------------------------------------------------------------------------------------
+# dataclasses
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """Lens model. ``model`` is ``none``, ``opencv`` (k1 k2 p1 p2 [k3 [k4 k5 k6]], OpenCV
+    order, always stored padded to 8) or ``fisheye`` (k1 k2 k3 k4, OpenCV fisheye)."""
+
+    model: str
+    coeffs: tuple[float, ...]
+    n_coeffs_given: int
+
+
+@dataclass(frozen=True)
+class ImageAug:
+    """Calibrated image -> network input (BEVDet ``post_rot``/``post_tran``).
+
+    Convention: input pixel ``u_in = u_image * resize - crop_left`` and
+    ``v_in = v_image * resize - crop_top`` (pixel centres at integers). The network input is
+    ``input_width x input_height``; its last ``pad_right`` columns and ``pad_bottom`` rows are
+    zero padding appended after the crop (mmdet's ``PadMultiViewImage``), so the crop window is
+    ``(input_width - pad_right) x (input_height - pad_bottom)`` and pixel coordinates are
+    unchanged by the padding.
+    """
+
+    resize: float
+    crop_left: float
+    crop_top: float
+    input_width: int
+    input_height: int
+    pad_right: int = 0
+    pad_bottom: int = 0
+
+
+@dataclass(frozen=True)
+class Camera:
+    """One calibrated camera.
+
+    ``ego_from_cam`` is the 4x4 rigid transform camera -> ego (row-major nested tuples):
+    ``points_ego = R @ points_cam + t``. The camera frame is OpenCV's (x right, y down,
+    z along the optical axis).
+    """
+
+    name: str
+    image_width: int
+    image_height: int
+    intrinsic: tuple[tuple[float, float, float], ...]
+    distortion: Distortion
+    ego_from_cam: tuple[tuple[float, float, float, float], ...]
+    image_aug: ImageAug
+    pose_form: str  # "quaternion" or "matrix": how the pose was given (kept for round-trips)
+    rotation_wxyz: tuple[float, float, float, float] | None
+    translation: tuple[float, float, float] | None
+    image_aug_override: tuple[tuple[str, Any], ...]
+    description: str | None = None
+
+    @property
+    def fx(self) -> float:
+        return self.intrinsic[0][0]
+
+    @property
+    def fy(self) -> float:
+        return self.intrinsic[1][1]
+
+    @property
+    def cx(self) -> float:
+        return self.intrinsic[0][2]
+
+    @property
+    def cy(self) -> float:
+        return self.intrinsic[1][2]
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Network input -> feature map. ``stride``: feature pixel j covers input pixels
+    ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
+    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
+    ``normalized``: at input ``j*s + s/2`` (see :data:`PIXEL_MAPPINGS`)."""
+
+    stride: int
+    pixel_mapping: str
+
+
+@dataclass(frozen=True)
+class AxisSpec:
+    """One BEV axis: ``[min, max, step]`` metres; ``n = round((max - min) / step)`` cells,
+    cell i centred at ``min + (i + 0.5) * step``."""
+
+    min: float
+    max: float
+    step: float
+    n: int
+
+    def centres(self) -> tuple[float, ...]:
+        return tuple(self.min + (i + 0.5) * self.step for i in range(self.n))
+
+
+@dataclass(frozen=True)
+class BevSpec:
+    x: AxisSpec
+    y: AxisSpec
+    z: AxisSpec  # height band; a single bin unless a step is given
+    heights: tuple[float, ...]
+
+    @property
+    def nx(self) -> int:
+        return self.x.n
+
+    @property
+    def ny(self) -> int:
+        return self.y.n
+
+
+@dataclass(frozen=True)
+class DepthSpec:
+    """LSS depth bins along the optical axis (camera z), ``arange(start, stop, step)``."""
+
+    start: float
+    stop: float
+    step: float
+    n_bins: int
+
+    def values(self) -> tuple[float, ...]:
+        return tuple(self.start + i * self.step for i in range(self.n_bins))
+
+
+@dataclass(frozen=True)
+class RigConfig:
+    name: str
+    cameras: tuple[Camera, ...]
+    image_aug: Mapping[str, Any] | None  # the top-level (shared) augmentation, as given
+    feature: FeatureSpec
+    bev: BevSpec
+    depth: DepthSpec
+    description: str | None = None
+    source: str = "<config>"
+
+    @property
+    def n_cam(self) -> int:
+        return len(self.cameras)
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """``(width, height)`` of the network input (identical for every camera)."""
+        aug = self.cameras[0].image_aug
+        return aug.input_width, aug.input_height
+
+    @property
+    def feature_size(self) -> tuple[int, int]:
+        """``(W_f, H_f)`` of the feature map."""
+        w_in, h_in = self.input_size
+        return w_in // self.feature.stride, h_in // self.feature.stride
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.cameras)
+
+
+# --------------------------------------------------------------------------------------
+# YAML loading
+# --------------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (a silent override is a typo) and number
+    spellings only YAML 1.1 knows (``1:30`` = 90, ``0b101``, ``017`` = 15, ``1_000``), which a
+    YAML 1.2 reader (and a reader of the config) takes for something else. Merge keys
+    (``<<: *anchor``) are supported; an explicit key overrides a merged one."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_YAML11_ONLY_INT = re.compile(r"^[-+]?(0b[0-1_]+|0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+|[0-9][0-9_]*_[0-9_]*)$")
+"""Plain integers PyYAML (YAML 1.1) reads unlike YAML 1.2: binary, leading-zero octal,
+sexagesimal, digit groups with ``_``."""
+_YAML11_ONLY_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*$|^[-+]?[0-9.]*_[0-9._]*([eE][-+][0-9]+)?$")
+"""Sexagesimal floats (``1:30.5``) and floats with ``_`` digit groups."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    explicit = [key_node for key_node, _ in node.value if key_node.tag != _MERGE_TAG]
+    loader.flatten_mapping(node)  # `<<: *anchor` (merged keys first, so explicit keys override them)
+    seen: set[Any] = set()
+    for key_node in explicit:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            raise yaml.constructor.ConstructorError(None, None, "found unhashable key (a list or mapping as a key)", key_node.start_mark) from None
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return dict(loader.construct_mapping(node, deep=deep))
+
+
+def _refuse_yaml11_number(loader: _StrictLoader, node: yaml.ScalarNode, pattern: re.Pattern[str], kind: str) -> None:
+    text = str(loader.construct_scalar(node))
+    if node.style is None and pattern.match(text):
+        value = (yaml.SafeLoader.construct_yaml_int if kind == "integer" else yaml.SafeLoader.construct_yaml_float)(loader, node)
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"{kind} {text!r} is a YAML 1.1-only spelling (read as {value!r}); write it in plain decimal",
+            node.start_mark,
+        )
+
+
+def _scalar_problem(node: yaml.Node, exc: Exception) -> yaml.constructor.ConstructorError:
+    """A constructor's ValueError/OverflowError (``!!int 16px``, a date ``2024-13-45``, an int of
+    more than 4300 digits) as a YAML error with the scalar's position."""
+    lines = str(exc).strip().splitlines()
+    return yaml.constructor.ConstructorError(None, None, lines[0] if lines else exc.__class__.__name__, node.start_mark)
+
+
+def _constructed(construct: Callable[[_StrictLoader, yaml.ScalarNode], Any], loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    """PyYAML's own scalar constructor, its ValueError/OverflowError made a positioned YAML error."""
+    try:
+        return construct(loader, node)
+    except (ValueError, OverflowError) as exc:
+        raise _scalar_problem(node, exc) from None
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    _refuse_yaml11_number(loader, node, _YAML11_ONLY_INT, "integer")
+    return int(_constructed(yaml.SafeLoader.construct_yaml_int, loader, node))
+
+
+def _construct_float(loader: _StrictLoader, node: yaml.ScalarNode) -> float:
+    _refuse_yaml11_number(loader, node, _YAML11_ONLY_FLOAT, "number")
+    return float(_constructed(yaml.SafeLoader.construct_yaml_float, loader, node))
+
+
+def _construct_timestamp(loader: _StrictLoader, node: yaml.ScalarNode) -> Any:
+    return _constructed(yaml.SafeLoader.construct_yaml_timestamp, loader, node)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+_StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
+
+MAX_CONFIG_BYTES = 16 << 20
+"""A rig config is a few KiB; a larger file (or a device, FIFO) is refused before it is read."""
+
+
+def default_config_path() -> Path:
+    """Path of the bundled default rig (real nuScenes calibration, BEVDet-R50 settings)."""
+    return Path(str(resources.files("bevcompile") / "data" / DEFAULT_CONFIG_NAME))
+
+
+def read_config_data(path: str | Path) -> Any:
+    """Read a YAML file into plain data, mapping every failure to a one-line ConfigError."""
+    source = str(path)
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError(source, "", "is a directory, expected a YAML file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
+            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "", "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(source, "", "is a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, "", f"cannot read file ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(source, "", f"invalid YAML: {where}{problem}") from None
+    except RecursionError:
+        raise ConfigError(source, "", "invalid YAML: nested too deeply (maximum recursion depth exceeded)") from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        # PyYAML's constructors: `!!int 16px`, a date `2024-13-45`, an int of more than 4300 digits ...
+        lines = str(exc).strip().splitlines()
+        problem = lines[0] if lines else exc.__class__.__name__
+        raise ConfigError(source, "", f"invalid YAML: {problem}") from None
+    if data is None:
+        raise ConfigError(source, "", "file is empty")
+    return data
+
+
+def load_config(path: str | Path | None = None) -> RigConfig:
+    """Load and validate a rig config; ``None`` loads the bundled default."""
+    if path is None:
+        path = default_config_path()
+        data = read_config_data(path)
+        return parse_config(data, source=f"<bundled {DEFAULT_CONFIG_NAME}>")
+    return parse_config(read_config_data(path), source=str(path))
+
+
+# --------------------------------------------------------------------------------------
+# parsing helpers (each reports its field path)
+# --------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str, message: str) -> ConfigError:
+        return ConfigError(self.source, field, message)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, list | tuple):
+        return "list"
+    return type(value).__name__
+
+
+def _mapping(ctx: _Ctx, value: Any, field: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ctx.fail(field, f"expected a mapping, got {_type_name(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise ctx.fail(field, f"keys must be strings, got {key!r}")
+    return value
+
+
+def _check_keys(
+    ctx: _Ctx, data: Mapping[str, Any], field: str, required: Sequence[str], optional: Sequence[str]
+) -> None:
+    allowed = set(required) | set(optional)
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        prefix = f"{field}." if field else ""
+        raise ctx.fail(
+            f"{prefix}{unknown[0]}",
+            f"unknown field (allowed here: {', '.join(sorted(allowed))})",
+        )
+    for key in required:
+        if key not in data:
+            prefix = f"{field}." if field else ""
+            raise ctx.fail(f"{prefix}{key}", "missing required field")
+
+
+def _number(ctx: _Ctx, value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ctx.fail(field, f"expected a number, got {_type_name(value)}")
+    if isinstance(value, str):
+        # PyYAML reads '1e-3' (no dot) as a string; accept it when it is a plain number.
+        try:
+            value = float(value)
+        except ValueError:
+            raise ctx.fail(field, f"expected a number, got string {value!r}") from None
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ctx.fail(field, f"number too large ({len(str(value))} digits)") from None
+    if not math.isfinite(number):
+        raise ctx.fail(field, f"must be finite, got {number}")
+    return number
+
+
+def _integer(ctx: _Ctx, value: Any, field: str) -> int:
+    if isinstance(value, bool):
+        raise ctx.fail(field, "expected an integer, got boolean")
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int):
+        if abs(value) > MAX_CONFIG_INT:
+            digits = len(str(abs(value)))
+            raise ctx.fail(field, f"integer too large ({digits} digits; at most {MAX_CONFIG_INT:,})")
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ctx.fail(field, f"must be finite, got {value}")
+    raise ctx.fail(field, f"expected an integer, got {_type_name(value)} {value!r}")
+
+
+def _string(ctx: _Ctx, value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ctx.fail(field, f"expected a string, got {_type_name(value)}")
+    return value
+
+
+def _list(ctx: _Ctx, value: Any, field: str, length: int | Sequence[int] | None = None) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise ctx.fail(field, f"expected a list, got {_type_name(value)}")
+    if length is not None:
+        lengths = (length,) if isinstance(length, int) else tuple(length)
+        if len(value) not in lengths:
+            want = " or ".join(str(n) for n in lengths)
+            raise ctx.fail(field, f"expected {want} values, got {len(value)}")
+    return list(value)
+
+
+def _numbers(ctx: _Ctx, value: Any, field: str, length: int | Sequence[int] | None = None) -> list[float]:
+    items = _list(ctx, value, field, length)
+    return [_number(ctx, item, f"{field}[{i}]") for i, item in enumerate(items)]
+
+
+def _matrix(ctx: _Ctx, value: Any, field: str, rows: int, cols: int) -> list[list[float]]:
+    items = _list(ctx, value, field, rows)
+    return [_numbers(ctx, row, f"{field}[{i}]", cols) for i, row in enumerate(items)]
+
+
+# --------------------------------------------------------------------------------------
+# rotations (pure math, used here and by geometry)
+# --------------------------------------------------------------------------------------
+
+
+def rotation_from_quaternion_wxyz(quaternion_wxyz: Sequence[float]) -> list[list[float]]:
+    """Rotation matrix of a (normalised) Hamilton quaternion ``(w, x, y, z)``.
+
+    Same formula as pyquaternion/nuscenes-devkit ``Quaternion(w, x, y, z).rotation_matrix``.
+    """
+    w, x, y, z = (float(c) for c in quaternion_wxyz)
+    norm = math.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / norm, x / norm, y / norm, z / norm
+    return [
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ]
+
+
+def _check_rotation(ctx: _Ctx, rotation: list[list[float]], field: str) -> None:
+    worst = 0.0
+    for i in range(3):
+        for j in range(3):
+            dot = sum(rotation[k][i] * rotation[k][j] for k in range(3))
+            worst = max(worst, abs(dot - (1.0 if i == j else 0.0)))
+    if worst > ROTATION_TOLERANCE:
+        raise ctx.fail(
+            field,
+            f"rotation part is not orthonormal (max |R^T R - I| = {worst:.3g} > {ROTATION_TOLERANCE:g})",
+        )
+    r = rotation
+    det = (
+        r[0][0] * (r[1][1] * r[2][2] - r[1][2] * r[2][1])
+        - r[0][1] * (r[1][0] * r[2][2] - r[1][2] * r[2][0])
+        + r[0][2] * (r[1][0] * r[2][1] - r[1][1] * r[2][0])
+    )
+    if det < 0:
+        raise ctx.fail(field, f"rotation part is a reflection (det = {det:.6g}), not a rotation")
+
+
+# --------------------------------------------------------------------------------------
+# section parsers
+# --------------------------------------------------------------------------------------
+
+_AUG_KEYS = ("resize", "crop", "input_size", "pad")
+
+
+def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
+    data = _mapping(ctx, data, field)
+    _check_keys(ctx, data, field, (), _AUG_KEYS)
+    out: dict[str, Any] = {}
+    if "resize" in data:
+        resize = _number(ctx, data["resize"], f"{field}.resize")
+        if resize <= 0:
+            raise ctx.fail(f"{field}.resize", f"must be > 0, got {resize:g}")
+        out["resize"] = resize
+    if "crop" in data:
+        crop = _numbers(ctx, data["crop"], f"{field}.crop", 2)
+        out["crop"] = crop
+    if "input_size" in data:
+        size = [_integer(ctx, v, f"{field}.input_size[{i}]") for i, v in enumerate(
+            _list(ctx, data["input_size"], f"{field}.input_size", 2))]
+        for i, v in enumerate(size):
+            if v <= 0:
+                raise ctx.fail(f"{field}.input_size[{i}]", f"must be > 0, got {v}")
+        out["input_size"] = size
+    if "pad" in data:
+        pad = [_integer(ctx, v, f"{field}.pad[{i}]") for i, v in enumerate(_list(ctx, data["pad"], f"{field}.pad", 2))]
+        for i, v in enumerate(pad):
+            if v < 0:
+                raise ctx.fail(f"{field}.pad[{i}]", f"must be >= 0, got {v}")
+        out["pad"] = pad
+    return out
+
+
+def _parse_distortion(ctx: _Ctx, data: Any, field: str) -> Distortion:
+    data = _mapping(ctx, data, field)
+    _check_keys(ctx, data, field, ("model",), ("coeffs",))
+    model = _string(ctx, data["model"], f"{field}.model")
+    if model not in DISTORTION_MODELS:
+        raise ctx.fail(f"{field}.model", f"unknown model {model!r} (expected one of {', '.join(DISTORTION_MODELS)})")
+    if model == "none":
+        if "coeffs" in data and data["coeffs"] not in (None, [], ()):
+            raise ctx.fail(f"{field}.coeffs", "model 'none' takes no coefficients")
+        return Distortion("none", (), 0)
+    if "coeffs" not in data:
+        raise ctx.fail(f"{field}.coeffs", f"missing required field for model {model!r}")
+    lengths = (4, 5, 8) if model == "opencv" else (4,)
+    coeffs = _numbers(ctx, data["coeffs"], f"{field}.coeffs", lengths)
+    if model == "opencv":
+        padded = tuple(coeffs + [0.0] * (8 - len(coeffs)))
+        return Distortion("opencv", padded, len(coeffs))
+    return Distortion("fisheye", tuple(coeffs), 4)
+
+
+def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) -> Camera:
+    data = _mapping(ctx, data, field)
+    _check_keys(
+        ctx, data, field, ("name", "image_size", "intrinsic"),
+        ("distortion", "rotation_wxyz", "translation", "sensor2ego", "image_aug", "description"),
+    )
+    name = _string(ctx, data["name"], f"{field}.name")
+    if not name.strip():
+        raise ctx.fail(f"{field}.name", "must not be empty")
+    description = None
+    if "description" in data and data["description"] is not None:
+        description = _string(ctx, data["description"], f"{field}.description")
+
+    size_items = _list(ctx, data["image_size"], f"{field}.image_size", 2)
+    width, height = (_integer(ctx, v, f"{field}.image_size[{i}]") for i, v in enumerate(size_items))
+    for i, v in enumerate((width, height)):
+        if v <= 0:
+            raise ctx.fail(f"{field}.image_size[{i}]", f"must be > 0, got {v}")
+
+    k = _matrix(ctx, data["intrinsic"], f"{field}.intrinsic", 3, 3)
+    if k[0][0] <= 0:
+        raise ctx.fail(f"{field}.intrinsic[0][0]", f"fx must be > 0, got {k[0][0]:g}")
+    if k[1][1] <= 0:
+        raise ctx.fail(f"{field}.intrinsic[1][1]", f"fy must be > 0, got {k[1][1]:g}")
+    if k[2] != [0.0, 0.0, 1.0]:
+        raise ctx.fail(f"{field}.intrinsic[2]", f"bottom row must be [0, 0, 1], got {k[2]}")
+    if k[0][1] != 0.0:
+        raise ctx.fail(f"{field}.intrinsic[0][1]", f"skew must be 0 (OpenCV camera models have none), got {k[0][1]:g}")
+    if k[1][0] != 0.0:
+        raise ctx.fail(f"{field}.intrinsic[1][0]", f"must be 0, got {k[1][0]:g}")
+    intrinsic = tuple(tuple(row) for row in k)
+
+    distortion = (
+        _parse_distortion(ctx, data["distortion"], f"{field}.distortion")
+        if "distortion" in data
+        else Distortion("none", (), 0)
+    )
+
+    has_quat = "rotation_wxyz" in data or "translation" in data
+    if has_quat and "sensor2ego" in data:
+        key = "rotation_wxyz" if "rotation_wxyz" in data else "translation"
+        raise ctx.fail(f"{field}.sensor2ego", f"give either sensor2ego or rotation_wxyz + translation, not both ({key} is set too)")
+    rotation_wxyz: tuple[float, float, float, float] | None = None
+    translation: tuple[float, float, float] | None = None
+    if "sensor2ego" in data:
+        matrix = _matrix(ctx, data["sensor2ego"], f"{field}.sensor2ego", 4, 4)
+        if matrix[3] != [0.0, 0.0, 0.0, 1.0]:
+            raise ctx.fail(f"{field}.sensor2ego[3]", f"bottom row must be [0, 0, 0, 1], got {matrix[3]}")
+        _check_rotation(ctx, [row[:3] for row in matrix[:3]], f"{field}.sensor2ego")
+        ego_from_cam = tuple(tuple(row) for row in matrix)
+        pose_form = "matrix"
+    else:
+        if "rotation_wxyz" not in data:
+            raise ctx.fail(f"{field}.rotation_wxyz", "missing required field (or give sensor2ego: a 4x4 camera -> ego matrix)")
+        if "translation" not in data:
+            raise ctx.fail(f"{field}.translation", "missing required field (or give sensor2ego: a 4x4 camera -> ego matrix)")
+        quat = _numbers(ctx, data["rotation_wxyz"], f"{field}.rotation_wxyz", 4)
+        norm = math.sqrt(sum(q * q for q in quat))
+        if abs(norm - 1.0) > QUATERNION_TOLERANCE:
+            raise ctx.fail(
+                f"{field}.rotation_wxyz",
+                f"quaternion must be unit length (tolerance {QUATERNION_TOLERANCE:g}), its norm is {norm:.9g}",
+            )
+        trans = _numbers(ctx, data["translation"], f"{field}.translation", 3)
+        rot = rotation_from_quaternion_wxyz(quat)
+        ego_from_cam = (
+            (rot[0][0], rot[0][1], rot[0][2], trans[0]),
+            (rot[1][0], rot[1][1], rot[1][2], trans[1]),
+            (rot[2][0], rot[2][1], rot[2][2], trans[2]),
+            (0.0, 0.0, 0.0, 1.0),
+        )
+        rotation_wxyz = (quat[0], quat[1], quat[2], quat[3])
+        translation = (trans[0], trans[1], trans[2])
+        pose_form = "quaternion"
+
+    override: dict[str, Any] = {}
+    if "image_aug" in data:
+        override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
+    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | shared_aug | override
+    aug_field = f"{field}.image_aug" if override and not shared_aug else "image_aug"
+    if "input_size" not in merged:
+        raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
+    resize = merged["resize"]
+    crop_left, crop_top = merged["crop"]
+    input_w, input_h = merged["input_size"]
+    pad_right, pad_bottom = merged["pad"]
+    if pad_right >= input_w or pad_bottom >= input_h:
+        pad_field = f"{field}.image_aug.pad" if "pad" in override else "image_aug.pad"
+        raise ctx.fail(pad_field, f"padding [{pad_right}, {pad_bottom}] must be smaller than input_size {input_w}x{input_h}")
+    window_w, window_h = input_w - pad_right, input_h - pad_bottom
+    # BEVDet: resized image is (int(W * resize), int(H * resize)).
+    resized_w = math.floor(width * resize + 1e-9)
+    resized_h = math.floor(height * resize + 1e-9)
+    crop_field = (
+        f"{field}.image_aug.crop"
+        if any(k in override for k in ("crop", "input_size", "resize", "pad"))
+        else "image_aug.crop"
+    )
+    if crop_left < 0 or crop_top < 0 or crop_left + window_w > resized_w + 1e-9 or crop_top + window_h > resized_h + 1e-9:
+        window = f"input_size {input_w}x{input_h}" if not (pad_right or pad_bottom) else (
+            f"input_size {input_w}x{input_h} - pad [{pad_right}, {pad_bottom}] = {window_w}x{window_h}"
+        )
+        raise ctx.fail(
+            crop_field,
+            f"crop window [{crop_left:g}, {crop_top:g}] + {window} lies outside the resized "
+            f"image of camera {name!r} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
+        )
+    image_aug = ImageAug(
+        float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom)
+    )
+    return Camera(
+        name=name,
+        image_width=width,
+        image_height=height,
+        intrinsic=intrinsic,  # type: ignore[arg-type]
+        distortion=distortion,
+        ego_from_cam=ego_from_cam,  # type: ignore[arg-type]
+        image_aug=image_aug,
+        pose_form=pose_form,
+        rotation_wxyz=rotation_wxyz,
+        translation=translation,
+        image_aug_override=tuple(sorted(override.items())),
+        description=description,
+    )
+
+
+def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
+    values = _numbers(ctx, value, field, (2, 3) if allow_two else 3)
+    lo, hi = values[0], values[1]
+    if lo >= hi:
+        raise ctx.fail(field, f"min must be < max, got [{lo:g}, {hi:g}]")
+    step = values[2] if len(values) == 3 else hi - lo
+    if step <= 0:
+        raise ctx.fail(f"{field}[2]", f"step must be > 0, got {step:g}")
+    ratio = (hi - lo) / step
+    if not math.isfinite(ratio) or ratio > MAX_BEV_CELLS:
+        raise ctx.fail(field, f"{ratio:.3g} steps of {step:g} m from {lo:g} to {hi:g} m exceeds the limit of {MAX_BEV_CELLS:,} cells")
+    n = round(ratio)
+    if n < 1 or abs(ratio - n) > AXIS_STEP_TOLERANCE:  # absolute, in steps: fine grids are held to it too
+        raise ctx.fail(field, f"range {hi - lo:.10g} m is not a whole number of {step:g} m steps ({ratio:.12g})")
+    return AxisSpec(lo, hi, step, int(n))
+
+
+def _parse_bev(ctx: _Ctx, data: Any) -> BevSpec:
+    data = _mapping(ctx, data, "bev")
+    _check_keys(ctx, data, "bev", ("x", "y", "z"), ("heights",))
+    x = _parse_axis(ctx, data["x"], "bev.x", allow_two=False)
+    y = _parse_axis(ctx, data["y"], "bev.y", allow_two=False)
+    z = _parse_axis(ctx, data["z"], "bev.z", allow_two=True)
+    heights: tuple[float, ...] = (0.0,)
+    if "heights" in data:
+        hs = _numbers(ctx, data["heights"], "bev.heights")
+        if not hs:
+            raise ctx.fail("bev.heights", "must hold at least one height")
+        if len(set(hs)) != len(hs):
+            raise ctx.fail("bev.heights", f"heights must be distinct, got {hs}")
+        heights = tuple(hs)
+    cells = x.n * y.n * len(heights)
+    if cells > MAX_BEV_CELLS:
+        raise ctx.fail(
+            "bev", f"grid of {x.n} x {y.n} x {len(heights)} = {cells:,} cells exceeds the limit of {MAX_BEV_CELLS:,}"
+        )
+    return BevSpec(x, y, z, heights)
+
+
+def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
+    data = _mapping(ctx, data, "depth")
+    _check_keys(ctx, data, "depth", ("bins",), ())
+    start, stop, step = _numbers(ctx, data["bins"], "depth.bins", 3)
+    if step <= 0:
+        raise ctx.fail("depth.bins[2]", f"step must be > 0, got {step:g}")
+    if start <= 0:
+        raise ctx.fail("depth.bins[0]", f"depths are distances in front of the camera and must be > 0, got {start:g}")
+    if stop <= start:
+        raise ctx.fail("depth.bins", f"stop must be > start, got [{start:g}, {stop:g}]")
+    ratio = (stop - start) / step
+    if not math.isfinite(ratio) or ratio > 2 * MAX_DEPTH_BINS:
+        raise ctx.fail("depth.bins", f"{ratio:.6g} depth bins is more than the limit of {MAX_DEPTH_BINS}")
+    n_bins = math.ceil(ratio - 1e-9)  # len(torch.arange(start, stop, step))
+    if n_bins > MAX_DEPTH_BINS:
+        raise ctx.fail("depth.bins", f"{n_bins} depth bins is more than the limit of {MAX_DEPTH_BINS}")
+    return DepthSpec(start, stop, step, n_bins)
+
+
+def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
+    data = _mapping(ctx, data, "feature")
+    _check_keys(ctx, data, "feature", ("stride",), ("pixel_mapping",))
+    stride = _integer(ctx, data["stride"], "feature.stride")
+    if stride <= 0:
+        raise ctx.fail("feature.stride", f"must be > 0, got {stride}")
+    mapping = "stride"
+    if "pixel_mapping" in data:
+        mapping = _string(ctx, data["pixel_mapping"], "feature.pixel_mapping")
+        if mapping not in PIXEL_MAPPINGS:
+            raise ctx.fail("feature.pixel_mapping", f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
+    return FeatureSpec(stride, mapping)
+
+
+def parse_config(data: Any, source: str = "<config>") -> RigConfig:
+    """Validate plain data (as read from YAML) into a :class:`RigConfig`.
+
+    Raises:
+        ConfigError: ``<source>: <field path>: <problem>`` for the first problem found.
+    """
+    ctx = _Ctx(source)
+    data = _mapping(ctx, data, "")
+    _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description"))
+    name = _string(ctx, data["name"], "name")
+    if not _NAME_RE.match(name):
+        raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
+    description = None
+    if data.get("description") is not None:
+        description = _string(ctx, data["description"], "description")
+    shared_aug: dict[str, Any] = {}
+    if "image_aug" in data:
+        shared_aug = _parse_aug_fields(ctx, data["image_aug"], "image_aug")
+    feature = _parse_feature(ctx, data["feature"])
+
+    camera_items = _list(ctx, data["cameras"], "cameras")
+    if not camera_items:
+        raise ctx.fail("cameras", "must list at least one camera")
+    cameras: list[Camera] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(camera_items):
+        camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug)
+        if camera.name in seen:
+            raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
+        seen[camera.name] = i
+        aug = camera.image_aug
+        for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
+            if size % feature.stride:
+                where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
+                raise ctx.fail(where, f"input {axis} {size} is not divisible by feature.stride {feature.stride}")
+        if cameras:
+            first = cameras[0].image_aug
+            if (aug.input_width, aug.input_height) != (first.input_width, first.input_height):
+                raise ctx.fail(
+                    f"cameras[{i}].image_aug.input_size",
+                    f"{aug.input_width}x{aug.input_height} differs from cameras[0] "
+                    f"({first.input_width}x{first.input_height}); all cameras share one feature map shape",
+                )
+        cameras.append(camera)
+    w_f = cameras[0].image_aug.input_width // feature.stride
+    h_f = cameras[0].image_aug.input_height // feature.stride
+    if w_f < 2 or h_f < 2:
+        raise ctx.fail("feature.stride", f"feature map {w_f}x{h_f} is smaller than 2x2")
+    bev = _parse_bev(ctx, data["bev"])
+    depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
+    return RigConfig(
+        name=name,
+        cameras=tuple(cameras),
+        image_aug=dict(shared_aug) if shared_aug else None,
+        feature=feature,
+        bev=bev,
+        depth=depth,
+        description=description,
+        source=source,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# canonical form and hash
+# --------------------------------------------------------------------------------------
+
+
+def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, Any]:
+    """The resolved config as plain data (JSON/YAML-serialisable); re-parses to ``rig``.
+
+    Every default is explicit and each camera carries its full ``image_aug``.
+    """
+    cameras: list[dict[str, Any]] = []
+    for cam in rig.cameras:
+        entry: dict[str, Any] = {"name": cam.name}
+        if descriptions and cam.description is not None:
+            entry["description"] = cam.description
+        entry["image_size"] = [cam.image_width, cam.image_height]
+        entry["intrinsic"] = [list(row) for row in cam.intrinsic]
+        if cam.distortion.model == "none":
+            entry["distortion"] = {"model": "none"}
+        else:
+            entry["distortion"] = {
+                "model": cam.distortion.model,
+                "coeffs": list(cam.distortion.coeffs[: cam.distortion.n_coeffs_given]),
+            }
+        if cam.pose_form == "quaternion":
+            assert cam.rotation_wxyz is not None and cam.translation is not None
+            entry["rotation_wxyz"] = list(cam.rotation_wxyz)
+            entry["translation"] = list(cam.translation)
+        else:
+            entry["sensor2ego"] = [list(row) for row in cam.ego_from_cam]
+        aug = cam.image_aug
+        entry["image_aug"] = {
+            "resize": aug.resize,
+            "crop": [aug.crop_left, aug.crop_top],
+            "input_size": [aug.input_width, aug.input_height],
+        }
+        if aug.pad_right or aug.pad_bottom:  # only when used: configs without padding keep their hash
+            entry["image_aug"]["pad"] = [aug.pad_right, aug.pad_bottom]
+        cameras.append(entry)
+    bev = rig.bev
+    out: dict[str, Any] = {"name": rig.name}
+    if descriptions and rig.description is not None:
+        out["description"] = rig.description
+    out["cameras"] = cameras
+    out["feature"] = {"stride": rig.feature.stride, "pixel_mapping": rig.feature.pixel_mapping}
+    out["bev"] = {
+        "x": [bev.x.min, bev.x.max, bev.x.step],
+        "y": [bev.y.min, bev.y.max, bev.y.step],
+        "z": [bev.z.min, bev.z.max, bev.z.step],
+        "heights": list(bev.heights),
+    }
+    out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
+    return out
+
+
+def canonical_json(data: Any) -> str:
+    """Canonical JSON: sorted keys, no whitespace, shortest round-trip floats, no NaN."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=True)
+
+
+def config_sha256(rig: RigConfig) -> str:
+    """SHA-256 (hex) of the canonical JSON of the resolved config, descriptions excluded."""
+    return hashlib.sha256(canonical_json(config_to_dict(rig, descriptions=False)).encode()).hexdigest()

@@ -1,0 +1,245 @@
+"""`bevcompile inspect`, `verify` and `render` from the command line: exit codes and one-line messages."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bevcompile._version import __version__
+from bevcompile.cli import app
+from bevcompile.grid.build import run_grid
+
+from .. import damage, rigs
+from ..store.test_inspection import DAMAGES
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_grid(rigs.small_rig(), tmp_path_factory.mktemp("cli")).store
+
+
+@pytest.fixture
+def small_copy(small_store: Path, tmp_path: Path) -> Path:
+    return damage.copy_store(small_store, tmp_path / "artifacts" / "small.zarr")
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --------------------------------------------------------------------------------------
+# inspect
+# --------------------------------------------------------------------------------------
+
+
+def test_inspect_fresh_store_exit_0_with_report(small_store: Path) -> None:
+    result = runner.invoke(app, ["inspect", str(small_store)])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert "rig small" in out and "config_sha256" in out and f"bevcompile {__version__}" in out and "format bevcompile/1" in out
+    assert "grid/coords" in out and "4x1x24x24x2" in out and "float32" in out
+    assert "align_corners" in out and "norm_int16.max_error_px" in out
+    assert "norm_matches_coords" in out and "pass" in out
+    assert "checks passed in 1 store(s)" in out
+    assert result.stderr == ""
+
+
+def test_inspect_default_path_is_artifacts(small_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(small_copy.parent.parent)
+    result = runner.invoke(app, ["inspect", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    monkeypatch.chdir(small_copy.parent)
+    result = runner.invoke(app, ["inspect"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: artifacts: no such store or folder\n"
+
+
+@pytest.mark.parametrize(("label", "corrupt", "array", "check", "reason"), DAMAGES, ids=[d[0] for d in DAMAGES])
+def test_inspect_damaged_store_exit_1_one_line_per_failure(
+    small_copy: Path, label: str, corrupt: Callable[[Path], object], array: str, check: str, reason: str
+) -> None:
+    corrupt(small_copy)
+    result = runner.invoke(app, ["inspect", str(small_copy.parent)])  # the folder, as CI runs it
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith("error: ") and "checks failed in 1 of 1 store(s)" in lines[-1]
+    prefix = f"{small_copy}: {array}: {check}: "
+    matching = [line for line in lines if line.startswith(prefix)]
+    assert matching, f"{label}: no line starting {prefix!r} in {lines}"
+    assert reason in matching[0]
+    assert all(line.startswith((f"{small_copy}: ", "error: ")) for line in lines)
+    assert "Traceback" not in result.output
+
+
+def test_inspect_json_is_the_whole_report(small_copy: Path, small_store: Path) -> None:
+    damage.delete_chunk(small_copy, "grid/norm")
+    result = runner.invoke(app, ["inspect", str(small_store), str(small_copy), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["passed"] is False and report["n_stores"] == 2
+    assert [s["passed"] for s in report["stores"]] == [True, False]
+    failed = [c for c in report["stores"][1]["checks"] if not c["passed"]]
+    assert {(c["array"], c["name"]) for c in failed} == {("grid/norm", "read"), ("grid/norm", "contract")}
+    assert f"{small_copy}: grid/norm: read: grid/norm: 1 of 4 chunk(s) missing" in result.stderr
+
+
+def test_inspect_strict_passes_on_fresh_store(small_store: Path) -> None:
+    result = runner.invoke(app, ["inspect", str(small_store), "--strict", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    strict = [c for c in report["stores"][0]["checks"] if c["name"] == "strict"]
+    assert report["strict"] is True and len(strict) >= 4 and all(c["passed"] for c in strict)
+    assert {c["array"] for c in strict} >= {"grid/coords", "grid/valid", "grid/norm", "grid/norm_int16", "gather/index"}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p / "missing", "no such store or folder"),
+        (lambda p: (p / "file.zarr").write_text("x") and p / "file.zarr", "not a store or a folder of stores (it is a file)"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "not a store, and holds no <name>.zarr store"),
+    ],
+)
+def test_inspect_not_a_store_exit_2(tmp_path: Path, make: Callable[[Path], Path], message: str) -> None:
+    path = make(tmp_path)
+    result = runner.invoke(app, ["inspect", str(path)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {path}: {message}\n"
+
+
+def test_ci_flow_bundled_rig_grid_then_inspect(tmp_path: Path) -> None:
+    """What `make test` runs: the CLI `grid` (which also writes the NPU groups) then `inspect`."""
+    built = runner.invoke(app, ["grid", "--out", str(tmp_path), "--quiet"])
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(app, ["inspect", str(tmp_path), "--strict"])
+    assert result.exit_code == 0, result.stderr
+
+
+def test_ci_flow_small_rig_with_formats(tmp_path: Path) -> None:
+    config = rigs.write_yaml(tmp_path / "rig.yaml", rigs.small_rig_data(distortion=True, heights=(0.0, 1.0)))
+    from bevcompile.grid.formats import FORMATS
+
+    args = ["grid", str(config), "--out", str(tmp_path / "out"), "--quiet"]
+    for name in FORMATS:
+        if name != "norm_int16":
+            args += ["--format", name]
+    built = runner.invoke(app, args)
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(app, ["inspect", str(tmp_path / "out"), "--strict"])
+    assert result.exit_code == 0, result.stderr
+
+
+# --------------------------------------------------------------------------------------
+# verify
+# --------------------------------------------------------------------------------------
+
+
+def test_verify_store_prints_the_table(small_store: Path) -> None:
+    result = runner.invoke(app, ["verify", str(small_store), "--seed", "3", "--channels", "2"])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    for text in ("grid/coords", "grid/norm", "grid/norm_int16", "torch grid_sample(grid/norm)", "PSNR dB", "max abs", "FRONT", "RIGHT", "rows passed"):
+        assert text in out, text
+    assert "seed 3" in out and "channels 2" in out
+
+
+def test_verify_config_json_and_staleness(small_store: Path, tmp_path: Path) -> None:
+    config = rigs.write_yaml(tmp_path / "rig.yaml", rigs.small_rig_data())
+    result = runner.invoke(app, ["verify", str(config), "--out", str(small_store.parent), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["passed"] is True and report["store"] == str(small_store)
+    assert {row["product"] for row in report["rows"]} >= {"grid/norm", "torch grid_sample(grid/norm)"}
+    data = rigs.small_rig_data()
+    data["cameras"][1]["intrinsic"][0][2] = 96.0
+    stale = rigs.write_yaml(tmp_path / "stale.yaml", data)
+    result = runner.invoke(app, ["verify", str(stale), "--out", str(small_store.parent)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {small_store}: stale: built from config_sha256 ")
+    assert "rebuild with `bevcompile grid` / `bevcompile matrix` (--force)" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_verify_missing_store_and_bad_options(tmp_path: Path, small_store: Path) -> None:
+    result = runner.invoke(app, ["verify", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: {tmp_path / 'nuscenes.zarr'}: no store for rig 'nuscenes' in {tmp_path}; "
+        "build it with `bevcompile grid` (and `bevcompile matrix`)\n"
+    )
+    result = runner.invoke(app, ["verify", str(small_store), "--channels", "0"])
+    assert result.exit_code == 2
+    assert result.stderr == "error: --channels must be in [1, 512], got 0\n"
+
+
+def test_verify_damaged_store_exit_1(small_copy: Path) -> None:
+    damage.truncate_chunk(small_copy, "grid/coords")
+    result = runner.invoke(app, ["verify", str(small_copy)])
+    assert result.exit_code == 1
+    lines = result.stderr.splitlines()
+    assert any(line.startswith(f"{small_copy}: integrity: grid/coords: ") and "chunk data unreadable" in line for line in lines)
+    assert lines[-1].startswith(f"error: {small_copy}: verify failed: ")
+
+
+# --------------------------------------------------------------------------------------
+# render
+# --------------------------------------------------------------------------------------
+
+
+def test_render_cli(small_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pics" / "cov.png"
+    result = runner.invoke(app, ["render", str(small_store), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out} (1500x750 px" in _flat(result.stdout)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = runner.invoke(app, ["render", str(small_store), "--out", str(out), "--json"])
+    assert json.loads(result.stdout)["width_px"] == 1500
+
+
+def test_render_cli_errors(small_store: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["render", str(small_store), "--out", str(tmp_path / "x.svg")])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: --out {tmp_path / 'x.svg'}: the picture is a PNG, give a .png file name\n"
+    result = runner.invoke(app, ["render", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {tmp_path}: not a zarr store (no zarr.json at its root)\n"
+
+
+def test_inspect_json_survives_a_nan_attribute(small_copy: Path) -> None:
+    """A tampered attribute may hold NaN (zarr reads it): the report is still strict JSON (NaN -> null)."""
+    damage.edit_attr(small_copy, "delta", ["max_error_px"], float("nan"))
+    result = runner.invoke(app, ["inspect", str(small_copy), "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)  # strict parse: no NaN token
+    assert "NaN" not in result.stdout and "Traceback" not in result.output
+    assert report["passed"] is False
+
+
+def test_inspect_a_group_folder_exit_2(small_store: Path) -> None:
+    result = runner.invoke(app, ["inspect", str(small_store / "grid")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {small_store / 'grid'}: is the grid/ group of the store ")
+    assert result.stderr.rstrip().endswith("; inspect the store")
+
+
+@pytest.mark.parametrize("command", ["verify", "render"])
+def test_verify_and_render_of_a_group_folder_exit_2(small_store: Path, tmp_path: Path, command: str) -> None:
+    args = [command, str(small_store / "grid")] + (["--out", str(tmp_path / "x.png")] if command == "render" else [])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {small_store / 'grid'}: is the grid/ group of the store {small_store.resolve()}; {command} the store\n"
+
+
+def test_load_of_a_group_folder_names_the_store(small_store: Path) -> None:
+    from bevcompile import load
+    from bevcompile.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"grid: is the grid/ group of the store .*; load the store$"):
+        load(small_store / "grid")

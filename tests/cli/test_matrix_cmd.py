@@ -1,0 +1,220 @@
+"""`bevcompile matrix` from the command line: the bundled rig, the store it writes, the summary,
+JSON, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from bevcompile import memory
+from bevcompile.cli import app
+from bevcompile.matrix.build import MatrixOptions, build_matrix
+from bevcompile.store.zarr_io import open_store
+
+from ..rigs import nuscenes_rig, small_rig, small_rig_data, write_yaml
+
+runner = CliRunner()
+
+
+def _flat(text: str) -> str:
+    """Table text with the box-drawing characters and runs of blanks collapsed to one space."""
+    return " ".join(text.translate({ord(ch): " " for ch in "│┃━─┏┓┗┛┡┩└┘┳┻╇┴"}).split())
+
+
+def test_bare_matrix_topk24_align16_uses_the_bundled_rig(tmp_path: Path) -> None:
+    """The issue's command, from a folder without configs: bundled nuScenes rig, artifacts/."""
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = runner.invoke(app, ["matrix", "--topk", "24", "--align", "16"])
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    for needle in ("rows (logical / padded)", "16,384 / 16,384", "249,216", "per-row nnz min / median / max", "1 / 17 / 24",
+                   "build time", "peak memory", "bytes per product", "ELL shape (rows_pad x k_pad) 16,384 x 32"):
+        assert needle in out, needle
+    assert f"wrote {Path('artifacts') / 'nuscenes.zarr'} matrix/" in out
+    reader = open_store(tmp_path / "artifacts" / "nuscenes.zarr")
+    assert reader.groups() == ["matrix"]
+    attrs = reader.group_attrs("matrix")
+    assert attrs["build_options"] == MatrixOptions(topk=24, align=16).to_dict()
+    assert attrs["ell"]["shape"] == [16384, 32] and attrs["logical_shape"] == [16384, 249216]
+    want = build_matrix(nuscenes_rig(), MatrixOptions(topk=24, align=16))
+    assert np.array_equal(reader.read("matrix", "coo_col"), want.coo_col)
+    assert reader.array_info("matrix", "ell_index").dtype == "int32"
+
+
+def test_json_summary_all_products(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data(heights=(0.0, 1.0)))
+    args = ["matrix", str(config), "--out", str(tmp_path), "--mode", "grid", "--topk", "3", "--align", "8",
+            "--tile-rows", "32", "--quantize", "int8", "--compact-rows", "--normalize", "mean", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["name"] == "small" and summary["build_options"]["mode"] == "grid"
+    assert summary["row_nnz"]["max"] <= 3 and summary["padded_shape"][0] % 8 == 0
+    assert 0 < summary["int8_max_rel_error"] <= 0.5 / 127 * 1.001
+    assert summary["tile_bytes"] > 0 and summary["dense_bytes"] == summary["logical_shape"][0] * summary["logical_shape"][1] * 4
+    reader = open_store(tmp_path / "small.zarr")
+    names = set(reader.arrays("matrix"))
+    assert {"row_ids", "tile_cols", "tile_col_offsets", "tile_weight", "ell_weight_int8", "row_scale", "tile_weight_int8", "tile_row_scale"} <= names
+
+
+def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    assert runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"]).exit_code == 0
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--quiet", "--splat", "nearest", "--rounding", "trunc"])
+    assert result.exit_code == 0 and result.stdout == ""
+    reader = open_store(tmp_path / "small.zarr")
+    assert {"grid", "matrix"} <= set(reader.groups())
+    assert reader.group_attrs("matrix")["rounding"] == "trunc"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topk", "-1"], "error: --topk must be an integer >= 0, got -1"),
+        (["--align", "0"], "error: --align must be an integer >= 1, got 0"),
+        (["--mode", "voxel"], "error: --mode must be one of frustum, grid, got 'voxel'"),
+        (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
+        (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
+        (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
+        (["--quantize", "int4"], "error: --quantize must be one of none, int8, got 'int4'"),
+        (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
+        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
+        (
+            ["--align", "65536"],
+            "error: ELL (at least 65,536 rows_pad x 65,536 k_pad, from --align 65,536) would hold 4,294,967,296 slots "
+            "(16.0 GiB per float32 array), over the 268,435,456-slot limit of one product; lower --align",
+        ),
+        (
+            ["--topk", "100000000"],
+            "error: ELL (16,384 rows_pad x 100,000,000 k_pad, from --topk 100,000,000 --align 16) would hold "
+            "1,638,400,000,000 slots (6,103.5 GiB per float32 array), over the 268,435,456-slot limit of one product; lower --topk or --align",
+        ),
+        (
+            ["--tile-rows", "100000000"],
+            "error: the tiles (at least 100,000,000 rows x 16 columns, from --tile-rows 100,000,000 --align 16) would hold "
+            "1,600,000,000 slots (6.0 GiB per float32 array), over the 268,435,456-slot limit of one product; use fewer --tile-rows or a smaller --align",
+        ),
+    ],
+)
+def test_bad_values_are_one_line_exit_2_and_write_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["matrix", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == message
+    assert not any(tmp_path.iterdir())
+
+
+def test_missing_config_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["matrix", str(tmp_path / "nope.yaml"), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {tmp_path / 'nope.yaml'}: file not found"
+
+
+def test_refuses_a_store_of_another_config_without_force(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    assert runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "-q"]).exit_code == 0
+    before = open_store(tmp_path / "small.zarr").read("matrix", "coo_col")
+    other = write_yaml(tmp_path / "other.yaml", small_rig_data(bev_half_m=10.0))
+    result = runner.invoke(app, ["matrix", str(other), "--out", str(tmp_path), "-q"])
+    assert result.exit_code == 2
+    assert "was built from a different config" in result.stderr and "pass --force to replace it" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert np.array_equal(open_store(tmp_path / "small.zarr").read("matrix", "coo_col"), before)
+    result = runner.invoke(app, ["matrix", str(other), "--out", str(tmp_path), "-q", "--force"])
+    assert result.exit_code == 0
+    assert open_store(tmp_path / "small.zarr").read("matrix", "coo_row").max() < 20 * 20
+    assert small_rig().bev.nx == 24  # the replaced store was the 24 x 24 rig
+
+
+def test_summary_reports_tiles_int8_and_topk_figures(tmp_path: Path) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--topk", "4", "--tile-rows", "64", "--quantize", "int8"])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert "Top-K kept weight (all rows / worst row)" in out
+    assert "tiles (9 x 64 rows) vs dense" in out and "int8 max error (rel. to row max)" in out
+    for product in ("coo", "ell", "tiles", "ell_int8", "tiles_int8", "camera_mass", "dense (rows x cols float32)"):
+        assert product in out
+
+
+@pytest.mark.parametrize(("normalize", "topk", "noted"), [("sum", 2, True), ("mean", 2, False), ("sum", 0, False)])
+def test_summary_notes_the_mass_topk_drops_under_sum(tmp_path: Path, normalize: str, topk: int, noted: bool) -> None:
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--topk", str(topk), "--normalize", normalize])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert ("note: Top-2 keeps" in out and "cells with the most sources lose mass" in out) == noted
+
+
+def test_an_empty_matrix_is_written_and_flagged(tmp_path: Path) -> None:
+    """A BEV box no camera reaches: the build succeeds and the summary says the matrix is empty."""
+    data = small_rig_data()
+    data["bev"]["x"] = [400.0, 410.0, 1.0]
+    data["bev"]["y"] = [400.0, 410.0, 1.0]
+    config = write_yaml(tmp_path / "far.yaml", data)
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--topk", "3", "--tile-rows", "8"])
+    assert result.exit_code == 0, result.output
+    flat = _flat(result.stdout)
+    assert "warning: the matrix is empty" in " ".join(result.stderr.split())
+    assert "nnz 0 " in flat
+    assert "Top-K kept weight" not in flat and "%)" not in flat
+    quiet = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stdout == "" and "the matrix is empty" in quiet.stderr
+
+
+def test_out_that_is_a_store_is_refused(tmp_path: Path) -> None:
+    """`--out artifacts/nuscenes.zarr` would write a store into the store: refused before any work."""
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    assert runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path), "-q"]).exit_code == 0
+    before = open_store(tmp_path / "small.zarr").read("matrix", "coo_col")
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "small.zarr"), "-q"])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: --out {tmp_path / 'small.zarr'} is a zarr store; --out takes the folder that holds stores\n"
+    assert sorted(p.name for p in (tmp_path / "small.zarr").iterdir()) == ["matrix", "zarr.json"]
+    assert np.array_equal(open_store(tmp_path / "small.zarr").read("matrix", "coo_col"), before)
+
+
+def test_frustum_grid_too_big_for_this_machine_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--compact-rows does not shrink the per-cell arrays of a frustum build: a BEV grid this
+    machine cannot hold is refused before any work, like `bevcompile grid` (exit 2, one line)."""
+
+    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 2**20)
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "out"), "--topk", "4", "--compact-rows"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {config}: bevcompile matrix --mode frustum of "), lines
+    assert "more than this machine's 1 MiB; use coarser bev steps" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_convention_option_values_in_any_case_write_the_same_bytes(tmp_path: Path) -> None:
+    """`--mode GRID --splat Nearest ...` builds what the lower-case spelling builds, byte for byte;
+    the store records the lower-case names."""
+    from ..rigs import tree_digest
+
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    spellings = {
+        "lower": ["--mode", "frustum", "--splat", "nearest", "--normalize", "mean", "--rounding", "trunc", "--quantize", "int8"],
+        "mixed": ["--mode", "Frustum", "--splat", "NEAREST", "--normalize", "Mean", "--rounding", "TRUNC", "--quantize", "INT8"],
+    }
+    for sub, args in spellings.items():
+        result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / sub), "-q", *args])
+        assert result.exit_code == 0, result.output
+    digest = tree_digest(tmp_path / "lower" / "small.zarr")
+    assert digest == tree_digest(tmp_path / "mixed" / "small.zarr") and len(digest) > 10
+    attrs = open_store(tmp_path / "mixed" / "small.zarr").group_attrs("matrix")["build_options"]
+    assert (attrs["mode"], attrs["splat"], attrs["normalize"], attrs["rounding"], attrs["quantize"]) == ("frustum", "nearest", "mean", "trunc", "int8")
+    none = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "none"), "-q", "--quantize", "NONE"])
+    assert none.exit_code == 0, none.output
+    unknown = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "bad"), "--splat", "Cubic"])
+    assert unknown.exit_code == 2
+    assert "error: --splat must be one of nearest, bilinear, got 'Cubic'" in unknown.stderr

@@ -1,0 +1,469 @@
+"""The zarr store: contract, determinism, atomic writes, conflicts, damage detection on read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import bevcompile.store.zarr_io as store_module
+from bevcompile.conventions import CONVENTIONS
+from bevcompile.errors import StoreConflictError, StoreError
+from bevcompile.grid.build import run_grid
+from bevcompile.rig.config import config_sha256, config_to_dict, parse_config
+from bevcompile.store.root import root_attributes
+from bevcompile.store.zarr_io import GroupData, array_sha256, default_chunks, open_store, write_groups
+
+from ..rigs import small_rig, small_rig_data, tree_digest
+
+
+def test_store_contract(tmp_path: Path) -> None:
+    rig = small_rig(heights=(0.0, 1.0))
+    result = run_grid(rig, tmp_path)
+    reader = open_store(tmp_path / "small.zarr")
+    attrs = reader.root_attrs
+    assert attrs["format"] == "bevcompile/1"
+    assert attrs["name"] == "small"
+    assert attrs["config"] == config_to_dict(rig)
+    assert attrs["config_sha256"] == config_sha256(rig)
+    assert attrs["conventions"] == CONVENTIONS
+    assert isinstance(attrs["tool_version"], str)
+    assert reader.groups() == ["delta", "gather", "grid"]
+    shapes = {
+        name: (reader.array_info("grid", name).shape, reader.array_info("grid", name).dtype)
+        for name in ("coords", "valid", "norm", "norm_int16")
+    }
+    assert shapes == {
+        "coords": ((4, 2, 24, 24, 2), "float32"),
+        "valid": ((4, 2, 24, 24), "bool"),
+        "norm": ((4, 2, 24, 24, 2), "float32"),
+        "norm_int16": ((4, 2, 24, 24, 2), "int16"),
+    }
+    grid_attrs = reader.group_attrs("grid")
+    assert grid_attrs["align_corners"] is False
+    assert grid_attrs["feature_size"] == [12, 8]
+    assert grid_attrs["build_options"] == {"align_corners": False}
+    assert grid_attrs["norm_int16"]["max_error_px"] == result.products.norm_int16_max_error_px
+    np.testing.assert_array_equal(reader.read("grid", "valid", verify_sha256=True), result.products.valid)
+    # the stored config re-parses to the same config
+    assert config_sha256(parse_config(attrs["config"])) == attrs["config_sha256"]
+
+
+def test_output_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    rig = small_rig(distortion=True, heights=(0.0, 0.5))
+    run_grid(rig, tmp_path / "a")
+    run_grid(rig, tmp_path / "b")
+    a = tree_digest(tmp_path / "a" / "small.zarr")
+    b = tree_digest(tmp_path / "b" / "small.zarr")
+    assert a == b and len(a) > 8
+
+
+def test_other_config_is_refused_without_force(tmp_path: Path) -> None:
+    run_grid(small_rig(), tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    other = small_rig(bev_step_m=2.0)
+    with pytest.raises(StoreConflictError, match=r"small\.zarr: was built from a different config .* pass --force"):
+        run_grid(other, tmp_path)
+    assert tree_digest(tmp_path / "small.zarr") == before
+    run_grid(other, tmp_path, force=True)
+    assert open_store(tmp_path / "small.zarr").root_attrs["config_sha256"] == config_sha256(other)
+
+
+def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> None:
+    rig = small_rig()
+    path = tmp_path / "small.zarr"
+    run_grid(rig, tmp_path)
+    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": GroupData({"x": np.arange(5)})})
+    run_grid(rig, tmp_path, align_corners=True)
+    reader = open_store(path)
+    assert reader.groups() == ["delta", "extra", "gather", "grid"]
+    assert reader.group_attrs("grid")["align_corners"] is True
+    np.testing.assert_array_equal(reader.read("extra", "x"), np.arange(5))
+
+
+def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    calls = {"n": 0}
+    real = store_module._write_group
+
+    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        real(root, name, data)
+        raise RuntimeError("disk full (simulated)")
+
+    monkeypatch.setattr(store_module, "_write_group", exploding)
+    with pytest.raises(RuntimeError, match="simulated"):
+        run_grid(rig, tmp_path, align_corners=True)
+    assert calls["n"] == 1
+    assert tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_failed_first_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_module, "_write_group", exploding)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(small_rig(), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_non_store_directory_is_not_overwritten_without_force(tmp_path: Path) -> None:
+    (tmp_path / "small.zarr").mkdir()
+    (tmp_path / "small.zarr" / "precious.txt").write_text("keep me")
+    with pytest.raises(StoreConflictError, match="not a readable bevcompile store"):
+        run_grid(small_rig(), tmp_path)
+    assert (tmp_path / "small.zarr" / "precious.txt").read_text() == "keep me"
+
+
+def test_a_foreign_zarr_store_is_not_overwritten_without_force(tmp_path: Path) -> None:
+    import zarr
+
+    foreign = zarr.open_group(str(tmp_path / "small.zarr"), mode="w", zarr_format=3)
+    foreign.create_array("precious", data=np.arange(10))
+    with pytest.raises(StoreConflictError, match="is not a bevcompile store \\(no config_sha256"):
+        run_grid(small_rig(), tmp_path)
+    assert np.array_equal(zarr.open_group(str(tmp_path / "small.zarr"), mode="r")["precious"][:], np.arange(10))
+    run_grid(small_rig(), tmp_path, force=True)
+    assert "precious" not in zarr.open_group(str(tmp_path / "small.zarr"), mode="r")
+
+
+def test_writer_refuses_non_finite_values(tmp_path: Path) -> None:
+    rig = small_rig()
+    with pytest.raises(StoreError, match="non-finite"):
+        write_groups(
+            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.array([1.0, np.nan])})}
+        )
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_reading_detects_missing_and_garbage_chunks(tmp_path: Path) -> None:
+    run_grid(small_rig(), tmp_path)
+    path = tmp_path / "small.zarr"
+    chunk_files = sorted((path / "grid" / "coords" / "c").rglob("*"))
+    chunk_files = [p for p in chunk_files if p.is_file()]
+    assert len(chunk_files) == 4  # one chunk per camera
+    chunk_files[1].unlink()
+    with pytest.raises(StoreError, match=r"grid/coords: 1 of 4 chunk\(s\) missing"):
+        open_store(path).read("grid", "coords")
+    norm_chunk = next(p for p in (path / "grid" / "norm" / "c").rglob("*") if p.is_file())
+    norm_chunk.write_bytes(norm_chunk.read_bytes()[:10])
+    with pytest.raises(StoreError, match=r"grid/norm: chunk data unreadable"):
+        open_store(path).read("grid", "norm")
+
+
+def test_reading_detects_content_edits(tmp_path: Path) -> None:
+    rig = small_rig()
+    path = tmp_path / "small.zarr"
+    run_grid(rig, tmp_path)
+    # rewrite one array through zarr with different values but the old sha256 attribute
+    import zarr
+
+    array = zarr.open_array(str(path / "grid" / "valid"), mode="r+")
+    array[0, 0, 0, 0] = ~array[0, 0, 0, 0]
+    with pytest.raises(StoreError, match=r"content sha256 .* does not match recorded"):
+        open_store(path).read("grid", "valid", verify_sha256=True)
+
+
+def test_not_a_store(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such store"):
+        open_store(tmp_path / "missing.zarr")
+    (tmp_path / "empty.zarr").mkdir()
+    with pytest.raises(StoreError, match=r"no zarr\.json at its root"):
+        open_store(tmp_path / "empty.zarr")
+
+
+def test_array_sha256_covers_dtype_and_shape() -> None:
+    a = np.arange(6, dtype=np.int16)
+    assert array_sha256(a) != array_sha256(a.reshape(2, 3))
+    assert array_sha256(a) != array_sha256(a.astype(np.uint16))
+    assert array_sha256(a) == array_sha256(a.astype(">i2"))
+
+
+def test_default_chunks_bound_the_chunk_size() -> None:
+    assert default_chunks((6, 1, 128, 128, 2), 4) == (6, 1, 128, 128, 2)
+    chunks = default_chunks((200000, 64), 4, target_bytes=1 << 20)
+    assert chunks == (4096, 64)
+    assert default_chunks((0, 4), 4) == (1, 4)
+
+
+def test_small_rig_data_is_valid_yaml_material() -> None:
+    assert parse_config(small_rig_data()).name == "small"
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_leftovers_of_a_killed_writer_are_cleaned_and_a_moved_store_restored(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught: the next write of the same store removes a dead writer's
+    temporary, and puts back a store the writer had moved aside between its two renames."""
+    import os
+    import shutil
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    store = tmp_path / "small.zarr"
+    before = tree_digest(store)
+    host = store_module._host_tag()
+    dead = f"{_dead_pid()}-{host}"
+    shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbeef")
+    os.rename(store, tmp_path / f".small.zarr.old-{dead}-cafebabe")  # killed between the renames
+    live = tmp_path / f".small.zarr.tmp-{os.getpid()}-{host}-0badf00d"  # a running writer: left alone
+    live.mkdir()
+    other_host = tmp_path / f".small.zarr.tmp-{_dead_pid()}-another_machine-0badcafe"  # a pid of another host means nothing here
+    other_host.mkdir()
+    touched = store_module.recover_interrupted_writes(store)
+    assert sorted(p.name for p in touched) == [f".small.zarr.old-{dead}-cafebabe", f".small.zarr.tmp-{dead}-deadbeef"]
+    assert tree_digest(store) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, "small.zarr"])
+    # a write does the same sweep (and keeps the restored store's config check)
+    shutil.copytree(store, tmp_path / f".small.zarr.tmp-{dead}-deadbee2")
+    run_grid(rig, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other_host.name, "small.zarr"])
+
+
+def test_a_store_moved_aside_by_a_killed_writer_is_judged_before_the_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed between the two renames: the early config check puts the store back first, so a
+    different config is refused before any work (not after a full build)."""
+    import os
+
+    import bevcompile.grid.build as build_module
+
+    run_grid(small_rig(), tmp_path)
+    host = store_module._host_tag()
+    os.rename(tmp_path / "small.zarr", tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")
+
+    def must_not_build(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("built before refusing")
+
+    monkeypatch.setattr(build_module, "build_grid_command", must_not_build)
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_grid(small_rig(heights=(0.0, 2.0)), tmp_path)
+    assert (tmp_path / "small.zarr").is_dir()
+
+
+def test_an_interrupt_after_the_swap_says_the_store_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    real_rmtree = store_module.shutil.rmtree
+
+    def interrupted_rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if ".old-" in str(path):
+            raise KeyboardInterrupt
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(KeyboardInterrupt) as info:
+        run_grid(rig, tmp_path, align_corners=True)
+    assert getattr(info.value, store_module.STORE_WRITTEN_ATTR) == str(tmp_path / "small.zarr")
+    assert open_store(tmp_path / "small.zarr").group_attrs("grid")["align_corners"] is True  # the new store, complete
+    monkeypatch.setattr(store_module.shutil, "rmtree", real_rmtree)
+    (left,) = [p for p in tmp_path.iterdir() if ".old-" in p.name]  # the old copy, of this (live) process
+    host = store_module._host_tag()
+    left.rename(tmp_path / f".small.zarr.old-{_dead_pid()}-{host}-cafebabe")  # as after the process exited
+    run_grid(rig, tmp_path, align_corners=True)  # the next write removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_another_configs_store_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import bevcompile.grid.build as build_module
+    import bevcompile.matrix.build as matrix_module
+    from bevcompile.matrix.build import MatrixOptions, run_matrix
+
+    run_grid(small_rig(), tmp_path)
+
+    def must_not_build(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("built before refusing")
+
+    monkeypatch.setattr(build_module, "build_grid_command", must_not_build)
+    monkeypatch.setattr(matrix_module, "build_matrix", must_not_build)
+    other = small_rig(heights=(0.0, 2.0))
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_grid(other, tmp_path)
+    with pytest.raises(StoreConflictError, match="different config"):
+        run_matrix(other, tmp_path, MatrixOptions(topk=2))
+
+
+def test_sigterm_during_a_write_leaves_the_old_store_and_no_temporary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CI timeout or `docker stop` sends SIGTERM: one line, exit 143, the earlier store untouched."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..rigs import write_yaml
+
+    config = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    out = tmp_path / "out"
+    runner = CliRunner()
+    assert runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet"]).exit_code == 0
+    before = tree_digest(out / "small.zarr")
+
+    def terminated(root, name, data):  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the write")
+
+    monkeypatch.setattr(store_module, "_write_group", terminated)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet", "--align-corners"])
+    assert result.exit_code == 143, result.output
+    assert result.stderr == "error: terminated (SIGTERM); no store was left half-written (writes are atomic)\n"
+    assert tree_digest(out / "small.zarr") == before
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+    assert signal.getsignal(signal.SIGTERM) == handler_before
+
+
+@pytest.mark.parametrize(
+    ("out", "phrase"),
+    [
+        ("small.zarr", "is a zarr store; --out takes the folder that holds stores"),
+        ("small.zarr/sub", "is inside the zarr store"),
+        ("new.zarr", "is a zarr store; --out takes the folder that holds stores"),
+    ],
+)
+def test_an_out_folder_that_is_or_lies_in_a_store_is_refused(tmp_path: Path, out: str, phrase: str) -> None:
+    """`--out artifacts/nuscenes.zarr` must not write a store into the store (which then fails inspect)."""
+    from bevcompile.errors import UsageError
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):
+        run_grid(rig, tmp_path / out)
+    with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):  # every writer of a store
+        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.arange(3)})})
+    assert tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_an_os_error_while_writing_is_a_store_error_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk or a read-only folder: one StoreError naming the folder, after the cleanup."""
+    import errno
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    before = tree_digest(tmp_path / "small.zarr")
+    real = store_module._write_group
+
+    def full_disk(root, name, data):  # type: ignore[no-untyped-def]
+        real(root, name, data)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "_write_group", full_disk)
+    with pytest.raises(StoreError, match=f"^{tmp_path}: cannot write store \\(No space left on device\\)$"):
+        run_grid(rig, tmp_path, align_corners=True)
+    assert tree_digest(tmp_path / "small.zarr") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+    monkeypatch.undo()
+
+    def read_only(src, dst, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(store_module.shutil, "copytree", read_only)  # the carry-over copy of a same-config store
+    with pytest.raises(StoreError, match=f"^{tmp_path}: cannot write store \\(Read-only file system\\)$"):
+        run_grid(rig, tmp_path)
+    assert tree_digest(tmp_path / "small.zarr") == before
+
+
+def test_cleanup_outlasts_a_chunk_write_that_recreates_the_temporary(tmp_path: Path) -> None:
+    """After Ctrl-C, a chunk write already inside zarr's worker thread may re-create folders under
+    the temporary just after it was removed: the cleanup removes it until it stays gone."""
+    import threading
+    import time
+
+    tmp = tmp_path / ".s.zarr.tmp-1-host-cafe"
+    (tmp / "grid" / "coords" / "c").mkdir(parents=True)
+    removed = threading.Event()
+    real_rmtree = store_module.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_rmtree(path, *args, **kwargs)
+        removed.set()
+
+    def late_chunk_write() -> None:  # zarr's LocalStore._put: mkdir(parents=True), then the file
+        removed.wait(5)
+        time.sleep(0.02)
+        (tmp / "grid" / "coords" / "c" / "0").mkdir(parents=True, exist_ok=True)
+        (tmp / "grid" / "coords" / "c" / "0" / "0").write_bytes(b"chunk")
+
+    writer = threading.Thread(target=late_chunk_write)
+    writer.start()
+    try:
+        store_module.shutil.rmtree = rmtree  # type: ignore[assignment]
+        store_module._remove_temporary(tmp)
+    finally:
+        store_module.shutil.rmtree = real_rmtree  # type: ignore[assignment]
+        writer.join()
+    assert not tmp.exists()
+
+
+def test_cleanup_cancels_zarr_writes_still_pending_after_an_interrupt() -> None:
+    import asyncio
+
+    from zarr.core.sync import _get_loop
+
+    started = asyncio.run_coroutine_threadsafe(asyncio.sleep(60), _get_loop())  # a chunk write zarr still runs
+    store_module._cancel_zarr_io(timeout=5)
+    assert started.cancelled()
+
+
+def test_an_interrupt_after_the_store_is_in_place_says_it_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while grid summarises (after the swap): the new store is complete and the line says so."""
+    import bevcompile.grid.build as build_module
+    from bevcompile.cli import app as cli_app
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "summarise_cameras", interrupted)
+    result = CliRunner().invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 130
+    store = tmp_path / "nuscenes.zarr"
+    assert result.stderr == f"error: interrupted; {store} was already written completely (its old copy is removed by the next write)\n"
+    assert (store / "grid").is_dir()
+
+
+def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path.is_file() raises EACCES (not False) in a folder without search permission: inspect
+    fails the store (exit 1), verify says so in one line (exit 2), never a traceback."""
+    from bevcompile.cli import app as cli_app
+
+    runner = CliRunner()
+    assert runner.invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"]).exit_code == 0
+    store = tmp_path / "nuscenes.zarr"
+    real_is_file = Path.is_file
+
+    def is_file(self: Path) -> bool:
+        if self.parent == store:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", is_file)
+    result = runner.invoke(cli_app, ["inspect", str(store), "--quiet"])
+    assert (result.exit_code == 1 and result.exception is None) or isinstance(result.exception, SystemExit)
+    assert f"{store}: /: root_metadata: " in result.stderr and "Permission denied" in result.stderr
+    result = runner.invoke(cli_app, ["verify", str(store), "--quiet"])
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output
+    assert "Permission denied" in result.stderr
+
+
+def test_a_failed_copy_of_the_kept_groups_is_reported_by_its_strerror() -> None:
+    """copytree gathers str(OSError) per file: the message keeps the reason, not errno and paths."""
+    import shutil
+
+    error = shutil.Error([("a/c/0", "b/c/0", "[Errno 28] No space left on device: 'a/c/0' -> 'b/c/0'")])
+    assert store_module._os_reason(error) == "No space left on device"
+    assert store_module._os_reason(OSError(30, "Read-only file system")) == "Read-only file system"
