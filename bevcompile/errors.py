@@ -59,3 +59,16 @@ class CheckFailed(BevcompileError, AssertionError):
     """One or more integrity or equivalence checks failed."""
 
     exit_code = 1
+
+
+def check_int_option(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int, or the one wording every command uses for an integer option out of
+    range: ``--<name> must be an integer in [low, high], got <value>`` (``>= low`` without a
+    ``high``); booleans are not integers."""
+    import numbers
+
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if ok and low <= int(value) and (high is None or int(value) <= high):  # type: ignore[call-overload]
+        return int(value)  # type: ignore[call-overload]
+    bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+    raise UsageError(f"--{name} must be an integer {bounds}, got {value!r}")

@@ -5,13 +5,23 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 LOG_WIDTH = 120
 """Table width when the output is not a terminal (CI logs, pipes); rich's default there is 80,
@@ -28,24 +38,77 @@ stdout_console = _console(stderr=False)
 stderr_console = _console(stderr=True)
 
 
-@contextmanager
-def progress_bar(label: str, total: int | None, enabled: bool = True) -> Iterator[Callable[[int], None]]:
-    """Yield an ``advance(n)`` callback drawing a transient rich bar on stderr (``total=None``:
-    a pulsing bar with the elapsed time, for work whose size is not known up front)."""
-    if not enabled or not stderr_console.is_terminal:
-        yield lambda n: None
-        return
-    counter = (MofNCompleteColumn(),) if total is not None else ()  # no "0/?" on a pulsing bar
-    with Progress(
+class _CountColumn(ProgressColumn):
+    """``1,234,567 / 2,000,000 points`` (thousands separators; the phase's unit)."""
+
+    def render(self, task: Task) -> Text:
+        unit = task.fields.get("unit", "")
+        if task.total is None:  # a pulsing phase: a count only once there is one
+            return Text(f"{int(task.completed):,} {unit}".rstrip() if task.completed else "", style="progress.download")
+        return Text(f"{int(task.completed):,} / {int(task.total):,} {unit}".rstrip(), style="progress.download")
+
+
+class _RateColumn(ProgressColumn):
+    """``12.3 M points/s`` (SI prefix; blank until rich has a speed estimate)."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        if speed is None or task.total is None:
+            return Text("")
+        unit = task.fields.get("unit", "") or "units"
+        for factor, prefix in ((1e9, "G "), (1e6, "M "), (1e3, "k "), (1.0, "")):
+            if speed >= factor or factor == 1.0:
+                return Text(f"{speed / factor:.1f} {prefix}{unit}/s", style="progress.data.speed")
+        return Text("")  # pragma: no cover
+
+
+class ProgressBar:
+    """The callable a CLI command hands to the library: ``bar(n)`` advances the current phase;
+    ``bar.phase(label, total, unit)`` (see :func:`bevcompile.progress.start_phase`) ends it and
+    starts the next, labelled and counted on its own."""
+
+    def __init__(self, progress: Progress | None, label: str, total: int | None, unit: str) -> None:
+        self._progress = progress
+        self._task: TaskID | None = None
+        if progress is not None:
+            self.phase(label, total, unit)
+
+    def __call__(self, n: int) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def phase(self, label: str, total: int | None, unit: str = "") -> None:
+        if self._progress is None:
+            return
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(label, total=total, unit=unit)
+
+
+def _columns() -> tuple[ProgressColumn, ...]:
+    return (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        *counter,
+        _CountColumn(),
+        _RateColumn(),
+        TimeRemainingColumn(compact=True, elapsed_when_finished=True),
+        TextColumn("elapsed"),
         TimeElapsedColumn(),
-        console=stderr_console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(label, total=total)
-        yield lambda n: progress.advance(task, n)
+    )
+
+
+@contextmanager
+def progress_bar(label: str, total: int | None, enabled: bool = True, unit: str = "", console: Console | None = None) -> Iterator[ProgressBar]:
+    """Yield a :class:`ProgressBar` drawing a transient rich bar on stderr: label, bar, count with
+    thousands separators and ``unit``, rate, ETA and elapsed time (``total=None``: a pulsing bar
+    with the count and the elapsed time, for work whose size is not known up front). Nothing is
+    drawn when ``enabled`` is false or stderr is not a terminal."""
+    console = console or stderr_console
+    if not enabled or not console.is_terminal:
+        yield ProgressBar(None, label, total, unit)
+        return
+    with Progress(*_columns(), console=console, transient=True) as progress:
+        yield ProgressBar(progress, label, total, unit)
 
 
 def print_json(data: Any) -> None:
@@ -101,6 +164,19 @@ def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
 
 def print_table(table: Table) -> None:
     stdout_console.print(table)
+
+
+def note_dropped_groups(store: Any, dropped: Iterable[str]) -> None:
+    """On stderr (also under --quiet/--json: a CI log must show lost tables): the groups a
+    ``--force`` replacement of another config's store did not keep."""
+    names = [f"{name}/" for name in dropped]
+    if names:
+        print(
+            f"note: --force replaced {store} (built from another config) and dropped its group(s) {', '.join(names)}; "
+            "this command does not rebuild them",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def stderr_lines(lines: Iterable[str]) -> None:

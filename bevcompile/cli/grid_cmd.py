@@ -14,7 +14,16 @@ from ..grid.gather import ORDERS
 from ..rig.config import load_config
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
-from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
+from ._output import (
+    human_bytes,
+    new_table,
+    note_dropped_groups,
+    print_json,
+    print_table,
+    progress_bar,
+    stderr_console,
+    stdout_console,
+)
 
 
 @cli_command("grid", short_help='IPM sampling grids, gather tables, fixed-point formats and delta-LUT -> grid/ gather/ delta/.')
@@ -71,7 +80,7 @@ def grid(
     """Compute every BEV cell's sampling position in every camera and write <out>/<name>.zarr:
     grid/ (float grid + fixed-point formats), gather/ (static gather tables), delta/ (delta-LUT)."""
     rig = load_config(config)
-    with progress_bar("projecting BEV cells", total_grid_cells(rig), enabled=not (quiet or json_output)) as advance:
+    with progress_bar("projecting BEV cells", total_grid_cells(rig), enabled=not (quiet or json_output), unit="samples") as advance:
         result = run_grid(
             rig,
             out,
@@ -96,6 +105,7 @@ def grid(
     for cam in result.cameras:  # on stderr, also under --quiet/--json: most often a pose given ego->camera
         if not any(cam.coverage):
             stderr_console.print(f"[yellow]warning:[/yellow] camera {escape(cam.name)} sees no BEV cell (is the pose camera->ego?)")
+    note_dropped_groups(result.store, result.write.dropped_groups)
     if json_output:
         print_json(result.to_json())
         return

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 
 from ..errors import CheckFailed
 from ..store.inspection import InspectReport, StoreReport, count_arrays, inspect_store, resolve_store_paths
+from ..store.plugins import GROUP_PLUGINS
 from ..store.verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
 from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
@@ -47,22 +49,30 @@ def inspect(
         bool,
         typer.Option("--strict", help="Also rebuild every product from the stored config and require bit equality."),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also print every store's arrays, key attributes and every check (passed ones too)."),
+    ] = False,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
     """Check stores: metadata, config hash, conventions, content hashes and every product invariant.
 
-    Exit 0 when every check passes, 1 when any fails (one line per failure on stderr:
-    <store>: <array>: <check>: <reason>), 2 when a path is not a store or a folder of stores.
+    Prints one row per store and a one-line total; every failed check is one line on stderr
+    (<store>: <array>: <check>: <reason>). Exit 0 when every check passes, 1 when any fails,
+    2 when a path is not a store or a folder of stores.
     """
     stores = resolve_store_paths(paths or [DEFAULT_OUT])
-    with progress_bar("inspecting arrays", count_arrays(stores), enabled=not (quiet or json_output)) as advance:
+    with progress_bar("inspecting arrays", count_arrays(stores), enabled=not (quiet or json_output), unit="arrays") as advance:
         report = InspectReport([inspect_store(p, strict=strict, progress=advance) for p in stores], strict=strict)
     if json_output:
         print_json(report.to_json())
     elif not quiet:
-        for store in report.stores:
-            _print_store(store)
+        if verbose:
+            for store in report.stores:
+                _print_store(store)
+            stdout_console.print()
+        _print_stores_table(report)
         style = "green" if report.passed else "red"
         stdout_console.print(
             f"[{style}]{report.n_checks - report.n_failed} of {report.n_checks} checks passed"
@@ -74,11 +84,42 @@ def inspect(
         raise CheckFailed(f"{report.n_failed} of {report.n_checks} checks failed in {failed_stores} of {len(report.stores)} store(s)")
 
 
+def _known(value: Any) -> str:
+    """A store's recorded identity field for a header: ``?`` where the store does not say."""
+    return "?" if value is None else str(value)
+
+
+def _in_product_order(names: Iterable[str]) -> list[str]:
+    """Group names as the products come (grid gather delta matrix interop), others after, sorted."""
+    order = list(GROUP_PLUGINS)
+    return sorted(names, key=lambda name: (order.index(name) if name in order else len(order), name))
+
+
+def _print_stores_table(report: InspectReport) -> None:
+    """One row per store: what it holds and how its checks went."""
+    table = new_table("", "store", "rig", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"))
+    for store in report.stores:
+        n_arrays = sum(len(g.arrays) for g in store.groups)
+        on_disk = sum(a.bytes_on_disk for g in store.groups for a in g.arrays)
+        passed = len(store.checks) - len(store.failures)
+        result = "[green]pass[/green]" if store.passed else f"[bold red]FAIL ({len(store.failures)})[/bold red]"
+        table.add_row(
+            escape(store.path),
+            escape(_known(store.name)),
+            escape(" ".join(_in_product_order(g.name for g in store.groups)) or "-"),
+            str(n_arrays),
+            human_bytes(on_disk),
+            f"{passed} / {len(store.checks)}",
+            result,
+        )
+    print_table(table)
+
+
 def _print_store(store: StoreReport) -> None:
     sha = f"{store.config_sha256[:16]}…" if store.config_sha256 else "?"
     stdout_console.print(
-        f"\n[bold]{escape(store.path)}[/bold]  rig [bold]{escape(str(store.name))}[/bold]  config_sha256 {escape(sha)}"
-        f"  bevcompile {escape(str(store.tool_version))}  format {escape(str(store.format))}"
+        f"\n[bold]{escape(store.path)}[/bold]  rig [bold]{escape(_known(store.name))}[/bold]  config_sha256 {escape(sha)}"
+        f"  bevcompile {escape(_known(store.tool_version))}  format {escape(_known(store.format))}"
     )
     if store.groups:
         arrays = new_table(

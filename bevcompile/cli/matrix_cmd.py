@@ -20,7 +20,16 @@ from ..matrix.build import (
 from ..rig.config import load_config
 from ._app import cli_command
 from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
-from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stderr_console, stdout_console
+from ._output import (
+    human_bytes,
+    new_table,
+    note_dropped_groups,
+    print_json,
+    print_table,
+    progress_bar,
+    stderr_console,
+    stdout_console,
+)
 
 
 @cli_command("matrix", short_help='The lift as one sparse matrix F_bev = W @ F_img (COO, ELL, tiles, int8) -> matrix/.')
@@ -100,6 +109,7 @@ def matrix(
             "[yellow]warning:[/yellow] the matrix is empty: no frustum point / grid sample of any camera lands in the "
             "BEV x/y/z range (check bev.x/y/z, the extrinsics and depth.bins); `bevcompile grid` then `bevcompile render` show the coverage"
         )
+    note_dropped_groups(result.store, result.write.dropped_groups)
     if json_output:
         print_json(result.to_json())
         return

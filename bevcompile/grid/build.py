@@ -6,7 +6,7 @@ computes, measures and describes; it never prints.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ import numpy as np
 from ..conventions import CONVENTIONS
 from ..errors import UsageError
 from ..memory import refuse_beyond_memory
+from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
@@ -55,7 +56,6 @@ from .ipm import (
     coverage_fraction,
 )
 
-ProgressFn = Callable[[int], None]
 GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
 """Groups owned (rewritten or removed) by ``bevcompile grid``."""
 
@@ -208,15 +208,18 @@ def build_grid_command(
         check_escape_resolution(rig.feature_size, options.max_error_px)
     if sampling is None:
         sampling = compute_sampling_grid(rig, progress=progress)
+    start_phase(progress, "fixed-point formats")
     products = build_grid_products(sampling, options.align_corners)
     formats, pixel_q_bits = build_formats(sampling, options.formats, options.align_corners, frac_bits=options.frac_bits)
     groups = {"grid": grid_group(products, rig, formats, pixel_q_bits)}
     summary: dict[str, Any] = {"formats": _format_summary(products, formats), "gather": None, "delta": None}
     tables = layout = encoding = None
     if options.npu:
+        start_phase(progress, "gather tables")
         tables = build_gather_tables(sampling, options.lut_frac_bits)
         layout = layout_tables(tables, sampling.coords_feature_px, align=options.align, order=options.order)
         groups["gather"] = gather_group(tables, layout, rig)
+        start_phase(progress, "delta-LUT")
         encoding = encode_delta(
             sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=options.block, max_error_px=options.max_error_px
         )
@@ -509,6 +512,7 @@ def run_grid(
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
     built = build_grid_command(rig, options, progress=progress)
+    start_phase(progress, f"writing {path.name}")
     report = write_groups(
         path,
         root_attrs=attrs,

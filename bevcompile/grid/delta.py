@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UsageError
+from ..errors import UsageError, check_int_option
 from .formats import off_map_margin, pixel_q_max_frac_bits
 from .ipm import INVALID_PX
 
@@ -68,9 +68,7 @@ LUT_ARRAYS = ("block_slot", "coef", "scale", "res8_slot", "res16_slot", "res8", 
 
 
 def check_block(block: int) -> int:
-    if isinstance(block, bool) or not isinstance(block, int | np.integer) or not 1 <= int(block) <= MAX_BLOCK:
-        raise UsageError(f"--block must be an integer in [1, {MAX_BLOCK}], got {block!r}")
-    return int(block)
+    return check_int_option("block", block, 1, MAX_BLOCK)
 
 
 def check_max_error(max_error_px: float) -> float:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UsageError
+from ..errors import UsageError, check_int_option
 from .ipm import SamplingGrid
 
 CORNER_ORDER = ("v0u0", "v0u1", "v1u0", "v1u1")
@@ -394,9 +394,7 @@ class GatherLayout:
 
 
 def check_align(align: int) -> int:
-    if isinstance(align, bool) or not isinstance(align, int | np.integer) or not 1 <= int(align) <= MAX_ALIGN:
-        raise UsageError(f"--align must be an integer in [1, {MAX_ALIGN}], got {align!r}")
-    return int(align)
+    return check_int_option("align", align, 1, MAX_ALIGN)
 
 
 def check_order(order: str) -> str:

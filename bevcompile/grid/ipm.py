@@ -22,12 +22,12 @@ Conventions (README "Conventions"; stored in the ``grid`` group attributes):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from ..progress import ProgressFn
 from ..rig.config import BevSpec, RigConfig
 from ..rig.geometry import project_ego_to_feature
 
@@ -35,7 +35,6 @@ INVALID_PX = -2.0
 NORM_INT16_SCALE = 32767
 ROWS_PER_CHUNK = 64  # BEV rows projected per step: bounds peak memory for huge grids
 
-ProgressFn = Callable[[int], None]
 
 
 def bev_cell_centres_ego(bev: BevSpec) -> npt.NDArray[np.float64]:

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UsageError
+from ..errors import UsageError, check_int_option
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
 from ..rig.config import RigConfig, config_sha256
@@ -121,6 +121,7 @@ NORMALIZES = ("sum", "mean")
 ROUNDINGS = ("floor", "trunc")
 QUANTIZE = (None, "int8")
 MAX_INDEX = np.iinfo(np.int32).max
+MAX_MATRIX_ALIGN = 65536
 
 TOPK_RULE = (
     "per row keep the K entries of largest raw weight; ties: smaller squared distance of the source point "
@@ -161,17 +162,12 @@ class MatrixOptions:
             if value not in allowed:
                 shown = ", ".join("none" if a is None else str(a) for a in allowed)
                 raise UsageError(f"--{name} must be one of {shown}, got {value!r}")
-        for name, value, low in (("topk", self.topk, 0), ("align", self.align, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UsageError(f"--{name} must be an integer >= {low}, got {value!r}")
-        if self.tile_rows is not None and (
-            isinstance(self.tile_rows, bool) or not isinstance(self.tile_rows, int) or self.tile_rows < 1
-        ):
-            raise UsageError(f"--tile-rows must be an integer >= 1, got {self.tile_rows!r}")
+        check_int_option("topk", self.topk, 0)
+        check_int_option("align", self.align, 1, MAX_MATRIX_ALIGN)
+        if self.tile_rows is not None:
+            check_int_option("tile-rows", self.tile_rows, 1)
         if self.mode == "grid" and self.rounding != "floor":
             raise UsageError(f"--rounding {self.rounding} applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)")
-        if self.align > 65536:
-            raise UsageError(f"--align must be <= 65536, got {self.align}")
         if not isinstance(self.compact_rows, bool):
             raise UsageError(f"compact_rows must be a boolean, got {self.compact_rows!r}")
         return self

@@ -77,6 +77,7 @@ class WriteReport:
     replaced_existing: bool
     kept_groups: tuple[str, ...]
     bytes_per_array: dict[str, int]  # "group/name" -> bytes on disk
+    dropped_groups: tuple[str, ...] = ()  # groups of a replaced store of ANOTHER config (--force) not rewritten
 
     @property
     def total_bytes(self) -> int:
@@ -349,6 +350,7 @@ def write_groups(
         raise StoreError(f"{parent}: cannot create output folder ({exc.strerror or exc})") from None
     carry_over = check_replaceable(path, new_sha, force=force)  # also recovers killed writers' leftovers
     existed = path.exists()
+    dropped = () if carry_over or not existed else tuple(g for g in _group_names(path) if g not in groups)
 
     tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
     sizes: dict[str, int] = {}
@@ -381,7 +383,16 @@ def write_groups(
             raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
         raise
     COMPLETED_WRITES.append(str(path))
-    return WriteReport(path, existed, tuple(kept), sizes)
+    return WriteReport(path, existed, tuple(kept), sizes, dropped)
+
+
+def _group_names(path: Path) -> list[str]:
+    """The groups of the store at ``path`` that a forced replacement drops (its folders holding a
+    ``zarr.json``, so a store with an unreadable root is listed too)."""
+    try:
+        return sorted(p.name for p in path.iterdir() if p.is_dir() and (p / "zarr.json").is_file())
+    except OSError:
+        return []
 
 
 def _os_reason(exc: OSError) -> str:

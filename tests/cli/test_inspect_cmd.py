@@ -38,8 +38,30 @@ def _flat(text: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def test_inspect_fresh_store_exit_0_with_report(small_store: Path) -> None:
+def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path) -> None:
+    """Plain inspect is compact: a table row per store (rig, groups, arrays, bytes, checks), one
+    total line; nothing per check unless it fails."""
     result = runner.invoke(app, ["inspect", str(small_store)])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) <= 8, result.stdout
+    row = _flat(next(line for line in lines if "small.zarr" in line))
+    n = int(lines[-1].split()[0])
+    assert f"small │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
+    assert lines[-1] == f"{n} of {n} checks passed in 1 store(s)"
+    assert "norm_matches_coords" not in result.stdout and result.stderr == ""
+
+
+def test_inspect_names_no_unknown_as_none(tmp_path: Path) -> None:
+    empty = tmp_path / "x.zarr"
+    empty.mkdir()
+    result = runner.invoke(app, ["inspect", str(empty), "--verbose"])
+    assert result.exit_code == 1
+    assert "None" not in result.stdout and "rig ?" in _flat(result.stdout)
+
+
+def test_inspect_verbose_reports_arrays_attributes_and_every_check(small_store: Path) -> None:
+    result = runner.invoke(app, ["inspect", str(small_store), "--verbose"])
     assert result.exit_code == 0, result.output
     out = _flat(result.stdout)
     assert "rig small" in out and "config_sha256" in out and f"bevcompile {__version__}" in out and "format bevcompile/1" in out

@@ -80,7 +80,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--topk", "-1"], "error: --topk must be an integer >= 0, got -1"),
-        (["--align", "0"], "error: --align must be an integer >= 1, got 0"),
+        (["--align", "0"], "error: --align must be an integer in [1, 65536], got 0"),
         (["--mode", "voxel"], "error: --mode must be one of frustum, grid, got 'voxel'"),
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
@@ -132,6 +132,31 @@ def test_refuses_a_store_of_another_config_without_force(tmp_path: Path) -> None
     assert result.exit_code == 0
     assert open_store(tmp_path / "small.zarr").read("matrix", "coo_row").max() < 20 * 20
     assert small_rig().bev.nx == 24  # the replaced store was the 24 x 24 rig
+
+
+def test_force_says_which_groups_of_the_replaced_store_it_drops(tmp_path: Path) -> None:
+    """`matrix --force` over another config's store keeps nothing of it: it says so, group by
+    group, on stderr (also with --quiet), instead of deleting grid/, gather/, delta/ silently."""
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
+    assert runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "-q"]).exit_code == 0
+    other = write_yaml(tmp_path / "other.yaml", small_rig_data(bev_half_m=10.0))
+    result = runner.invoke(app, ["matrix", str(other), "--out", str(tmp_path), "-q", "--force"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"note: --force replaced {tmp_path / 'small.zarr'} (built from another config) and dropped its group(s) "
+        "delta/, gather/, grid/; this command does not rebuild them\n"
+    )
+    assert open_store(tmp_path / "small.zarr").groups() == ["matrix"]
+    again = runner.invoke(app, ["matrix", str(other), "--out", str(tmp_path), "-q", "--force"])
+    assert again.exit_code == 0 and again.stderr == ""  # same config: nothing dropped, nothing said
+
+
+@pytest.mark.parametrize("command", ["grid", "matrix"])
+def test_one_wording_for_an_integer_option_out_of_range(tmp_path: Path, command: str) -> None:
+    result = runner.invoke(app, [command, "--out", str(tmp_path), "--align", "0"])
+    assert result.exit_code == 2
+    bound = {"grid": 1 << 20, "matrix": 65536}[command]
+    assert result.stderr == f"error: --align must be an integer in [1, {bound}], got 0\n"
 
 
 def test_summary_reports_tiles_int8_and_topk_figures(tmp_path: Path) -> None:

@@ -1,10 +1,16 @@
-"""Helpers of ``bevcompile.cli._output`` (tables, sizes)."""
+"""Helpers of ``bevcompile.cli._output`` (tables, sizes, progress bars)."""
 
 from __future__ import annotations
 
-import pytest
+import io
+import re
+import time
 
-from bevcompile.cli._output import human_bytes
+import pytest
+from rich.console import Console
+
+from bevcompile.cli._output import human_bytes, progress_bar
+from bevcompile.progress import start_phase
 
 
 @pytest.mark.parametrize(
@@ -14,3 +20,38 @@ from bevcompile.cli._output import human_bytes
 def test_human_bytes_units(nbytes: float, text: str) -> None:
     """A dense 40,000 x 88M matrix is reported in TiB, not as 13183.6 GiB."""
     assert human_bytes(nbytes) == text
+
+
+def _bar_text(console: Console) -> str:
+    return console.export_text()
+
+
+def test_progress_bar_counts_with_separators_rate_eta_and_phases() -> None:
+    """The bar of a long build: count with thousands separators and the unit, a rate, an ETA; a new
+    phase replaces the previous one with its own label and count (no bar stuck at 100 %)."""
+    console = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
+    with progress_bar("pass 1/2: histogram", 2_000_000, unit="points", console=console) as bar:
+        progress = bar._progress
+        assert progress is not None
+        bar(1_234_567)
+        time.sleep(0.05)
+        bar(1)
+        progress.refresh()
+        first = _bar_text(console)
+        assert "pass 1/2: histogram" in first and "1,234,568 / 2,000,000 points" in first
+        assert re.search(r"\d+\.\d ([kMG] )?points/s", first), first
+        assert re.search(r"-:--:--|\d+:\d\d", first)  # remaining time
+        start_phase(bar, "writing nuscenes.zarr")
+        progress.refresh()
+        assert [t.description for t in progress.tasks] == ["writing nuscenes.zarr"]
+
+
+def test_progress_bar_is_silent_off_a_terminal_and_phases_are_optional() -> None:
+    console = Console(file=io.StringIO(), force_terminal=False)
+    with progress_bar("work", 10, console=console) as bar:
+        bar(5)
+        start_phase(bar, "next", 3, "cells")
+    assert console.file.getvalue() == ""  # type: ignore[attr-defined]
+    calls: list[int] = []
+    start_phase(calls.append, "a plain callable has no phases")  # no error, nothing recorded
+    assert calls == []

@@ -513,7 +513,7 @@ def test_int8_round_trip_property(values: list[float], n_rows: int) -> None:
     [
         ({"mode": "voxel"}, "--mode must be one of frustum, grid"),
         ({"topk": -1}, "--topk must be an integer >= 0"),
-        ({"align": 0}, "--align must be an integer >= 1"),
+        ({"align": 0}, r"--align must be an integer in \[1, 65536\]"),
         ({"splat": "cubic"}, "--splat must be one of nearest, bilinear"),
         ({"normalize": "max"}, "--normalize must be one of sum, mean"),
         ({"tile_rows": 0}, "--tile-rows must be an integer >= 1"),
