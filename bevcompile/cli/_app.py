@@ -51,6 +51,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -193,18 +194,41 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
     return decorator
 
 
+VERSION_STACK = ("numpy", "scipy", "zarr", "typer", "rich", "pyyaml")
+VERSION_EXTRAS = ("torch", "onnx", "onnxruntime", "onnxscript", "opencv-python-headless", "matplotlib", "dask", "distributed")
+
+
+def version_lines() -> list[str]:
+    """``bevcompile X`` and the versions of what it runs on, read from the installed packages'
+    metadata (nothing is imported: torch is not loaded to print its version)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .._version import __version__
+
+    def of(name: str) -> str:
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} not installed"
+
+    return [
+        f"bevcompile {__version__}",
+        f"python {platform.python_version()}, " + ", ".join(of(name) for name in VERSION_STACK),
+        "extras: " + ", ".join(of(name) for name in VERSION_EXTRAS),
+    ]
+
+
 def _version_callback(value: bool) -> None:
     if value:
-        from .._version import __version__
-
-        print(f"bevcompile {__version__}")
+        print("\n".join(version_lines()))
         raise typer.Exit(0)
 
 
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version (and those of numpy, zarr, torch, ...) and exit."
     ),
 ) -> None:
     """Compile camera-to-BEV view transforms into static NPU tables (zarr stores)."""

@@ -46,7 +46,7 @@ ARROW_FRACTION = 0.07
 """Optical-axis arrows are this fraction of the larger BEV extent long (main panel)."""
 INSET_HALF_M = 6.0
 COVERAGE_AXES_RECT = (0.04, 0.08, 0.40, 0.84)
-INSET_AXES_RECT = (0.475, 0.08, 0.14, 0.28)
+INSET_AXES_RECT = (0.465, 0.07, 0.15, 0.33)
 PANEL2_AXES_RECT = (0.655, 0.08, 0.27, 0.84)
 COLORBAR_AXES_RECT = (0.94, 0.2, 0.012, 0.6)
 _PALETTE = (  # matplotlib tab10, fixed here so the picture does not depend on rcParams
@@ -72,22 +72,37 @@ def camera_colours(n_cam: int) -> list[tuple[float, float, float]]:
     return [colorsys.hsv_to_rgb(i / n_cam, 0.75, 0.85) for i in range(n_cam)]
 
 
-def coverage_rgb(coverage: npt.NDArray[np.bool_], colours: list[tuple[float, float, float]]) -> npt.NDArray[np.float64]:
-    """Blend the cameras' colours per cell.
+def coverage_rgb(coverage: npt.NDArray[np.bool_], colours: list[tuple[float, float, float]], supersample: int = 1) -> npt.NDArray[np.float64]:
+    """The coverage image: every camera seeing a cell shows in its own colour, unmixed.
 
     Convention:
         coverage: ``(n_cam, ny, nx)`` bool; colours: one RGB per camera.
-        returns ``(ny, nx, 3)`` float64 RGB: the mean colour of the cameras seeing the cell,
-        :data:`UNSEEN_RGB` where none does.
+        returns ``(ny * S, nx * S, 3)`` float64 RGB with ``S = supersample``: a cell one camera sees
+        is that camera's colour; a cell ``c >= 2`` cameras see is striped along the diagonals
+        (stripes ``max(1, S // 2)`` pixels wide) with the colours of those cameras in camera order
+        (pixel ``(a, b)`` of the image shows the ``k``-th of them, ``k = ((a + b) // width) % c``;
+        with ``S = 1`` the cells alternate in a checkerboard); :data:`UNSEEN_RGB` where none does.
     """
-    palette = np.asarray(colours, dtype=np.float64)  # (n_cam, 3)
+    palette = np.asarray([*colours, UNSEEN_RGB], dtype=np.float64)  # (n_cam + 1, 3); last: unseen
+    n_cam, ny, nx = coverage.shape
     count = coverage.sum(axis=0)  # (ny, nx)
-    summed = np.tensordot(coverage.astype(np.float64), palette, axes=([0], [0]))  # (ny, nx, 3)
-    rgb = np.empty_like(summed)
-    seen = count > 0
-    rgb[seen] = summed[seen] / count[seen][:, None]
-    rgb[~seen] = UNSEEN_RGB
-    return rgb
+    # seeing cameras first, in camera order: order[k, iy, ix] = the k-th camera seeing the cell
+    order = np.argsort(~coverage, axis=0, kind="stable")
+    s = int(supersample)
+    width = max(1, s // 2)
+    a = np.arange(ny * s)[:, None]
+    b = np.arange(nx * s)[None, :]
+    cell_count = np.repeat(np.repeat(count, s, axis=0), s, axis=1)  # (ny*S, nx*S)
+    k = ((a + b) // width) % np.maximum(cell_count, 1)
+    cam = np.take_along_axis(np.repeat(np.repeat(order, s, axis=1), s, axis=2), k[None], axis=0)[0]
+    cam = np.where(cell_count > 0, cam, n_cam)
+    return palette[cam]
+
+
+def coverage_supersample(ny: int, nx: int) -> int:
+    """Pixels per cell side of the coverage image: up to 4 (room for the stripes), the image at
+    most ~1024 pixels on a side."""
+    return max(1, min(4, 1024 // max(ny, nx, 1)))
 
 
 @dataclass(frozen=True)
@@ -244,7 +259,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         title = f"cameras per cell ({height_label}) -- no matrix/ group"
         cbar_label = "number of cameras"
         second = "cameras per cell"
-    _draw_values(fig, ax2, cax, rig, values, title, cbar_label, integer=matrix is None)
+    _draw_values(fig, ax2, cax, rig, values, title, cbar_label, integer=matrix is None, seen=np.asarray(np.any(valid, axis=(0, 1))))
     fig.suptitle(
         f"{rig.name}: {rig.n_cam} cameras, BEV {rig.bev.nx} x {rig.bev.ny} cells of {rig.bev.x.step:g} x {rig.bev.y.step:g} m"
         "  —  seen from above, x forward UP, y left LEFT",
@@ -276,7 +291,7 @@ def _draw_coverage(
     """Coverage image, footprint outlines, ego box and cameras (coloured dot, black arrow along
     the optical axis projected on the ground); ``half_m`` zooms on the ego."""
     bev = rig.bev
-    rgb = coverage_rgb(coverage, colours)  # (ny, nx, 3)
+    rgb = coverage_rgb(coverage, colours, coverage_supersample(bev.ny, bev.nx))  # (ny*S, nx*S, 3)
     # displayed image rows follow x (upwards with origin="lower"), columns follow y; the y axis
     # is then inverted so that +y (left) is on the left.
     ax.imshow(
@@ -304,6 +319,14 @@ def _draw_coverage(
         arrow_m = 0.3 * half_m
 
     from matplotlib.patches import Rectangle
+
+    if half_m is None:  # where the inset zooms in (the ego is small at the BEV's scale)
+        ax.add_patch(
+            Rectangle(
+                (-INSET_HALF_M, -INSET_HALF_M), 2 * INSET_HALF_M, 2 * INSET_HALF_M,
+                facecolor="none", edgecolor="black", linewidth=1.0, linestyle="--", zorder=5,
+            )
+        )
 
     positions = np.array([[row[3] for row in cam.ego_from_cam[:3]] for cam in rig.cameras], dtype=np.float64)
     lo = positions[:, :2].min(axis=0) - EGO_MARGIN_M
@@ -336,8 +359,10 @@ def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[fl
         for i, (cam, colour) in enumerate(zip(rig.cameras, colours, strict=True))
     ]
     handles.append(Patch(facecolor=UNSEEN_RGB, edgecolor="black", label="seen by no camera"))
-    handles.append(Patch(facecolor=(0.6, 0.6, 0.6), edgecolor="none", label="overlap: mean of the colours"))
+    if len(colours) >= 2:
+        handles.append(Patch(facecolor=colours[0], edgecolor=colours[1], hatch="////", label="overlap: stripes of the cameras' colours"))
     handles.append(Patch(facecolor="white", edgecolor="black", label=f"ego (nominal: cameras + {EGO_MARGIN_M:g} m)"))
+    handles.append(Patch(facecolor="none", edgecolor="black", linestyle="--", label=f"inset: the ego area, +-{INSET_HALF_M:g} m"))
     handles.append(
         Line2D([], [], color="black", marker="o", markerfacecolor="white", markersize=5, linewidth=1.3, label="camera + optical axis (on ground)")
     )
@@ -345,9 +370,13 @@ def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[fl
 
 
 def _draw_values(
-    fig: Any, ax: Any, cax: Any, rig: RigConfig, values: np.ndarray, title: str, label: str, *, integer: bool
+    fig: Any, ax: Any, cax: Any, rig: RigConfig, values: np.ndarray, title: str, label: str, *, integer: bool, seen: np.ndarray
 ) -> None:
+    """``values`` ``(ny, nx)`` in viridis; a cell with no value is white where a camera sees it
+    (``seen``, ``(ny, nx)`` bool: in view, but no weight lands there) and :data:`UNSEEN_RGB` where none does."""
     bev = rig.bev
+    background = np.where(seen.T[..., None], np.ones(3), np.asarray(UNSEEN_RGB))  # (nx, ny, 3)
+    ax.imshow(background, origin="lower", extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max), interpolation="nearest", aspect="equal")
     shown = np.ma.masked_where(values.T <= 0, values.T)
     vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
     image = ax.imshow(
@@ -360,7 +389,6 @@ def _draw_values(
         vmin=0.0,
         vmax=vmax,
     )
-    ax.set_facecolor(UNSEEN_RGB)
     ax.set_xlim(bev.y.max, bev.y.min)
     ax.set_ylim(bev.x.min, bev.x.max)
     ax.set_xlabel("ego y [m]  (left is +y, drawn to the LEFT)")
@@ -368,5 +396,14 @@ def _draw_values(
     ax.set_title(title, fontsize=10)
     colorbar = fig.colorbar(image, cax=cax)
     colorbar.set_label(label)
+    from matplotlib.patches import Patch
+
+    ax.legend(
+        handles=[
+            Patch(facecolor="white", edgecolor="black", label="in view, no weight"),
+            Patch(facecolor=UNSEEN_RGB, edgecolor="black", label="seen by no camera"),
+        ],
+        loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, fontsize=8, frameon=False,
+    )
     if integer:
         colorbar.set_ticks(list(range(int(vmax) + 1)))

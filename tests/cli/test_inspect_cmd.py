@@ -47,7 +47,7 @@ def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path) -> None
     assert len(lines) <= 8, result.stdout
     row = _flat(next(line for line in lines if "small.zarr" in line))
     n = int(lines[-1].split()[0])
-    assert f"small │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
+    assert "small │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
     assert lines[-1] == f"{n} of {n} checks passed in 1 store(s)"
     assert "norm_matches_coords" not in result.stdout and result.stderr == ""
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from bevcompile import memory
-from bevcompile.cli import main
+from bevcompile._version import __version__
+from bevcompile.cli import app, main
 
 
 @pytest.mark.parametrize(
@@ -139,3 +144,19 @@ def test_interrupt_while_typer_parses_the_arguments_is_one_line(capsys: pytest.C
         main(["inspect", "--quiet"])
     assert info.value.code == 130
     assert capsys.readouterr().err == "error: interrupted; nothing was written\n"
+
+
+@pytest.mark.parametrize("args", [["-h"], ["grid", "-h"], ["inspect", "-h"]])
+def test_dash_h_is_help(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and "Usage: bevcompile" in result.stdout and "--help" in result.stdout
+
+
+def test_version_names_the_stack_without_importing_torch() -> None:
+    code = "import sys; from bevcompile.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit as e:\n    assert e.code == 0\nassert 'torch' not in sys.modules\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"bevcompile {__version__}"
+    assert re.fullmatch(r"python 3\.\d+\.\d+, numpy \S+, scipy \S+, zarr 3\.\S+, typer \S+, rich \S+, pyyaml \S+", lines[1]), lines[1]
+    assert lines[2].startswith("extras: torch ") and "onnx" in lines[2]
