@@ -8,7 +8,7 @@ How a page is run (``docs/development.md`` "Writing docs" says the same for auth
   interpreter's folder) first on ``PATH``. Its blocks run in order and share that folder, so a page
   builds the store its later examples read.
 * A ```` ```console ```` block is a terminal session: a line ``$ command`` (continued by a trailing
-  ``\\``) runs in bash; the lines after it, up to the next ``$`` line, are what it prints (stdout and
+  ``\\``, or followed by the lines of a ``<<'EOF'`` here-document up to its terminator) runs in bash; the lines after it, up to the next ``$`` line, are what it prints (stdout and
   stderr together, as a terminal shows them; ``COLUMNS=100``, no colour, unbuffered). A last line
   ``[exit N]`` states a non-zero exit code; without it the command must exit 0.
 * A ```` ```python ```` block runs as a script (``python``, the page's folder as working directory)
@@ -41,6 +41,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*docs-test:\s*skip:\s*(\S.*?)\s*-->")
 FENCE = re.compile(r"^(`{3,})(\w*)\s*$")
 EXIT = re.compile(r"^\[exit (\d+)\]$")
+HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
 COMMAND_TIMEOUT_S = 600
 # pages split out of the 0.2 README whose examples are still being brought up to date: their
 # failures are expected (xfail, not strict) until they leave this set; it must end empty
@@ -72,6 +73,13 @@ class Block:
                 command = text[2:]
                 while command.endswith("\\"):
                     command = command[:-1] + "\n" + next(lines)[1]
+                heredoc = HEREDOC.search(command)
+                if heredoc:  # the document's lines belong to the command, up to its terminator
+                    while True:
+                        line = next(lines)[1]
+                        command += "\n" + line
+                        if line == heredoc.group(1):
+                            break
                 out.append(Command(number, command))
             elif out:
                 match = EXIT.match(text.strip())
@@ -187,7 +195,7 @@ def run_page(page: Path, tmp: Path) -> tuple[int, int]:
             continue
         for command in block.commands():
             result = subprocess.run(
-                ["bash", "-c", command.text + " 2>&1"], cwd=work, env=env, stdout=subprocess.PIPE, text=True, timeout=COMMAND_TIMEOUT_S
+                ["bash", "-c", "exec 2>&1\n" + command.text], cwd=work, env=env, stdout=subprocess.PIPE, text=True, timeout=COMMAND_TIMEOUT_S
             )
             where = f"{_rel(page)}:{command.line}: $ {command.text}"
             assert result.returncode == command.exit_code, f"{where}\nexit {result.returncode}, the page says {command.exit_code}\n{result.stdout}"
@@ -293,6 +301,10 @@ def test_a_changed_figure_in_a_real_page_fails(tmp_path: Path) -> None:
 
 
 def test_console_block_syntax() -> None:
-    block = Block(ROOT / "README.md", 10, "console", ["$ echo a \\", "  b", "a b", "$ false", "[exit 1]"])
+    block = Block(ROOT / "README.md", 10, "console", ["$ echo a \\", "  b", "a b", "$ false", "[exit 1]", "$ cat <<'EOF'", "x: 1", "EOF", "x: 1"])
     commands = block.commands()
-    assert [(c.line, c.text, c.expected, c.exit_code) for c in commands] == [(11, "echo a \n  b", ["a b"], 0), (14, "false", [], 1)]
+    assert [(c.line, c.text, c.expected, c.exit_code) for c in commands] == [
+        (11, "echo a \n  b", ["a b"], 0),
+        (14, "false", [], 1),
+        (16, "cat <<'EOF'\nx: 1\nEOF", ["x: 1"], 0),
+    ]

@@ -155,10 +155,12 @@ def human_bytes(n: int | float) -> str:
     return f"{value:.1f} TiB"
 
 
-def new_table(title: str, *columns: str, right: tuple[str, ...] = ()) -> Table:
+def new_table(title: str, *columns: str, right: tuple[str, ...] = (), no_wrap: tuple[str, ...] = ()) -> Table:
+    """A result table: ``right`` columns right-aligned, ``no_wrap`` columns never folded (names that
+    must stay one piece; the other columns fold long cells)."""
     table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
     for column in columns:
-        table.add_column(column, justify="right" if column in right else "left", overflow="fold")
+        table.add_column(column, justify="right" if column in right else "left", overflow="fold", no_wrap=column in no_wrap)
     return table
 
 

@@ -97,7 +97,9 @@ def _in_product_order(names: Iterable[str]) -> list[str]:
 
 def _print_stores_table(report: InspectReport) -> None:
     """One row per store: what it holds and how its checks went."""
-    table = new_table("", "store", "rig", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"))
+    table = new_table(
+        "", "store", "rig", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"), no_wrap=("groups", "checks")
+    )
     for store in report.stores:
         n_arrays = sum(len(g.arrays) for g in store.groups)
         on_disk = sum(a.bytes_on_disk for g in store.groups for a in g.arrays)
@@ -170,6 +172,7 @@ def verify(
     ] = None,
     seed: FeatureSeedOption = 0,
     channels: FeatureChannelsOption = DEFAULT_CHANNELS,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="One table per product with a row per camera.")] = False,
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Where to look for <out>/<name>.zarr when a config (or nothing) is given.")
     ] = DEFAULT_OUT,
@@ -187,22 +190,48 @@ def verify(
     if json_output:
         print_json(report.to_json())
     elif not quiet:
-        _print_verify(report)
+        _print_verify(report, verbose=verbose)
     stderr_lines(report.failure_lines())
     if not report.passed:
         why = f"{len(report.failures)} of {report.n_judged} judged rows failed" if report.rows else "nothing could be verified"
         raise CheckFailed(f"{store}: verify failed: {why}")
 
 
-def _print_verify(report: VerifyReport) -> None:
+def _short_threshold(row: Any) -> str:
+    """``<= 1e-05`` for ``max_abs <= 1e-05`` (the compact table's column says what is bounded)."""
+    if row.informational:
+        return "informational"
+    return str(row.threshold).removeprefix("max_abs ")
+
+
+def _result_cell(rows: list[Any]) -> str:
+    if all(row.informational for row in rows):
+        return "[cyan]info[/cyan]"
+    failed = sum(1 for row in rows if not row.passed and not row.informational)
+    return "[green]pass[/green]" if not failed else f"[bold red]FAIL ({failed})[/bold red]"
+
+
+def _print_verify(report: VerifyReport, *, verbose: bool = False) -> None:
     stdout_console.print(
-        f"[bold]{escape(report.store)}[/bold]  rig [bold]{escape(str(report.name))}[/bold]  seed {report.seed}"
+        f"[bold]{escape(report.store)}[/bold]  rig [bold]{escape(_known(report.name))}[/bold]  seed {report.seed}"
         f"  channels {report.channels}  features uniform [0, 1) (PSNR peak 1)"
     )
     products: dict[str, list[Any]] = {}
     for row in report.rows:
         products.setdefault(row.product, []).append(row)
-    for product, rows in products.items():
+    if not verbose:  # one row per product: its worst camera
+        table = new_table("", "product", "max abs", "PSNR dB", "threshold", "result", right=("max abs", "PSNR dB"), no_wrap=("product",))
+        for product, rows in products.items():
+            bounds = sorted({_short_threshold(row) for row in rows})
+            table.add_row(
+                escape(product),
+                f"{max(row.max_abs for row in rows):.3g}",
+                format_psnr(min(row.psnr_db for row in rows)),
+                escape(bounds[0] if len(bounds) == 1 else "per camera"),
+                _result_cell(rows),
+            )
+        print_table(table)
+    for product, rows in products.items() if verbose else ():
         thresholds = {row.threshold for row in rows}
         notes = {row.note for row in rows}
         shared_threshold = len(thresholds) == 1

@@ -163,13 +163,19 @@ def test_ci_flow_small_rig_with_formats(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def test_verify_store_prints_the_table(small_store: Path) -> None:
+def test_verify_prints_one_row_per_product_and_verbose_one_per_camera(small_store: Path) -> None:
     result = runner.invoke(app, ["verify", str(small_store), "--seed", "3", "--channels", "2"])
     assert result.exit_code == 0, result.output
     out = _flat(result.stdout)
-    for text in ("grid/coords", "grid/norm", "grid/norm_int16", "torch grid_sample(grid/norm)", "PSNR dB", "max abs", "FRONT", "RIGHT", "rows passed"):
+    for text in ("grid/coords", "grid/norm", "grid/norm_int16", "torch grid_sample(grid/norm)", "PSNR dB", "max abs", "rows passed"):
         assert text in out, text
     assert "seed 3" in out and "channels 2" in out
+    assert "FRONT" not in out  # cameras only with --verbose
+    row = next(line for line in result.stdout.splitlines() if line.startswith("│grid/norm "))
+    assert _flat(row).endswith("│ <= 1e-05 │ pass │"), row
+    verbose = runner.invoke(app, ["verify", str(small_store), "--seed", "3", "--channels", "2", "--verbose"])
+    assert verbose.exit_code == 0 and "FRONT" in verbose.stdout and "RIGHT" in verbose.stdout
+    assert verbose.stdout.splitlines()[-1] == result.stdout.splitlines()[-1]  # the same total
 
 
 def test_verify_config_json_and_staleness(small_store: Path, tmp_path: Path) -> None:
