@@ -96,9 +96,10 @@ def _in_product_order(names: Iterable[str]) -> list[str]:
 
 
 def _print_stores_table(report: InspectReport) -> None:
-    """One row per store: what it holds and how its checks went."""
+    """One row per store: what it holds and how its checks went (its rig is the store's name;
+    ``--verbose`` prints the recorded identity)."""
     table = new_table(
-        "", "store", "rig", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"), no_wrap=("groups", "checks")
+        "", "store", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"), no_wrap=("store", "groups", "checks")
     )
     for store in report.stores:
         n_arrays = sum(len(g.arrays) for g in store.groups)
@@ -107,7 +108,6 @@ def _print_stores_table(report: InspectReport) -> None:
         result = "[green]pass[/green]" if store.passed else f"[bold red]FAIL ({len(store.failures)})[/bold red]"
         table.add_row(
             escape(store.path),
-            escape(_known(store.name)),
             escape(" ".join(_in_product_order(g.name for g in store.groups)) or "-"),
             str(n_arrays),
             human_bytes(on_disk),

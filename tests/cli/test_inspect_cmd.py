@@ -39,7 +39,7 @@ def _flat(text: str) -> str:
 
 
 def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path) -> None:
-    """Plain inspect is compact: a table row per store (rig, groups, arrays, bytes, checks), one
+    """Plain inspect is compact: a table row per store (groups, arrays, bytes, checks), one
     total line; nothing per check unless it fails."""
     result = runner.invoke(app, ["inspect", str(small_store)])
     assert result.exit_code == 0, result.output
@@ -47,7 +47,7 @@ def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path) -> None
     assert len(lines) <= 8, result.stdout
     row = _flat(next(line for line in lines if "small.zarr" in line))
     n = int(lines[-1].split()[0])
-    assert "small │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
+    assert "small.zarr │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
     assert lines[-1] == f"{n} of {n} checks passed in 1 store(s)"
     assert "norm_matches_coords" not in result.stdout and result.stderr == ""
 
