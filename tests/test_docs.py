@@ -71,8 +71,8 @@ class Block:
         for number, text in lines:
             if text.startswith("$ "):
                 command = text[2:]
-                while command.endswith("\\"):
-                    command = command[:-1] + "\n" + next(lines)[1]
+                while command.endswith("\\"):  # bash joins the lines (inside quotes too)
+                    command += "\n" + next(lines)[1]
                 heredoc = HEREDOC.search(command)
                 if heredoc:  # the document's lines belong to the command, up to its terminator
                     while True:
@@ -300,11 +300,19 @@ def test_a_changed_figure_in_a_real_page_fails(tmp_path: Path) -> None:
         run_page(page, tmp_path / "run")
 
 
+def test_a_continued_command_runs_as_one_command(tmp_path: Path) -> None:
+    """A trailing backslash continues the command as bash does, inside quotes too."""
+    page = tmp_path / "page.md"
+    page.write_text('```console\n$ echo a \\\n  b\na b\n$ python -c "print(1); \\\n  print(2)"\n1\n2\n```\n')
+    (tmp_path / "run").mkdir()
+    assert run_page(page, tmp_path / "run") == (2, 0)
+
+
 def test_console_block_syntax() -> None:
     block = Block(ROOT / "README.md", 10, "console", ["$ echo a \\", "  b", "a b", "$ false", "[exit 1]", "$ cat <<'EOF'", "x: 1", "EOF", "x: 1"])
     commands = block.commands()
     assert [(c.line, c.text, c.expected, c.exit_code) for c in commands] == [
-        (11, "echo a \n  b", ["a b"], 0),
+        (11, "echo a \\\n  b", ["a b"], 0),
         (14, "false", [], 1),
         (16, "cat <<'EOF'\nx: 1\nEOF", ["x: 1"], 0),
     ]
