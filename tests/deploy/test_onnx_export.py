@@ -435,35 +435,3 @@ def test_export_memory_estimate_and_refusal(gather_store: Path, tmp_path: Path, 
     with pytest.raises(UsageError, match=r"export-onnx --product gather --channels 4 --batch 1 needs about .* more than this machine's .*; reduce --channels or --batch"):
         export_onnx(gather_store, tmp_path / "g.onnx", ExportOptions(channels=4))
     assert not (tmp_path / "g.onnx").exists()
-
-
-def test_readme_pytorch_and_onnx_examples_run_as_written(tmp_path: Path, nuscenes: RigConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's PyTorch and "Feeding the ONNX file" python blocks, verbatim, on the stores their
-    comments build (``artifacts/nuscenes.zarr``: grid + ``matrix --topk 24 --align 16 --quantize int8``;
-    ``gather.onnx`` from ``export-onnx --product gather``), run in a folder that holds them."""
-    import re
-
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-
-    def python_blocks(heading: str) -> list[str]:
-        start = text.index(heading) + len(heading)
-        following = re.search(r"\n#{2,4} ", text[start:])  # the next heading (a code comment has one #)
-        section = text[start : start + following.start()] if following else text[start:]
-        return re.findall(r"```python\n(.*?)```", section, flags=re.S)
-
-    torch_blocks = python_blocks("### PyTorch modules")
-    onnx_blocks = python_blocks("#### Feeding the ONNX file")
-    assert len(torch_blocks) == 1 and len(onnx_blocks) == 1
-    assert "--quantize int8" in torch_blocks[0]
-    store = build_grid_store(nuscenes, tmp_path / "artifacts", npu=True)
-    assert store == tmp_path / "artifacts" / "nuscenes.zarr"
-    add_matrix_group(store, nuscenes, MatrixOptions(mode="frustum", topk=24, align=16, quantize="int8"))
-    export_onnx(store, tmp_path / "gather.onnx", ExportOptions(product="gather"))
-    monkeypatch.chdir(tmp_path)
-    scope: dict[str, object] = {}
-    exec(compile(torch_blocks[0], "README:pytorch", "exec"), scope)
-    assert tuple(scope["bev"].shape) == (1, 64, 128, 128)  # type: ignore[attr-defined]
-    assert (tmp_path / "model.pt").is_file()
-    scope = {}
-    exec(compile(onnx_blocks[0], "README:onnx", "exec"), scope)
-    assert tuple(scope["bev"].shape) == (1, 64, 1, 128, 128)  # type: ignore[attr-defined]
