@@ -8,9 +8,6 @@ that one process's own.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -102,17 +99,9 @@ def mib(n: float) -> str:
 
 
 def machine() -> str:
-    """One line: CPU, cores, memory, load at the time of the call, Python and numpy."""
-    import numpy as np
+    """One line: CPU, cores, memory, the load average now, Python and numpy (``run.py``'s machine record)."""
+    from run import _machine  # the matrix benchmark's machine record (same folder)
 
-    model = platform.processor() or "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    mem = 0.0
-    with contextlib.suppress(ValueError, OSError):
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    return f"{model}, {os.cpu_count()} cores, {mem:.1f} GiB; load average {load}; Python {platform.python_version()}, numpy {np.__version__}"
+    m = _machine()
+    load = ", ".join(f"{v:.1f}" for v in m["load_average_at_start"] or ())
+    return f"{m['cpu']}, {m['cpus']} cores, {m['memory_bytes'] / 2**30:.1f} GiB; load average {load}; Python {m['python']}, numpy {m['numpy']}"
