@@ -93,7 +93,7 @@ def _print_stores_table(report: InspectReport) -> None:
     """One row per store: what it holds and how its checks went (its rig is the store's name;
     ``--verbose`` prints the recorded identity)."""
     table = new_table(
-        "", "store", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"), no_wrap=("store", "groups", "checks")
+        "", "store", "groups", "arrays", "on disk", "checks", "result", right=("arrays", "on disk", "checks"), no_wrap=("groups", "checks")
     )
     for store in report.stores:
         n_arrays = sum(len(g.arrays) for g in store.groups)
