@@ -12,6 +12,7 @@ UsageError        2          a command-line value is invalid or inconsistent
 StoreError        2          a path is not a readable bevcompile store
 StoreConflictError 2         refusing to replace a store built from another config
 DependencyError   2          an optional extra (torch, onnx, matplotlib) is missing
+CheckpointError   2          a checkpoint given to ``absorb`` is unreadable or does not fit the store
 CheckFailed       1          an integrity/equivalence check failed (inspect/verify)
 ================  =========  ==========================================================
 """
@@ -53,6 +54,21 @@ class StoreConflictError(StoreError, FileExistsError):
 
 class DependencyError(BevcompileError, ImportError):
     """An optional extra is needed for this feature but is not installed."""
+
+
+class CheckpointError(BevcompileError, ValueError):
+    """A training checkpoint (``bevcompile absorb``) is unreadable, unsafe or does not fit the store.
+
+    The message reads ``<file>: <tensor path>: <what is wrong>`` on one line (the tensor path is
+    left out when the file itself is the problem).
+    """
+
+    def __init__(self, source: str, field: str, message: str) -> None:
+        self.source = source
+        self.field = field
+        self.message = message
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {message}")
 
 
 class CheckFailed(BevcompileError, AssertionError):
