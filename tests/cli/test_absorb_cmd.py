@@ -25,7 +25,7 @@ from bevcompile.rig.config import RigConfig
 from bevcompile.store.loader import load
 from bevcompile.torch import LearnableLift, MatrixLift
 
-from ..rigs import tree_digest
+from ..rigs import small_rig_data, tree_digest, write_yaml
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -127,8 +127,6 @@ def test_matrix_refuses_a_learned_store_without_force(tmp_path: Path, grid_store
     store = fresh(grid_store, tmp_path)
     np.save(tmp_path / "v.npy", LearnableLift(store).learned_values() * 2)
     assert run("absorb", str(store), str(tmp_path / "v.npy"), "--quiet")[0] == 0
-    from tests.rigs import write_yaml, small_rig_data
-
     config = write_yaml(tmp_path / "small.yaml", small_rig_data())
     before = tree_digest(store)
     code, _, err = run("matrix", str(config), "--out", str(store.parent), "--mode", "grid", "--topk", "8", "--quiet")

@@ -85,7 +85,7 @@ def _safetensors_bytes(header: dict[str, object], data: bytes) -> bytes:
 def test_damaged_safetensors_are_one_line_errors(tmp_path: Path, header: dict[str, object], data: bytes, message: str) -> None:
     path = tmp_path / "bad.safetensors"
     path.write_bytes(_safetensors_bytes(header, data))
-    with pytest.raises(CheckpointError, match="bad.safetensors: w: safetensors ") as info:
+    with pytest.raises(CheckpointError, match=r"bad\.safetensors: w: safetensors ") as info:
         read_checkpoint(path)
     assert message in str(info.value) and "\n" not in str(info.value)
 
