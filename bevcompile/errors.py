@@ -26,11 +26,9 @@ class BevcompileError(Exception):
     exit_code: int = 2
 
 
-class ConfigError(BevcompileError, ValueError):
-    """Invalid rig configuration.
-
-    The message always reads ``<file>: <field path>: <what is wrong>`` on one line.
-    """
+class _WhereError(BevcompileError):
+    """An error in one field of one file: the message reads ``<file>: <field path>: <what is wrong>``
+    on one line (the field path is left out when the file itself is the problem)."""
 
     def __init__(self, source: str, field: str, message: str) -> None:
         self.source = source
@@ -38,6 +36,13 @@ class ConfigError(BevcompileError, ValueError):
         self.message = message
         where = f"{source}: {field}" if field else source
         super().__init__(f"{where}: {message}")
+
+
+class ConfigError(_WhereError, ValueError):
+    """Invalid rig configuration.
+
+    The message always reads ``<file>: <field path>: <what is wrong>`` on one line.
+    """
 
 
 class UsageError(BevcompileError, ValueError):
@@ -56,19 +61,12 @@ class DependencyError(BevcompileError, ImportError):
     """An optional extra is needed for this feature but is not installed."""
 
 
-class CheckpointError(BevcompileError, ValueError):
+class CheckpointError(_WhereError, ValueError):
     """A training checkpoint (``bevcompile absorb``) is unreadable, unsafe or does not fit the store.
 
     The message reads ``<file>: <tensor path>: <what is wrong>`` on one line (the tensor path is
     left out when the file itself is the problem).
     """
-
-    def __init__(self, source: str, field: str, message: str) -> None:
-        self.source = source
-        self.field = field
-        self.message = message
-        where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {message}")
 
 
 class CheckFailed(BevcompileError, AssertionError):

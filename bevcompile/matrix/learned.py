@@ -240,6 +240,12 @@ def select_values(checkpoint: Checkpoint, shown: str, ell_shape: tuple[int, int]
     raise CheckpointError(shown, "", f"{len(fits)} tensors of the ELL shape {_shape(ell_shape)}: {names}; pass --key NAME")
 
 
+def _first(mask: npt.NDArray[np.bool_]) -> tuple[int, int]:
+    """``(row, slot)`` of the first True of a 2-D mask (row-major)."""
+    r, j = np.nonzero(mask)
+    return int(r[0]), int(j[0])
+
+
 def check_values(tensor: Tensor, shown: str, ell_shape: tuple[int, int], real: npt.NDArray[np.bool_]) -> F32:
     """The learned values as float32, or :class:`CheckpointError` for a wrong shape or dtype, a
     value that is not finite (in float32) or a padding slot that is not exactly 0."""
@@ -253,12 +259,12 @@ def check_values(tensor: Tensor, shown: str, ell_shape: tuple[int, int], real: n
         values = np.ascontiguousarray(raw, dtype=np.float32)
     bad = ~np.isfinite(values)
     if bad.any():
-        r, j = (int(i[0]) for i in np.nonzero(bad))
+        r, j = _first(bad)
         cause = "" if not np.all(np.isfinite(np.asarray(raw, np.float64)[bad])) else " after conversion to float32"
         raise CheckpointError(shown, field, f"{int(bad.sum())} value(s) not finite{cause} (first at row {r}, slot {j})")
     padding = (~real) & (values != 0)
     if padding.any():
-        r, j = (int(i[0]) for i in np.nonzero(padding))
+        r, j = _first(padding)
         raise CheckpointError(
             shown, field,
             f"{int(padding.sum())} padding slot(s) not exactly 0 (first at row {r}, slot {j}); LearnableLift keeps padding at 0: "
@@ -280,7 +286,7 @@ def check_index(checkpoint: Checkpoint, shown: str, values_key: str, ell_index: 
     index = np.asarray(tensor.load(), dtype=np.int64)
     differ = index != ell_index.astype(np.int64)
     if differ.any():
-        r, j = (int(i[0]) for i in np.nonzero(differ))
+        r, j = _first(differ)
         raise CheckpointError(
             shown, name,
             f"the topology differs from the store's: {int(differ.sum())} index(es) differ (first at row {r}, slot {j}); "
