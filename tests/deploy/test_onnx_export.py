@@ -437,22 +437,24 @@ def test_export_memory_estimate_and_refusal(gather_store: Path, tmp_path: Path, 
     assert not (tmp_path / "g.onnx").exists()
 
 
-def test_readme_pytorch_and_onnx_examples_run_as_written(tmp_path: Path, nuscenes: RigConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's PyTorch and "Feeding the ONNX file" python blocks, verbatim, on the stores their
+def test_deploy_page_pytorch_and_onnx_examples_run_as_written(tmp_path: Path, nuscenes: RigConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/deploy.md's PyTorch and "Feeding the ONNX file" python blocks, verbatim, on the stores their
     comments build (``artifacts/nuscenes.zarr``: grid + ``matrix --topk 24 --align 16 --quantize int8``;
     ``gather.onnx`` from ``export-onnx --product gather``), run in a folder that holds them."""
     import re
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
 
     def python_blocks(heading: str) -> list[str]:
         start = text.index(heading) + len(heading)
-        following = re.search(r"\n#{2,4} ", text[start:])  # the next heading (a code comment has one #)
-        section = text[start : start + following.start()] if following else text[start:]
+        rest = text[start:]
+        outside_code = re.sub(r"```.*?```", lambda m: " " * len(m.group(0)), rest, flags=re.S)  # same offsets
+        following = re.search(r"\n#{1,4} ", outside_code)  # the next heading (not a comment in a code block)
+        section = rest[: following.start()] if following else rest
         return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
-    torch_blocks = python_blocks("### PyTorch modules")
-    onnx_blocks = python_blocks("#### Feeding the ONNX file")
+    torch_blocks = python_blocks("## PyTorch modules")
+    onnx_blocks = python_blocks("### Feeding the ONNX file")
     assert len(torch_blocks) == 1 and len(onnx_blocks) == 1
     assert "--quantize int8" in torch_blocks[0]
     store = build_grid_store(nuscenes, tmp_path / "artifacts", npu=True)
