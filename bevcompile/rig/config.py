@@ -14,6 +14,7 @@ fields excluded, so editing a comment does not invalidate a store).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -302,8 +303,8 @@ def default_config_path() -> Path:
     return Path(str(resources.files("bevcompile") / "data" / DEFAULT_CONFIG_NAME))
 
 
-def read_config_data(path: str | Path) -> Any:
-    """Read a YAML file into plain data, mapping every failure to a one-line ConfigError."""
+def _read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a YAML file of at most :data:`MAX_CONFIG_BYTES`; one-line ConfigError otherwise."""
     source = str(path)
     try:
         info = os.stat(path)
@@ -312,20 +313,23 @@ def read_config_data(path: str | Path) -> Any:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
         if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
-            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
-        text = raw.decode("utf-8")
+            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
+        return raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "", "file not found") from None
     except IsADirectoryError:
         raise ConfigError(source, "", "is a directory, expected a YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, "", f"cannot read file ({exc.__class__.__name__}: {exc})") from None
+
+
+def _parse_yaml(text: str, source: str, loader: type[_StrictLoader]) -> Any:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -341,6 +345,68 @@ def read_config_data(path: str | Path) -> Any:
     if data is None:
         raise ConfigError(source, "", "file is empty")
     return data
+
+
+def read_config_data(path: str | Path, *, what: str = "a rig config") -> Any:
+    """Read a YAML file (a rig config, a fleet manifest, a Kalibr camchain, ...) into plain data,
+    mapping every failure to a one-line ConfigError. ``what`` names the expected content in the
+    size refusal."""
+    return _parse_yaml(_read_text(path, what), str(path), _StrictLoader)
+
+
+class _OpenCVLoader(_StrictLoader):
+    """:class:`_StrictLoader` for OpenCV ``FileStorage`` YAML: a ``!!opencv-matrix`` node is the
+    plain mapping it holds (``rows``, ``cols``, ``dt``, ``data``; ``!!opencv-nd-matrix``: ``sizes``,
+    ``dt``, ``data``)."""
+
+
+def _construct_opencv_matrix(loader: _OpenCVLoader, node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(None, None, "an !!opencv-matrix must be a mapping (rows, cols, dt, data)", node.start_mark)
+    return _construct_mapping(loader, node, deep=True)
+
+
+_OpenCVLoader.add_constructor("tag:yaml.org,2002:opencv-matrix", _construct_opencv_matrix)
+_OpenCVLoader.add_constructor("tag:yaml.org,2002:opencv-nd-matrix", _construct_opencv_matrix)
+_OPENCV_DIRECTIVE = re.compile(r"^%YAML[: ]1\.[0-9]+[ \t]*(\r?\n|$)")
+
+
+def read_opencv_yaml(path: str | Path) -> Any:
+    """Read an OpenCV ``FileStorage`` YAML file (``cv2.FileStorage(..., FILE_STORAGE_WRITE)``):
+    its first line ``%YAML:1.0`` (OpenCV 3/4) or ``%YAML 1.2`` (OpenCV 5), directives PyYAML
+    refuses, is dropped and ``!!opencv-matrix`` nodes read as mappings. One-line ConfigError on failure."""
+    text = _read_text(path, "an OpenCV calibration file")
+    match = _OPENCV_DIRECTIVE.match(text)
+    if match:
+        text = "\n" + text[match.end() :]  # keep the line numbers of error messages
+    return _parse_yaml(text, str(path), _OpenCVLoader)
+
+
+def dump_config_yaml(data: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+    """YAML text of plain config data (a rig config, ``config_to_dict`` output): keys in the given
+    order, lists of scalars in flow style, floats written as Python's shortest round-trip ``repr``
+    so that :func:`read_config_data` reads back exactly the same numbers; ``header`` lines become
+    ``#`` comments at the top."""
+    body = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=None, width=10_000, allow_unicode=True)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header)
+    return comments + body
+
+
+def write_config_yaml(path: str | Path, data: Mapping[str, Any], header: Sequence[str] = ()) -> Path:
+    """Write :func:`dump_config_yaml` to ``path`` atomically (a temporary sibling, then a rename):
+    a reader never sees half a file. ConfigError (one line) if the folder cannot be written."""
+    target = Path(path)
+    text = dump_config_yaml(data, header)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(str(target), "", f"cannot write file ({exc.strerror or exc})") from None
+    return target
 
 
 def load_config(path: str | Path | None = None) -> RigConfig:

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation
 
 from bevcompile.errors import ConfigError
@@ -17,9 +19,13 @@ from bevcompile.rig.config import (
     config_sha256,
     config_to_dict,
     default_config_path,
+    dump_config_yaml,
     load_config,
     parse_config,
+    read_config_data,
+    read_opencv_yaml,
     rotation_from_quaternion_wxyz,
+    write_config_yaml,
 )
 
 from ..rigs import DISTORTED_YAML, NUSCENES_YAML, ROOT, nuscenes_data, small_rig_data, write_yaml
@@ -417,3 +423,51 @@ def test_yaml_1_1_only_number_spellings_are_refused(tmp_path: Path, spelling: st
         load_config(config)  # quoted: a string, as before
     config.write_text(NUSCENES_TEXT.replace("stride: 16", "stride: 0x10", 1))
     assert load_config(config).feature.stride == 16  # hex reads the same in YAML 1.2: still accepted
+
+
+# -- YAML writing and the OpenCV FileStorage reader ---------------------------------------
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=8), st.integers(-(2**31), 2**31))
+def test_dumped_yaml_reads_back_exactly_the_same_numbers(values: list[float], integer: int) -> None:
+    data = {"name": "x", "values": values, "nested": {"integer": integer, "row": [values[0], 0.0, -0.0]}}
+    text = dump_config_yaml(data, ["a header line", ""])
+    back = yaml.load(text, Loader=yaml.SafeLoader)
+    assert back == data and [math.copysign(1.0, v) for v in back["values"]] == [math.copysign(1.0, v) for v in values]
+    assert text.startswith("# a header line\n#\nname: x\n")
+
+
+def test_written_config_is_atomic_and_reparses_to_the_same_config(tmp_path: Path) -> None:
+    rig = load_config(NUSCENES_YAML)
+    path = write_config_yaml(tmp_path / "sub" / "rig.yaml", config_to_dict(rig), ["resolved"])
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rig.yaml"]  # no temporary left
+    again = load_config(path)
+    assert config_to_dict(again) == config_to_dict(rig) and config_sha256(again) == config_sha256(rig)
+    with pytest.raises(ConfigError, match=r"rig\.yaml/nested\.yaml: cannot write file"):
+        write_config_yaml(path / "nested.yaml", {"name": "x"})  # its folder is a file
+
+
+def test_opencv_filestorage_written_by_opencv_reads_exactly(tmp_path: Path) -> None:
+    """Files written by OpenCV's own ``cv2.FileStorage`` (OpenCV 5 writes ``%YAML 1.2``, 17 significant
+    digits, ``!!opencv-matrix`` / ``!!opencv-nd-matrix``) read back to the same float64 numbers."""
+    cv2 = pytest.importorskip("cv2")
+    path = tmp_path / "cam.yml"
+    k = np.array([[1252.8131021185304, 0.0, 826.588114781398], [0.0, 1252.8131021185304, 469.9846626224581], [0.0, 0.0, 1.0]])
+    d = np.array([[-0.1, 0.01, 1e-4, -2e-5, 0.003]]).T
+    fs = cv2.FileStorage(str(path), cv2.FILE_STORAGE_WRITE)
+    fs.write("image_width", 1600)
+    fs.write("camera_matrix", k)
+    fs.write("distortion_coefficients", d)
+    fs.write("rvec", np.array([0.1, 0.2, 0.3]))
+    fs.release()
+    data = read_opencv_yaml(path)
+    assert data["image_width"] == 1600
+    assert data["camera_matrix"]["rows"] == 3 and data["camera_matrix"]["data"] == k.ravel().tolist()
+    assert data["distortion_coefficients"]["data"] == d.ravel().tolist()
+    assert data["rvec"]["sizes"] == [3] and data["rvec"]["data"] == [0.1, 0.2, 0.3]
+    old_style = tmp_path / "old.yml"  # OpenCV 3/4 spell the directive %YAML:1.0
+    old_style.write_text("%YAML:1.0\n---\nimage_width: 752\nbad: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"old\.yml: invalid YAML: line 5, column 1"):
+        read_opencv_yaml(old_style)
+    with pytest.raises(ConfigError, match=r"cam\.yml: invalid YAML: .*could not determine a constructor for the tag"):
+        read_config_data(path)  # a plain YAML reader does not know OpenCV's tags
