@@ -93,6 +93,10 @@ def fleet(
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep stores that already hold the same config, build options and tool version and pass inspect.")
     ] = False,
+    no_inspect: Annotated[
+        bool,
+        typer.Option("--no-inspect", help="Do not run inspect on each new store before it is put in place (faster; run bevcompile inspect OUT after). --resume still inspects the stores it keeps."),
+    ] = False,
     max_shift_px: MaxShiftOption = None,
     max_coverage_change: MaxCoverageOption = None,
     quiet: QuietOption = False,
@@ -111,7 +115,7 @@ def fleet(
     try:
         with _vehicle_progress(not (quiet or json_output)) as bar:
             run = run_fleet(
-                spec, out, workers=workers, scheduler=scheduler, resume=resume, max_shift_px=max_shift_px,
+                spec, out, workers=workers, scheduler=scheduler, resume=resume, inspect=not no_inspect, max_shift_px=max_shift_px,
                 max_coverage_change=max_coverage_change, on_start=bar.start, on_result=bar.advance,
             )
     except (KeyboardInterrupt, Terminated) as exc:

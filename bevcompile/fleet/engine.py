@@ -235,6 +235,7 @@ def run_fleet(
     workers: int | None = None,
     scheduler: str | None = None,
     resume: bool = False,
+    inspect: bool = True,
     max_shift_px: float | None = None,
     max_coverage_change: float | None = None,
     on_start: Callable[[int], None] | None = None,
@@ -267,6 +268,7 @@ def run_fleet(
     ctx = FleetContext(
         manifest=manifest.path, template=manifest.template, products=manifest.products, out_dir=str(out), resume=resume,
         reference=manifest.reference, max_shift_px=gates[0], max_coverage_change=gates[1], cancel_event=cancel_name,
+        inspect=inspect,
     )
     run_info: dict[str, Any] = {
         "tool_version": __version__,
@@ -278,6 +280,7 @@ def run_fleet(
         "reference": manifest.reference,
         "gates": {"max_shift_px": gates[0], "max_coverage_change": gates[1]},
         "resume": resume,
+        "inspect": inspect,
         "engine": engine.description,
     }
     results: dict[str, VehicleResult] = {v.id: VehicleResult(id=v.id, status="pending", sources=v.sources()) for v in manifest.vehicles}

@@ -134,3 +134,10 @@ def test_results_round_trip_and_flags_follow_the_gates(built: dict[str, Any]) ->
     unmeasured = replace(again, shift={"reference": "car-0000", "comparable": False, "reason": "cannot compare: feature map 12x8 vs 24x16"})
     assert flags_for(unmeasured, 1.0, None) == ["calibration shift unmeasured against car-0000: cannot compare: feature map 12x8 vs 24x16"]
     assert np.isfinite(again.shift["max_px"])
+
+
+def test_no_inspect_skips_only_the_check(built: dict[str, Any]) -> None:
+    ctx = replace(built["ctx"], inspect=False)
+    result = compile_vehicle(ctx, built["manifest"].vehicles[1], built["results"]["car-0000"])
+    assert result.status == "built" and "inspect" not in result.phases and "build" in result.phases
+    assert tree_digest(Path(result.store)) == tree_digest(Path(built["results"]["car-0001"].store))  # the same bytes
