@@ -204,29 +204,14 @@ class GridBuildOptions:
         return out
 
 
-def grid_command_options(
-    *,
-    align_corners: bool = False,
-    formats: Sequence[str] = (),
-    frac_bits: int | None = None,
-    align: int = 1,
-    order: str = "row",
-    block: int = DEFAULT_BLOCK,
-    max_error_px: float = DEFAULT_MAX_ERROR_PX,
-) -> GridBuildOptions:
-    """The options of ``bevcompile grid`` as a user gives them (enumerated values in any case,
-    :func:`~bevcompile.choices.canonical_choice`), with the NPU products the command always writes:
-    what the CLI and a fleet manifest's ``grid:`` product both pass to :func:`run_grid` (through
-    :meth:`GridBuildOptions.run_kwargs`). Not validated here (:meth:`GridBuildOptions.validated`)."""
+def grid_command_options(*, formats: Sequence[str] = (), order: str = "row", **options: Any) -> GridBuildOptions:
+    """The options of ``bevcompile grid`` as a user gives them (the keyword arguments of
+    :class:`GridBuildOptions`; enumerated values in any case, :func:`~bevcompile.choices.canonical_choice`),
+    with the NPU products the command always writes: what the CLI and a fleet manifest's ``grid:`` product
+    both pass to :func:`run_grid` (through :meth:`GridBuildOptions.run_kwargs`). Not validated here
+    (:meth:`GridBuildOptions.validated`)."""
     return GridBuildOptions(
-        align_corners=align_corners,
-        formats=tuple(canonical_choice(name, FORMATS) for name in formats),
-        frac_bits=frac_bits,
-        align=align,
-        order=canonical_choice(order, ORDERS),
-        block=block,
-        max_error_px=max_error_px,
-        npu=True,
+        formats=tuple(canonical_choice(name, FORMATS) for name in formats), order=canonical_choice(order, ORDERS), npu=True, **options
     )
 
 
