@@ -20,6 +20,8 @@ from . import absorb_cmd  # noqa: F401
 from . import inspect_cmd, verify_cmd, render_cmd  # noqa: F401
 from . import diff_cmd  # noqa: F401
 from . import export_cmd  # noqa: F401
+from . import fleet_cmd  # noqa: F401
+from . import import_cmd  # noqa: F401
 # isort: on
 
 

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..choices import canonical_choice
 from ..errors import StoreConflictError, StoreError, UsageError, check_int_option
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
@@ -174,6 +175,36 @@ class MatrixOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_command(
+        cls,
+        *,
+        mode: str = "frustum",
+        topk: int = 0,
+        align: int = 16,
+        splat: str = "bilinear",
+        normalize: str = "sum",
+        tile_rows: int | None = None,
+        quantize: str | None = None,
+        compact_rows: bool = False,
+        rounding: str = "floor",
+    ) -> MatrixOptions:
+        """Validated options from the values of ``bevcompile matrix`` as a user gives them
+        (enumerated values in any case; ``quantize`` ``none`` = no int8): what the CLI and a fleet
+        manifest's ``matrix:`` product both build with. :class:`UsageError` for a bad value."""
+        quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))  # validate refuses the rest
+        return cls(
+            mode=canonical_choice(mode, MODES),
+            topk=topk,
+            align=align,
+            splat=canonical_choice(splat, SPLATS),
+            normalize=canonical_choice(normalize, NORMALIZES),
+            tile_rows=tile_rows,
+            quantize=None if quantize_value == "none" else quantize_value,
+            compact_rows=compact_rows,
+            rounding=canonical_choice(rounding, ROUNDINGS),
+        ).validate()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MatrixOptions:
