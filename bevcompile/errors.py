@@ -12,6 +12,7 @@ UsageError        2          a command-line value is invalid or inconsistent
 StoreError        2          a path is not a readable bevcompile store
 StoreConflictError 2         refusing to replace a store built from another config
 DependencyError   2          an optional extra (torch, onnx, matplotlib) is missing
+CheckpointError   2          a checkpoint given to ``absorb`` is unreadable or does not fit the store
 CheckFailed       1          an integrity/equivalence check failed (inspect/verify)
 ================  =========  ==========================================================
 """
@@ -25,11 +26,9 @@ class BevcompileError(Exception):
     exit_code: int = 2
 
 
-class ConfigError(BevcompileError, ValueError):
-    """Invalid rig configuration.
-
-    The message always reads ``<file>: <field path>: <what is wrong>`` on one line.
-    """
+class _WhereError(BevcompileError):
+    """An error in one field of one file: the message reads ``<file>: <field path>: <what is wrong>``
+    on one line (the field path is left out when the file itself is the problem)."""
 
     def __init__(self, source: str, field: str, message: str) -> None:
         self.source = source
@@ -37,6 +36,13 @@ class ConfigError(BevcompileError, ValueError):
         self.message = message
         where = f"{source}: {field}" if field else source
         super().__init__(f"{where}: {message}")
+
+
+class ConfigError(_WhereError, ValueError):
+    """Invalid rig configuration.
+
+    The message always reads ``<file>: <field path>: <what is wrong>`` on one line.
+    """
 
 
 class UsageError(BevcompileError, ValueError):
@@ -53,6 +59,14 @@ class StoreConflictError(StoreError, FileExistsError):
 
 class DependencyError(BevcompileError, ImportError):
     """An optional extra is needed for this feature but is not installed."""
+
+
+class CheckpointError(_WhereError, ValueError):
+    """A training checkpoint (``bevcompile absorb``) is unreadable, unsafe or does not fit the store.
+
+    The message reads ``<file>: <tensor path>: <what is wrong>`` on one line (the tensor path is
+    left out when the file itself is the problem).
+    """
 
 
 class CheckFailed(BevcompileError, AssertionError):

@@ -16,9 +16,12 @@ from ._app import app
 # isort: off
 # registering the commands: import order = their order in `bevcompile --help`
 from . import grid_cmd, matrix_cmd  # noqa: F401
-from . import inspect_cmd  # noqa: F401
+from . import absorb_cmd  # noqa: F401
+from . import inspect_cmd, verify_cmd, render_cmd  # noqa: F401
 from . import diff_cmd  # noqa: F401
 from . import export_cmd  # noqa: F401
+from . import fleet_cmd  # noqa: F401
+from . import import_cmd  # noqa: F401
 # isort: on
 
 

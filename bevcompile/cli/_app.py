@@ -154,12 +154,13 @@ def _silence_abandoned_io() -> None:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
 
 
-def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[[F], F]:
+def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None = None, **kwargs: Any) -> Callable[[F], F]:
     """Register a command; a :class:`BevcompileError` becomes one stderr line and its
     ``exit_code`` (2 for bad input, 1 for failed checks). Ctrl-C and SIGTERM stop the command
     with one line (exit 130 / 143) saying what the atomic writer left (nothing, or a complete
     store); a ``MemoryError`` or an allocator ``RuntimeError`` (torch's "can't allocate memory":
-    a problem too large for this machine) is one line, exit 2. Nothing else is caught here: anything else is a bug and keeps its traceback."""
+    a problem too large for this machine) is one line, exit 2. Nothing else is caught here: anything else is a bug and keeps its traceback.
+    ``parent``: the command group it belongs to (``bevcompile import kalibr``), default the root."""
 
     if writes not in WRITES:
         raise ValueError(f"writes must be one of {WRITES}, got {writes!r}")
@@ -188,7 +189,7 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
                     raise
                 raise _out_of_memory(exc, writes, writes_before) from None
 
-        app.command(name, **kwargs)(wrapper)
+        (parent if parent is not None else app).command(name, **kwargs)(wrapper)
         return func
 
     return decorator

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, overload
+from typing import Annotated
 
 import typer
+
+from ..choices import canonical_choice as canonical_choice  # re-exported: the commands import it from here
 
 ConfigArg = Annotated[
     Path | None,
@@ -29,18 +30,3 @@ FeatureChannelsOption = Annotated[int, typer.Option("--channels", help="Feature 
 DEFAULT_OUT = Path("artifacts")
 
 
-@overload
-def canonical_choice(value: str, allowed: Sequence[str | None]) -> str: ...
-@overload
-def canonical_choice(value: None, allowed: Sequence[str | None]) -> None: ...
-def canonical_choice(value: str | None, allowed: Sequence[str | None]) -> str | None:
-    """The canonical (lower-case) spelling of an enumerated option value given in any case.
-
-    Every command accepts ``--mode FRUSTUM`` as ``--mode frustum``, so the library, the store's
-    ``build_options`` and therefore the store bytes only ever see the canonical name. A value that
-    matches nothing is returned unchanged, so the library's one-line error quotes what was typed.
-    """
-    if value is None:
-        return None
-    lowered = value.lower()
-    return lowered if lowered in allowed else value

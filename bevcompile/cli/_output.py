@@ -146,6 +146,11 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
+def known(value: Any) -> str:
+    """A store's recorded identity field for a header: ``?`` where the store does not say."""
+    return "?" if value is None else str(value)
+
+
 def human_bytes(n: int | float) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -10,8 +10,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, UsageError
 from ..report.diff import SHIFT_PERCENTILE, CameraDiff, ShiftStats, StoreDiff, diff_stores
+from ..report.drift import DEFAULT_TOP_CELLS, DriftReport, drift_stores, is_learned_store
 from ..store.verify import DEFAULT_CHANNELS, format_psnr
 from ._app import cli_command
 from ._options import FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
@@ -164,10 +165,57 @@ def _print_diff(report: StoreDiff) -> None:
         stdout_console.print(f"[{style}]{len(report.cameras) - n_fail} of {len(report.cameras)} cameras within {gates}[/{style}]")
 
 
+def _learned_pair(old: Path, new: Path) -> bool:
+    """NEW is a learned store of OLD's config: the drift report, not the calibration diff."""
+    from ..store.loader import load
+
+    try:
+        a, b = load(old), load(new)
+    except Exception:
+        return False  # the calibration diff reports the unreadable store
+    return is_learned_store(b) and a.config_sha256 == b.config_sha256
+
+
+def _print_drift(report: DriftReport) -> None:
+    stdout_console.print(
+        f"[bold]drift[/bold] of matrix values ({report.mode} mode, {report.entries:,} entries, {report.changed:,} changed): "
+        f"{escape(report.before)} -> {escape(report.after)}; total mass {report.mass_before:.6g} -> {report.mass_after:.6g}"
+    )
+    table = new_table(
+        "per camera: mass share, relative change |w - w_before| / w_before over its entries, mass outside its footprint (VALID RULE)",
+        "camera", "entries", "share before", "share after", "mean rel", "max rel", "outside before", "outside after",
+        right=("entries", "share before", "share after", "mean rel", "max rel", "outside before", "outside after"),
+    )
+    _no_wrap_first(table)
+    for c in report.cameras:
+        table.add_row(
+            escape(c.camera), f"{c.entries:,}", f"{100 * c.share_before:.2f} %", f"{100 * c.share_after:.2f} %",
+            f"{c.mean_rel_change:.4g}", f"{c.max_rel_change:.4g}", f"{100 * c.outside_before:.2f} %", f"{100 * c.outside_after:.2f} %",
+        )
+    print_table(table)
+    cells = new_table(
+        "cells whose camera share moved most (share = camera mass / all cameras' mass in the cell)",
+        "camera", "cell (iy, ix)", "x m", "y m", "share before", "share after",
+        right=("x m", "y m", "share before", "share after"),
+    )
+    _no_wrap_first(cells)
+    for c in report.cameras:
+        for move in c.top_cells:
+            cells.add_row(escape(c.camera), f"({move.iy}, {move.ix})", f"{move.x_m:.2f}", f"{move.y_m:.2f}",
+                          f"{100 * move.share_before:.1f} %", f"{100 * move.share_after:.1f} %")
+    if cells.row_count:
+        print_table(cells)
+    for note in report.notes:
+        stdout_console.print(f"note: {escape(note)}")
+
+
 @cli_command("diff", writes="nothing", short_help="How far a recalibration moves the tables: pose, grid shift, coverage, output change (gate: exit 1).")
 def diff(
     old: Annotated[Path, typer.Argument(help="The reference store (e.g. the nominal calibration the model was validated with).", show_default=False, metavar="OLD")],
-    new: Annotated[Path, typer.Argument(help="The store to judge (e.g. one car's recalibration).", show_default=False, metavar="NEW")],
+    new: Annotated[
+        Path | None,
+        typer.Argument(help="The store to judge (e.g. one car's recalibration, or a learned store: the drift report).", show_default=False, metavar="NEW"),
+    ] = None,
     max_shift_px: Annotated[
         float | None,
         typer.Option("--max-shift-px", help="Gate: fail (exit 1) if a camera's max sampling shift exceeds X feature pixels.", show_default=False),
@@ -182,6 +230,11 @@ def diff(
     ] = None,
     seed: FeatureSeedOption = 0,
     channels: FeatureChannelsOption = DEFAULT_CHANNELS,
+    against_init: Annotated[
+        bool,
+        typer.Option("--against-init", help="Drift report of ONE learned store (bevcompile absorb) against its own init_ell_weight."),
+    ] = False,
+    top: Annotated[int, typer.Option("--top", help="Drift report: cells listed per camera whose camera share moved most.")] = DEFAULT_TOP_CELLS,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -192,7 +245,22 @@ def diff(
     seeded random features and the matrix/ change. Exit 0, 1 when a gate fails (one line per
     failing camera on stderr; a non-finite figure fails its gate), 2 when a path is not a store,
     an array is damaged or the stores cannot be compared.
+
+    Learned matrices: `diff --against-init LEARNED`, or `diff INIT LEARNED` with a learned NEW of the
+    same config, print the drift report instead (per camera: mass share before/after, mean
+    |dw|/|w_init|, the cells whose camera share moved most, mass outside the camera's footprint).
     """
+    if against_init or (new is not None and _learned_pair(old, new)):
+        if against_init and new is not None:
+            raise UsageError("--against-init takes ONE store (the learned one); without it, diff INIT LEARNED")
+        drift_report = drift_stores(old, new, top=top)
+        if json_output:
+            print_json(drift_report.to_json())
+        elif not quiet:
+            _print_drift(drift_report)
+        return
+    if new is None:
+        raise UsageError("diff needs OLD and NEW (or --against-init LEARNED for a learned store)")
     with progress_bar(f"comparing {old.name} and {new.name}", None, enabled=not (quiet or json_output)):
         report = diff_stores(old, new, seed=seed, channels=channels, max_shift_px=max_shift_px, max_coverage_change=max_coverage_change)
     if json_output:

@@ -187,34 +187,13 @@ def export_interop_command(
     json_output: JsonOption = False,
 ) -> None:
     """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
-    from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, ROUNDINGS, BevPoolOptions, frustum_shape
-    from ..interop.export import INTEROP_TARGETS, run_export_interop
-    from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
+    from ..interop.bevpoolv2 import frustum_shape
+    from ..interop.export import interop_command_targets, run_export_interop
     from ..store.loader import load
 
-    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
-    for name in requested:
-        if name not in INTEROP_TARGETS:
-            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
-    names = set(requested)
-    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
-    for flag, value in given.items():
-        applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
-        if value is not None and applies not in names:
-            raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
-    targets: dict[str, dict[str, object]] = {}
-    for name in requested:
-        if name == "bevpoolv2":
-            bev_options = BevPoolOptions(
-                canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
-                z_bins, 1 if batch is None else batch,
-            )
-            bev_options.validate()
-            targets[name] = bev_options.to_dict()
-        else:
-            lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
-            lut_options.validate()
-            targets[name] = lut_options.to_dict()
+    targets = interop_command_targets(
+        to, frustum_mapping=frustum_mapping, rounding=rounding, z_bins=z_bins, batch=batch, overlap=overlap
+    )
     loaded = load(store, verify=False)
     total = 0
     if "bevpoolv2" in targets:

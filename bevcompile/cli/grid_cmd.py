@@ -7,13 +7,13 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..grid.build import run_grid, total_grid_cells
+from ..grid.build import grid_command_options, run_grid, total_grid_cells
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..grid.formats import FORMATS
 from ..grid.gather import ORDERS
 from ..rig.config import load_config
 from ._app import cli_command
-from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
 from ._output import (
     human_bytes,
     new_table,
@@ -80,21 +80,12 @@ def grid(
     """Compute every BEV cell's sampling position in every camera and write <out>/<name>.zarr:
     grid/ (float grid + fixed-point formats), gather/ (static gather tables), delta/ (delta-LUT)."""
     rig = load_config(config)
+    options = grid_command_options(
+        align_corners=align_corners, formats=formats or (), frac_bits=frac_bits, align=align, order=order,
+        block=block, max_error_px=max_error_px,
+    )
     with progress_bar("projecting BEV cells", total_grid_cells(rig), enabled=not (quiet or json_output), unit="samples") as advance:
-        result = run_grid(
-            rig,
-            out,
-            align_corners=align_corners,
-            force=force,
-            progress=advance,
-            npu=True,
-            formats=tuple(canonical_choice(name, FORMATS) for name in formats or ()),
-            frac_bits=frac_bits,
-            align=align,
-            order=canonical_choice(order, ORDERS),
-            block=block,
-            max_error_px=max_error_px,
-        )
+        result = run_grid(rig, out, force=force, progress=advance, **options.run_kwargs())
     saturated = result.products.norm_int16_saturated_valid_cells
     if saturated:  # on stderr, also under --quiet/--json: a CI log must show it
         stderr_console.print(

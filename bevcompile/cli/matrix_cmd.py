@@ -6,20 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ..matrix.build import (
-    MODES,
-    NORMALIZES,
-    QUANTIZE,
-    ROUNDINGS,
-    SPLATS,
-    MatrixOptions,
-    MatrixRunResult,
-    matrix_work_units,
-    run_matrix,
-)
+from ..matrix.build import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
 from ..rig.config import load_config
 from ._app import cli_command
-from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption, canonical_choice
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
 from ._output import (
     human_bytes,
     new_table,
@@ -88,18 +78,10 @@ def matrix(
 ) -> None:
     """Build the sparse camera-to-BEV matrix (COO, ELL, optional tiles / int8 / compact rows) and
     write the matrix/ group of <out>/<name>.zarr."""
-    quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))  # MatrixOptions.validate refuses the rest
-    options = MatrixOptions(
-        mode=canonical_choice(mode, MODES),
-        topk=topk,
-        align=align,
-        splat=canonical_choice(splat, SPLATS),
-        normalize=canonical_choice(normalize, NORMALIZES),
-        tile_rows=tile_rows,
-        quantize=None if quantize_value == "none" else quantize_value,
-        compact_rows=compact_rows,
-        rounding=canonical_choice(rounding, ROUNDINGS),
-    ).validate()
+    options = MatrixOptions.from_command(
+        mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
+        compact_rows=compact_rows, rounding=rounding,
+    )
     rig = load_config(config)
     label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
     with progress_bar(label, matrix_work_units(rig, options), enabled=not (quiet or json_output)) as advance:

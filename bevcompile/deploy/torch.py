@@ -523,6 +523,11 @@ class MatrixLift(nn.Module):
             + ("" if self.weights == "float32" else f", weights={self.weights}")
         )
 
+    def ell_values(self) -> torch.Tensor:
+        """The float ELL values the forward multiplies with: the ``ell_weight`` buffer (a
+        :class:`LearnableLift` returns its parameter, masked and constrained)."""
+        return self.ell_weight
+
     def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
         if self.mode == "grid" and depth is not None:
@@ -542,7 +547,7 @@ class MatrixLift(nn.Module):
             rows = self.rows_pad
             entries = rows * self.k_pad
             # int8: the integer values, exact in float32 (the module's float dtype: row_scale's); the row scale is applied after the K-sum
-            weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_weight
+            weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_values()
             if depth_flat is None:
                 gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
                 coeff = weight.reshape(1, 1, entries)
@@ -582,4 +587,107 @@ class MatrixLift(nn.Module):
         return out.reshape(n, c, self.ny, self.nx)
 
 
-__all__ = ["GRID_SOURCES", "GRID_WEIGHTS", "MATRIX_FORMS", "MATRIX_WEIGHTS", "GridGather", "MatrixLift", "bilinear_tables_from_norm"]
+CONSTRAINTS = ("none", "nonnegative")
+"""``LearnableLift(constraint=...)``: values of any sign, or projected onto ``w >= 0``."""
+
+
+class LearnableLift(MatrixLift):
+    """:class:`MatrixLift` whose ELL values are TRAINED on the store's fixed topology
+    (DeployMatBEV: the sparsity pattern comes from the camera geometry, the values are learned,
+    initialised from the geometric weights).
+
+    ``LearnableLift(store, form="ell", constraint="none"|"nonnegative")`` on a ``matrix/`` store of
+    any mode — grid (columns ``(cam, v, u)``: ``lift(features)``) or frustum (``lift(features,
+    depth)``): the forward is :class:`MatrixLift`'s, nothing here depends on the mode.
+
+    * ``ell_weight`` is an ``nn.Parameter`` float32 ``(rows_pad, k_pad)`` initialised from the
+      store's ``matrix/ell_weight`` (a store that already holds learned values starts from them).
+      ``ell_index`` and the derived tables (``feat_index``, ``row_of_cell``, ``cell_mask``) stay
+      buffers, and ``ell_mask`` bool ``(rows_pad, k_pad)`` (non-persistent) marks the real slots
+      (``slot < nnz(row)`` of the stored COO).
+    * Padding slots are exactly 0 in the forward AND get no gradient: the forward multiplies with
+      ``where(ell_mask, w, 0)``, whose gradient is exactly 0 off the mask (also for a NaN upstream
+      gradient), so with any optimiser (SGD, Adam, weight decay) they stay 0.
+    * ``constraint="nonnegative"``: projected gradient descent onto ``w >= 0`` — the forward uses
+      ``max(w, 0)`` (its gradient passes at ``w >= 0``), and a parameter an optimiser step left
+      negative is clamped to 0 in place at the next forward (or :meth:`project_`), so an entry at
+      0 can grow again.
+    * :meth:`learned_values` returns the values the forward uses, as numpy float32 in the store's
+      ELL layout, and ``state_dict()["ell_weight"]`` holds exactly them: the keys are
+      :class:`MatrixLift`'s (``ell_index``, ``ell_weight``, ...), so ``bevcompile absorb STORE
+      ckpt.pt`` and ``MatrixLift.load_state_dict`` take a checkpoint as it is.
+    * ``form="ell"`` only: absorb re-derives the tiles (``--tile-rows``) and int8 from the values.
+    """
+
+    ell_mask: torch.Tensor
+
+    def __init__(self, store: StoreLike, *, form: str = "ell", constraint: str = "none") -> None:
+        if form != "ell":
+            raise UsageError(
+                f"LearnableLift trains the ELL values (form='ell'), got form={form!r}; "
+                "`bevcompile absorb --tile-rows R` lays the learned values out as tiles"
+            )
+        if constraint not in CONSTRAINTS:
+            raise UsageError(f"constraint must be one of {', '.join(CONSTRAINTS)}, got {constraint!r}")
+        from ..matrix.learned import real_slots
+
+        loaded = load(store)
+        super().__init__(loaded, form="ell")
+        self.constraint = constraint
+        mask = real_slots(np.asarray(loaded["matrix"]["coo_row"]), (self.rows_pad, self.k_pad))
+        init = self._buffers.pop("ell_weight")
+        assert init is not None
+        self.ell_weight = nn.Parameter(init.clone())
+        self.register_buffer("ell_mask", torch.from_numpy(mask), persistent=False)
+        self.project_()
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, learnable, constraint={self.constraint}"
+
+    @torch.no_grad()
+    def project_(self) -> LearnableLift:
+        """Put the parameter back on its constraints in place (padding 0; ``nonnegative``:
+        ``max(w, 0)``), only where it left them (no write, so no autograd version bump, otherwise)."""
+        w = self.ell_weight
+        off = ~self.ell_mask & (w != 0)
+        if self.constraint == "nonnegative":
+            off = off | (w < 0)
+        if bool(off.any()):
+            w.masked_fill_(off, 0.0)
+        return self
+
+    def ell_values(self) -> torch.Tensor:
+        """The values the forward uses: ``where(ell_mask, w, 0)`` (``nonnegative``: ``max(w, 0)`` first)."""
+        w = self.ell_weight
+        if self.constraint == "nonnegative":
+            w = w.clamp(min=0.0)
+        return torch.where(self.ell_mask, w, torch.zeros((), dtype=w.dtype, device=w.device))
+
+    def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
+        self.project_()
+        return super().forward(features, depth)
+
+    def learned_values(self) -> np.ndarray:
+        """The values the forward uses, float32 ``(rows_pad, k_pad)`` in the store's ELL layout
+        (real slots as trained, padding 0): what ``bevcompile absorb`` writes into the store."""
+        return np.array(self.ell_values().detach().to("cpu", torch.float32).numpy(), dtype=np.float32, copy=True)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        """``state_dict()["ell_weight"]`` holds :meth:`learned_values` (masked, constrained), so
+        a checkpoint carries exactly what the forward computes with."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not keep_vars:
+            destination[prefix + "ell_weight"] = self.ell_values().detach()
+
+
+__all__ = [
+    "CONSTRAINTS",
+    "GRID_SOURCES",
+    "GRID_WEIGHTS",
+    "MATRIX_FORMS",
+    "MATRIX_WEIGHTS",
+    "GridGather",
+    "LearnableLift",
+    "MatrixLift",
+    "bilinear_tables_from_norm",
+]

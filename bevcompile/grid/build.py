@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..choices import canonical_choice
 from ..conventions import CONVENTIONS
 from ..errors import UsageError
 from ..memory import refuse_beyond_memory
@@ -32,12 +33,13 @@ from .delta import (
     check_max_error,
     encode_delta,
 )
-from .formats import FormatProduct, build_formats, check_format_names, resolve_pixel_q_frac_bits
+from .formats import FORMATS, FormatProduct, build_formats, check_format_names, resolve_pixel_q_frac_bits
 from .gather import (
     CORNER_ORDER,
     DEFAULT_LUT_FRAC_BITS,
     LUT_CODE_ORDER,
     ORDER_KEYS,
+    ORDERS,
     GatherLayout,
     GatherTables,
     build_gather_tables,
@@ -171,6 +173,46 @@ class GridBuildOptions:
     @property
     def lut_frac_bits(self) -> int:
         return DEFAULT_LUT_FRAC_BITS if self.frac_bits is None else self.frac_bits
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`run_grid` that build with these options."""
+        return {
+            "align_corners": self.align_corners,
+            "npu": self.npu,
+            "formats": tuple(self.formats),
+            "frac_bits": self.frac_bits,
+            "align": self.align,
+            "order": self.order,
+            "block": self.block,
+            "max_error_px": self.max_error_px,
+        }
+
+    def recorded_build_options(self, rig: RigConfig) -> dict[str, dict[str, Any]]:
+        """The ``build_options`` attribute each group of a build of ``rig`` with these (validated)
+        options records, by group (``grid``, and with ``npu`` ``gather`` and ``delta``): what a
+        store must hold to be this build (``bevcompile fleet --resume``). Pinned against real
+        builds by ``tests/grid/test_build.py``."""
+        grid: dict[str, Any] = {"align_corners": self.align_corners}
+        if self.formats:
+            grid["formats"] = list(self.formats)
+            if "pixel_q" in self.formats:
+                grid["pixel_q_frac_bits"] = resolve_pixel_q_frac_bits(self.frac_bits, rig.feature_size, (rig.bev.ny, rig.bev.nx))
+        out = {"grid": grid}
+        if self.npu:
+            out["gather"] = {"frac_bits": self.lut_frac_bits, "align": self.align, "order": self.order}
+            out["delta"] = {"block": self.block, "max_error_px": self.max_error_px}
+        return out
+
+
+def grid_command_options(*, formats: Sequence[str] = (), order: str = "row", **options: Any) -> GridBuildOptions:
+    """The options of ``bevcompile grid`` as a user gives them (the keyword arguments of
+    :class:`GridBuildOptions`; enumerated values in any case, :func:`~bevcompile.choices.canonical_choice`),
+    with the NPU products the command always writes: what the CLI and a fleet manifest's ``grid:`` product
+    both pass to :func:`run_grid` (through :meth:`GridBuildOptions.run_kwargs`). Not validated here
+    (:meth:`GridBuildOptions.validated`)."""
+    return GridBuildOptions(
+        formats=tuple(canonical_choice(name, FORMATS) for name in formats), order=canonical_choice(order, ORDERS), npu=True, **options
+    )
 
 
 @dataclass

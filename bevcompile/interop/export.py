@@ -6,16 +6,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..choices import canonical_choice
 from ..errors import StoreError, UsageError
 from ..rig.config import RigConfig
-from .bevpoolv2 import BEVPOOL_ARRAYS, BEVPOOL_PREFIX, BevPoolOptions, ProgressFn, bevpoolv2_attrs, build_bevpoolv2
-from .fastbev import FASTBEV_LUT_ARRAY, FastBevLut, FastBevOptions, build_fastbev_lut, fastbev_attrs
+from .bevpoolv2 import (
+    BEVPOOL_ARRAYS,
+    BEVPOOL_PREFIX,
+    FRUSTUM_MAPPINGS,
+    ROUNDINGS,
+    BevPoolOptions,
+    ProgressFn,
+    bevpoolv2_attrs,
+    build_bevpoolv2,
+)
+from .fastbev import FASTBEV_LUT_ARRAY, OVERLAP_POLICIES, FastBevLut, FastBevOptions, build_fastbev_lut, fastbev_attrs
 
 INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 
@@ -42,6 +52,47 @@ def build_target(
             progress(int(lut.lut.size))
         return _fastbev_arrays(lut), fastbev_attrs(lut, rig)
     raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+
+
+def interop_command_targets(
+    to: Sequence[str],
+    *,
+    frustum_mapping: str | None = None,
+    rounding: str | None = None,
+    z_bins: int | None = None,
+    batch: int | None = None,
+    overlap: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Validated ``targets`` of :func:`run_export_interop` from the values of ``bevcompile
+    export-interop`` as a user gives them (``--to`` repeatable, enumerated values in any case; an
+    option of a target that is not requested is refused): what the CLI and a fleet manifest's
+    ``export-interop:`` product both build with. :class:`UsageError` for a bad value."""
+    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
+    if not requested:
+        raise UsageError(f"--to is required: one or more of {', '.join(INTEROP_TARGETS)}")
+    for name in requested:
+        if name not in INTEROP_TARGETS:
+            raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
+    names = set(requested)
+    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
+    for flag, value in given.items():
+        applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
+        if value is not None and applies not in names:
+            raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
+    targets: dict[str, dict[str, Any]] = {}
+    for name in requested:
+        if name == "bevpoolv2":
+            bev_options = BevPoolOptions(
+                canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
+                z_bins, 1 if batch is None else batch,
+            )
+            bev_options.validate()
+            targets[name] = bev_options.to_dict()
+        else:
+            lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
+            lut_options.validate()
+            targets[name] = lut_options.to_dict()
+    return targets
 
 
 def target_arrays(target: str) -> tuple[str, ...]:

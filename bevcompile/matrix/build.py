@@ -58,12 +58,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import UsageError, check_int_option
+from ..choices import canonical_choice
+from ..errors import StoreConflictError, StoreError, UsageError, check_int_option
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
 from ..rig.config import RigConfig, config_sha256
 from ..store.root import root_attributes
-from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
+from ..store.zarr_io import GroupData, WriteReport, check_replaceable, is_store, open_store, store_path, write_groups
 from .entries import CameraRays, Entries, _hist_bins, camera_rays, frustum_entries, grid_entries, select_topk
 from .layout import (
     INT8_MAX,
@@ -174,6 +175,36 @@ class MatrixOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_command(
+        cls,
+        *,
+        mode: str = "frustum",
+        topk: int = 0,
+        align: int = 16,
+        splat: str = "bilinear",
+        normalize: str = "sum",
+        tile_rows: int | None = None,
+        quantize: str | None = None,
+        compact_rows: bool = False,
+        rounding: str = "floor",
+    ) -> MatrixOptions:
+        """Validated options from the values of ``bevcompile matrix`` as a user gives them
+        (enumerated values in any case; ``quantize`` ``none`` = no int8): what the CLI and a fleet
+        manifest's ``matrix:`` product both build with. :class:`UsageError` for a bad value."""
+        quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))  # validate refuses the rest
+        return cls(
+            mode=canonical_choice(mode, MODES),
+            topk=topk,
+            align=align,
+            splat=canonical_choice(splat, SPLATS),
+            normalize=canonical_choice(normalize, NORMALIZES),
+            tile_rows=tile_rows,
+            quantize=None if quantize_value == "none" else quantize_value,
+            compact_rows=compact_rows,
+            rounding=canonical_choice(rounding, ROUNDINGS),
+        ).validate()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MatrixOptions:
@@ -440,13 +471,6 @@ def assemble_products(
     worst = int(np.argmin(frac_rows)) if has.any() else -1
     frac_worst = float(min(1.0, frac_rows[worst])) if worst >= 0 else 1.0
     frac_total = min(1.0, frac_total)
-    # camera mass (float32 values of the matrix, summed in float64 in (row, col) order)
-    camera = kept.col // cols_per_camera
-    camera_mass = (
-        np.bincount(camera * n_cells + kept.row, weights=coo_val.astype(np.float64), minlength=rig.n_cam * n_cells)
-        .reshape(rig.n_cam, ny, nx)
-        .astype(np.float32)
-    )
     # rows (optionally compacted)
     row_nnz_cells = np.bincount(kept.row, minlength=n_cells)
     if options.compact_rows:
@@ -467,6 +491,116 @@ def assemble_products(
     rows_pad, k_pad = ell_shape(options, row_nnz_cells)
     coo_row = rows.astype(np.int32)
     coo_col = kept.col.astype(np.int32)
+    values = value_products(rig, options, coo_row, coo_col, coo_val, kept.row, n_rows, rows_pad, k_pad)
+    if row_ids is not None:
+        values.product_bytes["row_ids"] = int(row_ids.nbytes)
+    figures = MatrixFigures(
+        n_points=counts[0],
+        n_points_valid=counts[1],
+        n_points_in_range=counts[2],
+        n_candidates=counts[3],
+        nnz=nnz,
+        row_nnz_min=int(non_empty.min()) if non_empty.size else 0,
+        row_nnz_median=float(np.median(non_empty)) if non_empty.size else 0.0,
+        row_nnz_max=max_nnz,
+        n_empty_rows=int(n_cells - non_empty.size),
+        kept_weight_fraction_total=frac_total,
+        kept_weight_fraction_worst_row=frac_worst,
+        worst_row_cell=worst,
+        int8_max_rel_error=values.int8_max_rel_error,
+        int8_max_abs_error=values.int8_max_abs_error,
+        tile_bytes=values.product_bytes.get("tiles"),
+        dense_bytes=int(n_rows) * int(n_cols) * 4,
+        product_bytes=values.product_bytes,
+        build_seconds=time.perf_counter() - t0,
+        peak_rss_bytes=_peak_rss_bytes(),
+    )
+    return MatrixProducts(
+        options=options,
+        n_cells=n_cells,
+        bev_shape=(ny, nx),
+        n_cam=rig.n_cam,
+        n_rows=n_rows,
+        n_cols=n_cols,
+        rows_pad=rows_pad,
+        cols_pad=cols_pad,
+        k_pad=k_pad,
+        cols_per_camera=cols_per_camera,
+        coo_row=coo_row,
+        coo_col=coo_col,
+        coo_val=coo_val,
+        row_ids=row_ids,
+        figures=figures,
+        **values.fields(),
+    )
+
+
+@dataclass
+class ValueProducts:
+    """Every product that depends on the matrix VALUES, laid out on a fixed topology (the part of
+    :func:`assemble_products` that ``bevcompile absorb`` re-runs on learned values).
+
+    Convention: the arrays as in :class:`MatrixProducts`; ``product_bytes`` as in
+    :class:`MatrixFigures` (``row_ids`` added by the caller); int8 errors None without int8.
+    """
+
+    ell_index: npt.NDArray[np.int32]
+    ell_weight: npt.NDArray[np.float32]
+    camera_mass: npt.NDArray[np.float32]
+    n_tiles: int
+    tile_cols: npt.NDArray[np.int32] | None
+    tile_col_offsets: npt.NDArray[np.int64] | None
+    tile_weight: npt.NDArray[np.float32] | None
+    row_scale: npt.NDArray[np.float32] | None
+    ell_weight_int8: npt.NDArray[np.int8] | None
+    tile_row_scale: npt.NDArray[np.float32] | None
+    tile_weight_int8: npt.NDArray[np.int8] | None
+    int8_max_rel_error: float | None
+    int8_max_abs_error: float | None
+    product_bytes: dict[str, int]
+
+    def fields(self) -> dict[str, Any]:
+        """The :class:`MatrixProducts` fields these arrays fill."""
+        names = (
+            "ell_index", "ell_weight", "camera_mass", "n_tiles", "tile_cols", "tile_col_offsets", "tile_weight",
+            "row_scale", "ell_weight_int8", "tile_row_scale", "tile_weight_int8",
+        )
+        return {name: getattr(self, name) for name in names}
+
+
+def camera_mass_of(
+    rig: RigConfig, mode: str, cells: npt.NDArray[np.integer[Any]], cols: npt.NDArray[np.integer[Any]], values: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]:
+    """``camera_mass[cam, iy, ix]``: the float32 values of cell ``iy * nx + ix``'s row over camera
+    ``cam``'s columns, summed in float64 in entry order.
+
+    Convention: ``cells``, ``cols``, ``values`` ``(nnz,)`` (BEV cell, column, float32 value of each
+    entry, sorted by (row, col)) -> float32 ``(n_cam, ny, nx)``."""
+    ny, nx = rig.bev.ny, rig.bev.nx
+    n_cells = ny * nx
+    camera = np.asarray(cols, np.int64) // (n_columns(rig, mode) // rig.n_cam)
+    return (
+        np.bincount(camera * n_cells + np.asarray(cells, np.int64), weights=np.asarray(values, np.float32).astype(np.float64), minlength=rig.n_cam * n_cells)
+        .reshape(rig.n_cam, ny, nx)
+        .astype(np.float32)
+    )
+
+
+def value_products(
+    rig: RigConfig,
+    options: MatrixOptions,
+    coo_row: npt.NDArray[np.int32],
+    coo_col: npt.NDArray[np.int32],
+    coo_val: npt.NDArray[np.float32],
+    cells: npt.NDArray[np.integer[Any]],
+    n_rows: int,
+    rows_pad: int,
+    k_pad: int,
+) -> ValueProducts:
+    """ELL, tiles, int8 and ``camera_mass`` of the COO entries ``(coo_row, coo_col, coo_val)``
+    (sorted by (row, col); ``cells`` the BEV cell of each entry) in the layouts ``options`` ask for."""
+    n_cols = n_columns(rig, options.mode)
+    align = options.align
     ell_index, ell_weight = ell_layout(coo_row, coo_col, coo_val, rows_pad, k_pad)
     tile_cols = tile_col_offsets = tile_weight = None
     n_tiles = 0
@@ -496,48 +630,12 @@ def assemble_products(
         bytes_per["ell_int8"] = int(ell_index.nbytes + ell_int8.nbytes + row_scale.nbytes)
     if tile_int8 is not None and tile_row_scale is not None and tile_cols is not None and tile_col_offsets is not None:
         bytes_per["tiles_int8"] = int(tile_int8.nbytes + tile_row_scale.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
+    camera_mass = camera_mass_of(rig, options.mode, cells, coo_col, coo_val)
     bytes_per["camera_mass"] = int(camera_mass.nbytes)
-    if row_ids is not None:
-        bytes_per["row_ids"] = int(row_ids.nbytes)
-    figures = MatrixFigures(
-        n_points=counts[0],
-        n_points_valid=counts[1],
-        n_points_in_range=counts[2],
-        n_candidates=counts[3],
-        nnz=nnz,
-        row_nnz_min=int(non_empty.min()) if non_empty.size else 0,
-        row_nnz_median=float(np.median(non_empty)) if non_empty.size else 0.0,
-        row_nnz_max=max_nnz,
-        n_empty_rows=int(n_cells - non_empty.size),
-        kept_weight_fraction_total=frac_total,
-        kept_weight_fraction_worst_row=frac_worst,
-        worst_row_cell=worst,
-        int8_max_rel_error=int8_rel,
-        int8_max_abs_error=int8_abs,
-        tile_bytes=bytes_per.get("tiles"),
-        dense_bytes=int(n_rows) * int(n_cols) * 4,
-        product_bytes=bytes_per,
-        build_seconds=time.perf_counter() - t0,
-        peak_rss_bytes=_peak_rss_bytes(),
-    )
-    return MatrixProducts(
-        options=options,
-        n_cells=n_cells,
-        bev_shape=(ny, nx),
-        n_cam=rig.n_cam,
-        n_rows=n_rows,
-        n_cols=n_cols,
-        rows_pad=rows_pad,
-        cols_pad=cols_pad,
-        k_pad=k_pad,
-        cols_per_camera=cols_per_camera,
-        coo_row=coo_row,
-        coo_col=coo_col,
-        coo_val=coo_val,
+    return ValueProducts(
         ell_index=ell_index,
         ell_weight=ell_weight,
         camera_mass=camera_mass,
-        row_ids=row_ids,
         n_tiles=n_tiles,
         tile_cols=tile_cols,
         tile_col_offsets=tile_col_offsets,
@@ -546,7 +644,9 @@ def assemble_products(
         ell_weight_int8=ell_int8,
         tile_row_scale=tile_row_scale,
         tile_weight_int8=tile_int8,
-        figures=figures,
+        int8_max_rel_error=int8_rel,
+        int8_max_abs_error=int8_abs,
+        product_bytes=bytes_per,
     )
 
 
@@ -556,6 +656,34 @@ def assemble_products(
 
 MATRIX_COMMAND_GROUPS = ("matrix",)
 """Groups owned (rewritten) by ``bevcompile matrix``."""
+VALUES_ATTR = "values"
+VALUES_LEARNED = "learned"
+"""``matrix/`` ``attrs["values"]`` of a store whose values were absorbed from training
+(:mod:`bevcompile.matrix.learned`); absent in a geometric build."""
+
+
+def is_learned(attrs: Mapping[str, Any]) -> bool:
+    """Whether ``matrix/`` attributes describe absorbed (learned) values."""
+    return attrs.get(VALUES_ATTR) == VALUES_LEARNED
+
+
+def check_not_learned(path: Path, force: bool) -> None:
+    """Refuse (:class:`StoreConflictError`, exit 2) to rebuild the ``matrix/`` of a store that
+    holds learned values unless ``force``: a geometric build would discard the trained values."""
+    if force or not is_store(path):
+        return
+    try:
+        attrs = open_store(path).group_attrs("matrix")
+    except StoreError:
+        return
+    if is_learned(attrs):
+        info = attrs.get("learned")
+        source = f" (absorbed from {info.get('checkpoint')})" if isinstance(info, Mapping) else ""
+        raise StoreConflictError(
+            f"{path}: matrix/ holds learned values{source}; `bevcompile matrix` would replace them with the geometric ones: "
+            "pass --force to do so, or keep them (`bevcompile absorb STORE CHECKPOINT` absorbs newer values and changes "
+            "--quantize / --tile-rows)"
+        )
 
 
 def column_formula(mode: str) -> str:
@@ -780,6 +908,7 @@ def run_matrix(
     path = store_path(out_dir, rig.name)
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    check_not_learned(path, force)
     t0 = time.perf_counter()
     products = build_matrix(rig, options, progress=progress)
     seconds = time.perf_counter() - t0

@@ -17,17 +17,22 @@ import numpy.typing as npt
 
 from ..rig.config import RigConfig
 from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
+from ..store.zarr_io import array_sha256
 from .build import (
     INT8_MAX,
+    VALUES_ATTR,
+    VALUES_LEARNED,
     MatrixOptions,
     build_matrix,
     dequantize_rows_int8,
     int8_errors,
+    is_learned,
     n_columns,
     quantize_rows_int8,
     round_up,
     tile_blocks,
 )
+from .learned import INIT_ARRAY, LearnedRecord, coo_slots, learned_products, value_change
 from .reference import bev_pool, grid_pool, reference_matrix
 
 GROUP = "matrix"
@@ -59,9 +64,12 @@ INT8_ARRAYS = {"ell_weight_int8": np.int8, "row_scale": np.float32}
 TILE_INT8_ARRAYS = {"tile_weight_int8": np.int8, "tile_row_scale": np.float32}
 
 
-def expected_arrays(options: MatrixOptions) -> dict[str, Any]:
-    """Array name -> dtype of the group built with ``options``."""
+def expected_arrays(options: MatrixOptions, learned: bool = False) -> dict[str, Any]:
+    """Array name -> dtype of the group built with ``options`` (``learned``: absorbed values, so
+    also ``init_ell_weight``)."""
     out: dict[str, Any] = dict(BASE_ARRAYS)
+    if learned:
+        out[INIT_ARRAY] = np.float32
     if options.compact_rows:
         out["row_ids"] = np.int32
     if options.tile_rows is not None:
@@ -107,15 +115,19 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     ny, nx = rig.bev.ny, rig.bev.nx
     n_cells = ny * nx
     n_cols = n_columns(rig, options.mode)
+    learned = is_learned(attrs)
+    values_attr = attrs.get(VALUES_ATTR)
+    if values_attr is not None and not learned:
+        out.add("values", "", False, f"attribute values is {values_attr!r}: absent (geometric values) or {VALUES_LEARNED!r} (absorbed) expected")
     # contract: presence, dtype, dimensionality
-    wanted = expected_arrays(options)
+    wanted = expected_arrays(options, learned)
     ok_arrays: dict[str, np.ndarray] = {}
     for name, dtype in wanted.items():
         arr = arrays.get(name)
         if arr is None:
             out.add("contract", name, False, "array missing or unreadable (see the store's read and metadata checks)")
             continue
-        ndim = 2 if name.startswith("ell_") else 3 if name == "camera_mass" else 1
+        ndim = 2 if name.startswith("ell_") or name == INIT_ARRAY else 3 if name == "camera_mass" else 1
         if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
             out.add("contract", name, False, f"dtype {arr.dtype} ndim {arr.ndim}; expected {np.dtype(dtype)} ndim {ndim}")
             continue
@@ -153,19 +165,29 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     sorted_unique = bool(np.all(np.diff(key) > 0))
     n_bad = int(np.count_nonzero(np.diff(key) <= 0))
     out.add("coo_sorted_unique", "coo_row", sorted_unique, "sorted by (row, col), no duplicates" if sorted_unique else f"{n_bad} adjacent pair(s) not strictly increasing in (row, col)")
-    finite_pos = bool(np.all(np.isfinite(val)) and np.all(val > 0))
-    out.add("coo_values", "coo_val", finite_pos, "every stored value finite and > 0" if finite_pos else f"{int(np.count_nonzero(~(np.isfinite(val) & (val > 0))))} value(s) not finite or <= 0")
+    if learned:  # trained values: any sign, an entry that became 0 stays (the topology is fixed)
+        finite = bool(np.all(np.isfinite(val)))
+        signs = f"{int(np.count_nonzero(val == 0))} zero, {int(np.count_nonzero(val < 0))} negative"
+        out.add("coo_values", "coo_val", finite, f"every learned value finite ({signs})" if finite else f"{int(np.count_nonzero(~np.isfinite(val)))} learned value(s) not finite")
+    else:
+        finite_pos = bool(np.all(np.isfinite(val)) and np.all(val > 0))
+        out.add("coo_values", "coo_val", finite_pos, "every stored value finite and > 0" if finite_pos else f"{int(np.count_nonzero(~(np.isfinite(val) & (val > 0))))} value(s) not finite or <= 0")
     nnz_row = np.bincount(row, minlength=n_rows)
+    init_val: np.ndarray | None = None  # learned: the geometric values of the COO entries
+    if learned:
+        init_val = _check_init(out, ok_arrays.get(INIT_ARRAY), ok_arrays.get("ell_weight"), row, nnz_row)
     max_nnz = int(nnz_row.max()) if nnz_row.size else 0
     if options.topk > 0:
         out.add("row_nnz_le_k", "coo_row", max_nnz <= options.topk, f"max row nnz {max_nnz} vs K = {options.topk}")
     if options.compact_rows:
         empty = int(np.count_nonzero(nnz_row == 0))
         out.add("compact_rows_nonempty", "row_ids", empty == 0, f"{empty} compacted row(s) without entries")
-    if options.normalize == "mean":
-        sums = np.bincount(row, weights=val.astype(np.float64), minlength=n_rows)[nnz_row > 0]
+    if options.normalize == "mean" and not (learned and init_val is None):
+        # learned: the init rows sum to 1 (the rule describes init_ell_weight; trained rows need not)
+        summed, where = (init_val, INIT_ARRAY) if init_val is not None else (val, "coo_val")
+        sums = np.bincount(row, weights=summed.astype(np.float64), minlength=n_rows)[nnz_row > 0]
         worst = float(np.abs(sums - 1.0).max()) if sums.size else 0.0
-        out.add("mean_rows_sum_to_1", "coo_val", worst <= SUM_TOL, f"max |row sum - 1| = {worst:.3g} (tolerance {SUM_TOL:g})")
+        out.add("mean_rows_sum_to_1", where, worst <= SUM_TOL, f"max |row sum - 1| = {worst:.3g} (tolerance {SUM_TOL:g})")
     # attributes vs recomputation
     rows_pad = round_up(max(n_rows, 1), options.align)
     cols_pad = round_up(n_cols, options.align)
@@ -221,6 +243,8 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     # int8
     if options.quantize == "int8":
         _check_int8(out, ok_arrays, options, attrs, tiles_ok)
+    if learned:
+        _check_learned_attrs(out, attrs, ok_arrays, init_val, val)
     # camera mass
     if "camera_mass" in ok_arrays:
         mass = ok_arrays["camera_mass"]
@@ -240,6 +264,52 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
             diff = float(np.abs(recomputed.astype(np.float64) - mass.astype(np.float64)).max()) if mass.size else 0.0
             out.add("camera_mass", "camera_mass", diff == 0.0, f"max |camera_mass - recomputed from COO| = {diff:.3g}")
     return out.items
+
+
+def _check_init(out: _Checks, init: np.ndarray | None, ell_weight: np.ndarray | None, row: I64, nnz_row: I64) -> np.ndarray | None:
+    """``init_ell_weight`` of a learned store: the ELL shape, padding 0, geometric values (finite,
+    > 0) at the real slots. Returns the init value of every COO entry (None if unusable)."""
+    if init is None:
+        return None  # the contract check failed it
+    if ell_weight is not None and init.shape != ell_weight.shape:
+        out.add("init_shape", INIT_ARRAY, False, f"{init.shape} vs ell_weight {ell_weight.shape}: the init must have the ELL shape")
+        return None
+    rows_pad, k_pad = init.shape
+    if row.size and (int(row.max()) >= rows_pad or int(nnz_row.max()) > k_pad):
+        out.add("init_shape", INIT_ARRAY, False, f"{init.shape} cannot hold the COO rows (max row {int(row.max())}, max nnz {int(nnz_row.max())})")
+        return None
+    slots = coo_slots(row)
+    used = np.zeros(init.shape, dtype=bool)
+    used[row, slots] = True
+    pad = init[~used]
+    pad_ok = bool(np.all(pad == 0))
+    out.add("init_padding_zero", INIT_ARRAY, pad_ok, f"{pad.size} padding slot(s), all 0" if pad_ok else f"{int(np.count_nonzero(pad))} padding slot(s) not 0")
+    values = init[row, slots]
+    good = bool(np.all(np.isfinite(values)) and np.all(values > 0))
+    out.add("init_values", INIT_ARRAY, good, f"{values.size} geometric value(s), all finite and > 0" if good else f"{int(np.count_nonzero(~(np.isfinite(values) & (values > 0))))} init value(s) not finite or <= 0")
+    return values if good else None
+
+
+def _check_learned_attrs(out: _Checks, attrs: Mapping[str, Any], arrays: Mapping[str, np.ndarray], init_val: np.ndarray | None, val: np.ndarray) -> None:
+    """The ``learned`` record: its hashes and change figures equal the recomputation from the arrays."""
+    try:
+        LearnedRecord.from_attrs(attrs)
+    except ValueError as exc:
+        out.add("learned_record", "", False, str(exc))
+        return
+    info = attrs["learned"]
+    out.add("learned_record", "", True, f"absorbed from {info.get('checkpoint')} (sha256 {str(info.get('checkpoint_sha256'))[:12]}…, key {info.get('key')!r})")
+    for name, recorded in ((("ell_weight", info.get("values_sha256"))), (INIT_ARRAY, info.get("init_sha256"))):
+        if name not in arrays:
+            continue
+        actual = array_sha256(arrays[name])
+        label = "values_sha256" if name == "ell_weight" else "init_sha256"
+        out.add(f"learned_{label}", name, actual == recorded, f"learned.{label} {str(recorded)[:12]}… vs content {actual[:12]}…")
+    if init_val is not None:
+        want = value_change(init_val, val)
+        got = info.get("change")
+        ok = isinstance(got, Mapping) and all(same_recorded(got.get(k), v) for k, v in want.items())
+        out.add("learned_change", "", ok, "learned.change equals the recomputation from init_ell_weight and coo_val" if ok else f"learned.change {got!r} vs recomputed {want!r}")
 
 
 def _attr(attrs: Mapping[str, Any], dotted: str) -> Any:
@@ -352,6 +422,8 @@ def _check_tiles(
     t_col = np.concatenate(rec_col) if rec_col else np.zeros(0, np.int64)
     t_val = np.concatenate(rec_val) if rec_val else np.zeros(0, np.float32)
     order = np.lexsort((t_col, t_row))
+    nz = val != 0  # a learned entry that became 0 is a 0 in its block, like padding
+    row, col, val = row[nz], col[nz], val[nz]
     same = bool(
         t_row.size == row.size
         and np.array_equal(t_row[order], row)
@@ -467,6 +539,23 @@ def apply_entries(row: npt.NDArray[np.integer[Any]], values: np.ndarray, lifted:
     return out
 
 
+def _learned_values_at(arrays: Mapping[str, np.ndarray], row_cells: I64, n_cols: int, cells: np.ndarray, cols: np.ndarray) -> tuple[F64, int]:
+    """The learned value of every ``(BEV cell, column)`` pair, read from the stored ELL real slots
+    (``ell_index`` / ``ell_weight``, slots ``< nnz(row)`` of the COO rows); NaN (and counted) for
+    a pair the store has no entry for."""
+    row = arrays["coo_row"].astype(np.int64)
+    index, weight = arrays["ell_index"], arrays["ell_weight"]
+    slots = coo_slots(row)
+    keys = row_cells[row] * n_cols + index[row, slots].astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    keys, values = keys[order], weight[row, slots].astype(np.float64)[order]
+    want = np.asarray(cells, np.int64) * n_cols + np.asarray(cols, np.int64)
+    at = np.minimum(np.searchsorted(keys, want), max(keys.size - 1, 0))
+    found = keys[at] == want if keys.size else np.zeros(want.size, dtype=bool)
+    out = np.where(found, values[at] if keys.size else 0.0, np.nan)
+    return out, int(np.count_nonzero(~found))
+
+
 def _camera_of(rig: RigConfig, mode: str, cols: np.ndarray) -> I64:
     return np.asarray(cols, dtype=np.int64) // (n_columns(rig, mode) // rig.n_cam)
 
@@ -506,7 +595,10 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         size = rig.n_cam * len(rig.bev.heights) * n_cells
         sampled = size > VERIFY_FULL_GRID_SAMPLES
     note = ""
-    if options.topk == 0 and not sampled:
+    learned = is_learned(attrs)
+    learned_note = ""
+    init_ref: F64 | None = None  # learned: the reference product of the geometric (init) values, all cameras
+    if options.topk == 0 and not sampled and not learned:
         if mode == "frustum":
             assert depth is not None
             pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
@@ -525,13 +617,21 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
             cells = np.sort(rng.choice(candidates, size=take, replace=False)) if take else np.zeros(0, np.int64)
         ref = reference_matrix(rig, options, rows=cells if sampled else None)
         lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
+        ref_values = np.asarray(ref.value, dtype=np.float64)
+        if learned:
+            ref_values, missing = _learned_values_at(arrays, row_cells, n_columns(rig, mode), ref.row, ref.col)
+            init_ref = apply_entries(ref.row, ref.value, lifted, n_cells)[cells]
+            learned_note = (
+                "; the learned values (ell_weight real slots) on the reference's entries"
+                + (f"; {missing} reference entr{'y' if missing == 1 else 'ies'} not in the store" if missing else "")
+            )
         ref_cam_full = np.zeros((rig.n_cam, n_cells, n_ch))
         ref_camera = _camera_of(rig, mode, ref.col)
         for c in range(rig.n_cam):
             m = ref_camera == c
-            ref_cam_full[c] = apply_entries(ref.row[m], ref.value[m], lifted[m], n_cells)
+            ref_cam_full[c] = apply_entries(ref.row[m], ref_values[m], lifted[m], n_cells)
         ref_cam = ref_cam_full[:, cells]
-        note = f"reference: straightforward build (all points, full lexsort, Top-{options.topk}) in float64"
+        note = f"reference: straightforward build (all points, full lexsort, Top-{options.topk}) in float64{learned_note}"
         if sampled:
             note += f"; {cells.size} seeded sampled rows (rig has {size:,} {'points' if mode == 'frustum' else 'grid samples'})"
     ref_all = ref_cam.sum(axis=0)
@@ -570,7 +670,17 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         add("matrix/coo", name, got, ref_cam[c], float_rule, float_ok)
     add("matrix/coo", "all", coo_total, ref_all, float_rule, float_ok)
 
-    if options.topk > 0:
+    if init_ref is not None:
+        # what training changed: the learned lift against the geometric one it started from
+        peak_init = float(init_ref.max() - init_ref.min()) if init_ref.size else 0.0
+        max_abs, mean_abs, psnr = compare("matrix/learned_vs_init", "all", ref_all, init_ref, peak_init if peak_init > 0 else 1.0)
+        rows_out.append(VerifyRow(
+            "matrix/learned_vs_init", "all", max_abs, mean_abs, psnr,
+            "informational: the learned values vs the geometric init (init_ell_weight), same entries", True,
+            "PSNR peak = the init output's range" + (f"; {note.split('; ', 1)[1]}" if sampled else ""),
+            informational=True,
+        ))
+    elif options.topk > 0:
         # what the pruning costs: the stored Top-K product against the unpruned lift (K = 0,
         # same splat / rounding / normalize), measured on the same cells; reported, not judged
         full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
@@ -627,10 +737,24 @@ def _kept_note(attrs: Mapping[str, Any]) -> str:
         return "not recorded"
 
 
-def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
+def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
     """Every ``matrix/`` array rebuilt from the stored config and ``build_options``, and the
-    group attributes the build writes (under :data:`~bevcompile.checks_api.REBUILT_ATTRS`)."""
+    group attributes the build writes (under :data:`~bevcompile.store.plugins.REBUILT_ATTRS`).
+
+    A learned store (``values: learned``): the topology and ``init_ell_weight`` are the geometric
+    build's; every product derived from the values is re-derived from the learned values — the
+    real slots of the stored ``ell_weight`` (``arrays``), which no config rebuilds — exactly as
+    ``bevcompile absorb`` derived them (:func:`bevcompile.matrix.learned.learned_group`)."""
     from .build import matrix_attributes
+    from .learned import learned_group
 
     products = build_matrix(rig, _options(attrs))
-    return {**products.arrays(), REBUILT_ATTRS: matrix_attributes(products, rig)}
+    if not is_learned(attrs):
+        return {**products.arrays(), REBUILT_ATTRS: matrix_attributes(products, rig)}
+    stored = None if arrays is None else arrays.get("ell_weight")
+    if stored is None:
+        raise ValueError("a learned matrix/ is rebuilt from its stored ell_weight (the learned values), which is unreadable")
+    if stored.shape != (products.rows_pad, products.k_pad):
+        raise ValueError(f"stored ell_weight {stored.shape} is not the rebuilt ELL shape {(products.rows_pad, products.k_pad)}")
+    group = learned_group(rig, products, learned_products(rig, products, stored), LearnedRecord.from_attrs(attrs))
+    return {**group.arrays, REBUILT_ATTRS: group.attrs}

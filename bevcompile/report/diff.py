@@ -866,6 +866,52 @@ def diff_stores(
         return _diff_stores(old, new, seed, channels, max_shift_px, max_coverage_change)
 
 
+def _camera_diffs(
+    rig_old: RigConfig,
+    rig_new: RigConfig,
+    grid_old: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
+    grid_new: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
+    max_shift_px: float | None,
+    max_coverage_change: float | None,
+) -> list[CameraDiff]:
+    """Per camera: pose change, sampling shift over all heights (and per height) and gate failures,
+    from the ``(grid/coords, grid/valid)`` of each store."""
+    (coords_old, valid_old), (coords_new, valid_new) = grid_old, grid_new
+    heights = tuple(float(h) for h in rig_old.bev.heights)
+    all_heights = list(range(len(heights)))
+    cameras: list[CameraDiff] = []
+    for cam, name in enumerate(rig_old.camera_names):
+        args = (rig_old, coords_old[cam], valid_old[cam], coords_new[cam], valid_new[cam])
+        total = _shift_stats(*args, all_heights)
+        per_height = tuple((heights[ih], _shift_stats(*args, [ih])) for ih in all_heights) if len(heights) > 1 else ((heights[0], total),)
+        rotation_deg, translation_mm, delta_mm = pose_change(rig_old, rig_new, cam)
+        cameras.append(
+            CameraDiff(name, rotation_deg, translation_mm, delta_mm, total, per_height, gate_failures(total, max_shift_px, max_coverage_change))
+        )
+    return cameras
+
+
+def camera_diffs(
+    old: LoadedStore,
+    new: LoadedStore,
+    *,
+    max_shift_px: float | None = None,
+    max_coverage_change: float | None = None,
+) -> list[CameraDiff]:
+    """The per-camera part of :func:`diff_stores` alone (pose change, ``grid/`` sampling shift and
+    coverage change, gate failures), without the output and matrix figures: what ``bevcompile
+    fleet`` records for every vehicle against the fleet's reference. Same rules and errors as
+    :func:`diff_stores` (``UsageError`` ``cannot compare: ...``; ``StoreError``)."""
+    _check_gates(max_shift_px, max_coverage_change)
+    old.group("grid")
+    new.group("grid")
+    check_comparable(old, new)
+    coords_old, valid_old, _ = _grid_arrays(old)
+    coords_new, valid_new, _ = _grid_arrays(new)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _camera_diffs(old.rig, new.rig, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change)
+
+
 def _diff_stores(
     old: str | Path | LoadedStore,
     new: str | Path | LoadedStore,
@@ -886,16 +932,7 @@ def _diff_stores(
         _note_non_finite(notes, side, store, "grid/coords", coords, "the shift figures")
         _note_non_finite(notes, side, store, "grid/norm", norm, "the output-change figures")
     heights = tuple(float(h) for h in rig_old.bev.heights)
-    all_heights = list(range(len(heights)))
-    cameras: list[CameraDiff] = []
-    for cam, name in enumerate(rig_old.camera_names):
-        args = (rig_old, coords_old[cam], valid_old[cam], coords_new[cam], valid_new[cam])
-        total = _shift_stats(*args, all_heights)
-        per_height = tuple((heights[ih], _shift_stats(*args, [ih])) for ih in all_heights) if len(heights) > 1 else ((heights[0], total),)
-        rotation_deg, translation_mm, delta_mm = pose_change(rig_old, rig_new, cam)
-        cameras.append(
-            CameraDiff(name, rotation_deg, translation_mm, delta_mm, total, per_height, gate_failures(total, max_shift_px, max_coverage_change))
-        )
+    cameras = _camera_diffs(rig_old, rig_new, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change)
     inputs = SeededInputs(rig_old, channels, seed)
     align_corners = grid_align_corners(store_old)
     output = grid_output_change(inputs.features, norm_old, norm_new, heights, align_corners, valid_old, valid_new)

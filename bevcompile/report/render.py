@@ -15,7 +15,10 @@ vehicle dimensions; it is labelled "nominal").
 
 Right panel — ``matrix/camera_mass`` summed over cameras when the store has a matrix group
 (else the matrix's per-cell nnz from ``coo_row``), or, without a matrix group, the number of
-cameras that see each cell.
+cameras that see each cell. A store with LEARNED matrix values (``bevcompile absorb``) gets one
+small map per camera instead: its learned-minus-init mass per cell (``camera_mass`` minus the same
+sum over ``init_ell_weight``), on one symmetric diverging colour scale (red: the camera gained
+weight there, blue: lost).
 
 The figure has a fixed size and dpi (:data:`FIGSIZE_IN` x :data:`DPI` = 1500 x 750 px) and
 no timestamp in its metadata: same store, same bytes.
@@ -200,6 +203,27 @@ def _matrix_panel(reader: StoreReader, rig: RigConfig) -> tuple[np.ndarray, str,
     return None
 
 
+def _learned_panel(reader: StoreReader, rig: RigConfig) -> np.ndarray | None:
+    """``(n_cam, ny, nx)`` float64 learned-minus-init camera mass of a learned ``matrix/`` (None otherwise)."""
+    if not reader.has_group("matrix") or reader.group_attrs("matrix").get("values") != "learned":
+        return None
+    from .drift import _ell_slots, camera_mass
+
+    row = reader.read("matrix", "coo_row").astype(np.int64)
+    col = reader.read("matrix", "coo_col").astype(np.int64)
+    init = reader.read("matrix", "init_ell_weight")
+    mass = reader.read("matrix", "camera_mass").astype(np.float64)
+    ny, nx = rig.bev.ny, rig.bev.nx
+    names = reader.child_dirs("matrix")
+    cells = reader.read("matrix", "row_ids").astype(np.int64)[row] if "row_ids" in names else row
+    if init.ndim != 2 or (row.size and (row.max() >= init.shape[0] or cells.max() >= ny * nx)) or mass.shape != (rig.n_cam, ny, nx):
+        raise StoreError(f"{reader.path}: matrix/ arrays are inconsistent; run bevcompile inspect")
+    per_cam = max(1, int(reader.group_attrs("matrix").get("columns_per_camera") or 1))
+    init_values = init[row, _ell_slots(row)].astype(np.float32).astype(np.float64)
+    before = camera_mass(cells, col // per_cam, init_values, rig.n_cam, ny * nx).reshape(rig.n_cam, ny, nx)
+    return mass - before
+
+
 def render_store(path: str | Path, out: str | Path | None = None, *, height: float | None = None) -> RenderResult:
     """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically).
 
@@ -249,9 +273,12 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     inset.set_xlabel("y [m]", fontsize=7)
     inset.set_ylabel("x [m]", fontsize=7)
 
-    ax2 = fig.add_axes(PANEL2_AXES_RECT)
     cax = fig.add_axes(COLORBAR_AXES_RECT)
-    if matrix is not None:
+    learned = _learned_panel(reader, rig)
+    if learned is not None:
+        second = "learned - init camera mass, per camera"
+        _draw_learned(fig, cax, rig, learned, colours)
+    elif matrix is not None:
         values, title, cbar_label = matrix
         second = title
     else:
@@ -259,7 +286,11 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         title = f"cameras per cell ({height_label}) -- no matrix/ group"
         cbar_label = "number of cameras"
         second = "cameras per cell"
-    _draw_values(fig, ax2, cax, rig, values, title, cbar_label, integer=matrix is None, seen=np.asarray(np.any(valid, axis=(0, 1))))
+    if learned is None:
+        _draw_values(
+            fig, fig.add_axes(PANEL2_AXES_RECT), cax, rig, values, title, cbar_label,
+            integer=matrix is None, seen=np.asarray(np.any(valid, axis=(0, 1))),
+        )
     fig.suptitle(
         f"{rig.name}: {rig.n_cam} cameras, BEV {rig.bev.nx} x {rig.bev.ny} cells of {rig.bev.x.step:g} x {rig.bev.y.step:g} m"
         "  —  seen from above, x forward UP, y left LEFT",
@@ -367,6 +398,28 @@ def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[fl
         Line2D([], [], color="black", marker="o", markerfacecolor="white", markersize=5, linewidth=1.3, label="camera + optical axis (on ground)")
     )
     return handles
+
+
+def _draw_learned(fig: Any, cax: Any, rig: RigConfig, delta: np.ndarray, colours: list[tuple[float, float, float]]) -> None:
+    """One map per camera of ``delta`` ``(n_cam, ny, nx)`` in the right panel, shared symmetric scale."""
+    bev = rig.bev
+    left, bottom, width, height = PANEL2_AXES_RECT
+    cols = 1 if rig.n_cam <= 2 else 2
+    rows = -(-rig.n_cam // cols)
+    limit = float(np.abs(delta).max()) if delta.size and np.abs(delta).max() > 0 else 1.0
+    image = None
+    for cam, name in enumerate(rig.camera_names):
+        r, c = divmod(cam, cols)
+        ax = fig.add_axes((left + c * width / cols, bottom + (rows - 1 - r) * height / rows, width / cols * 0.92, height / rows * 0.82))
+        image = ax.imshow(delta[cam].T, origin="lower", extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max), interpolation="nearest",
+                          aspect="equal", cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.set_xlim(bev.y.max, bev.y.min)
+        ax.set_ylim(bev.x.min, bev.x.max)
+        ax.set_title(name, fontsize=8, color=colours[cam])
+        ax.tick_params(labelsize=6)
+    if image is not None:
+        colorbar = fig.colorbar(image, cax=cax)
+        colorbar.set_label("learned - init mass per cell")
 
 
 def _draw_values(

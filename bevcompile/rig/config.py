@@ -14,6 +14,7 @@ fields excluded, so editing a comment does not invalidate a store).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -30,6 +31,8 @@ import yaml
 
 from ..errors import ConfigError
 
+BEV_FRAME_EGO = "ego"
+"""``bev.frame`` default: the BEV grid is in the ego frame."""
 MAX_BEV_CELLS = 10**8
 MAX_DEPTH_BINS = 4096
 MAX_CONFIG_INT = 2**31 - 1
@@ -124,6 +127,23 @@ class Camera:
 
 
 @dataclass(frozen=True)
+class Sensor:
+    """A non-camera sensor of the rig (e.g. ``LIDAR_TOP``): a name and a pose, nothing else.
+
+    ``ego_from_sensor`` is the 4x4 rigid transform sensor -> ego (row-major nested tuples):
+    ``points_ego = R @ points_sensor + t``, given like a camera's pose (``rotation_wxyz`` +
+    ``translation``, or ``sensor2ego``). A sensor may name the BEV frame (``bev.frame``).
+    """
+
+    name: str
+    ego_from_sensor: tuple[tuple[float, float, float, float], ...]
+    pose_form: str  # "quaternion" or "matrix": how the pose was given (kept for round-trips)
+    rotation_wxyz: tuple[float, float, float, float] | None
+    translation: tuple[float, float, float] | None
+    description: str | None = None
+
+
+@dataclass(frozen=True)
 class FeatureSpec:
     """Network input -> feature map. ``stride``: feature pixel j covers input pixels
     ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
@@ -150,10 +170,14 @@ class AxisSpec:
 
 @dataclass(frozen=True)
 class BevSpec:
+    """The BEV grid: ``x``, ``y`` cells, the ``z`` band and the sampling ``heights``, all in the
+    frame ``frame`` names: ``"ego"`` (default) or the name of one of the rig's ``sensors``."""
+
     x: AxisSpec
     y: AxisSpec
     z: AxisSpec  # height band; a single bin unless a step is given
     heights: tuple[float, ...]
+    frame: str = BEV_FRAME_EGO
 
     @property
     def nx(self) -> int:
@@ -187,10 +211,23 @@ class RigConfig:
     depth: DepthSpec
     description: str | None = None
     source: str = "<config>"
+    sensors: tuple[Sensor, ...] = ()
 
     @property
     def n_cam(self) -> int:
         return len(self.cameras)
+
+    def sensor(self, name: str) -> Sensor:
+        """The sensor ``name`` of ``sensors`` (KeyError if there is none)."""
+        for sensor in self.sensors:
+            if sensor.name == name:
+                return sensor
+        raise KeyError(name)
+
+    @property
+    def bev_frame_sensor(self) -> Sensor | None:
+        """The sensor whose frame the BEV grid is in, or None for the ego frame."""
+        return None if self.bev.frame == BEV_FRAME_EGO else self.sensor(self.bev.frame)
 
     @property
     def input_size(self) -> tuple[int, int]:
@@ -302,8 +339,8 @@ def default_config_path() -> Path:
     return Path(str(resources.files("bevcompile") / "data" / DEFAULT_CONFIG_NAME))
 
 
-def read_config_data(path: str | Path) -> Any:
-    """Read a YAML file into plain data, mapping every failure to a one-line ConfigError."""
+def _read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a YAML file of at most :data:`MAX_CONFIG_BYTES`; one-line ConfigError otherwise."""
     source = str(path)
     try:
         info = os.stat(path)
@@ -312,20 +349,23 @@ def read_config_data(path: str | Path) -> Any:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
         if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
+            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
         with open(path, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
-            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a rig config")
-        text = raw.decode("utf-8")
+            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
+        return raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "", "file not found") from None
     except IsADirectoryError:
         raise ConfigError(source, "", "is a directory, expected a YAML file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, "", f"cannot read file ({exc.__class__.__name__}: {exc})") from None
+
+
+def _parse_yaml(text: str, source: str, loader: type[_StrictLoader]) -> Any:
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -341,6 +381,68 @@ def read_config_data(path: str | Path) -> Any:
     if data is None:
         raise ConfigError(source, "", "file is empty")
     return data
+
+
+def read_config_data(path: str | Path, *, what: str = "a rig config") -> Any:
+    """Read a YAML file (a rig config, a fleet manifest, a Kalibr camchain, ...) into plain data,
+    mapping every failure to a one-line ConfigError. ``what`` names the expected content in the
+    size refusal."""
+    return _parse_yaml(_read_text(path, what), str(path), _StrictLoader)
+
+
+class _OpenCVLoader(_StrictLoader):
+    """:class:`_StrictLoader` for OpenCV ``FileStorage`` YAML: a ``!!opencv-matrix`` node is the
+    plain mapping it holds (``rows``, ``cols``, ``dt``, ``data``; ``!!opencv-nd-matrix``: ``sizes``,
+    ``dt``, ``data``)."""
+
+
+def _construct_opencv_matrix(loader: _OpenCVLoader, node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(None, None, "an !!opencv-matrix must be a mapping (rows, cols, dt, data)", node.start_mark)
+    return _construct_mapping(loader, node, deep=True)
+
+
+_OpenCVLoader.add_constructor("tag:yaml.org,2002:opencv-matrix", _construct_opencv_matrix)
+_OpenCVLoader.add_constructor("tag:yaml.org,2002:opencv-nd-matrix", _construct_opencv_matrix)
+_OPENCV_DIRECTIVE = re.compile(r"^%YAML[: ]1\.[0-9]+[ \t]*(\r?\n|$)")
+
+
+def read_opencv_yaml(path: str | Path) -> Any:
+    """Read an OpenCV ``FileStorage`` YAML file (``cv2.FileStorage(..., FILE_STORAGE_WRITE)``):
+    its first line ``%YAML:1.0`` (OpenCV 3/4) or ``%YAML 1.2`` (OpenCV 5), directives PyYAML
+    refuses, is dropped and ``!!opencv-matrix`` nodes read as mappings. One-line ConfigError on failure."""
+    text = _read_text(path, "an OpenCV calibration file")
+    match = _OPENCV_DIRECTIVE.match(text)
+    if match:
+        text = "\n" + text[match.end() :]  # keep the line numbers of error messages
+    return _parse_yaml(text, str(path), _OpenCVLoader)
+
+
+def dump_config_yaml(data: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+    """YAML text of plain config data (a rig config, ``config_to_dict`` output): keys in the given
+    order, lists of scalars in flow style, floats written as Python's shortest round-trip ``repr``
+    so that :func:`read_config_data` reads back exactly the same numbers; ``header`` lines become
+    ``#`` comments at the top."""
+    body = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=None, width=10_000, allow_unicode=True)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header)
+    return comments + body
+
+
+def write_config_yaml(path: str | Path, data: Mapping[str, Any], header: Sequence[str] = ()) -> Path:
+    """Write :func:`dump_config_yaml` to ``path`` atomically (a temporary sibling, then a rename):
+    a reader never sees half a file. ConfigError (one line) if the folder cannot be written."""
+    target = Path(path)
+    text = dump_config_yaml(data, header)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(str(target), "", f"cannot write file ({exc.strerror or exc})") from None
+    return target
 
 
 def load_config(path: str | Path | None = None) -> RigConfig:
@@ -559,11 +661,59 @@ def _parse_distortion(ctx: _Ctx, data: Any, field: str) -> Distortion:
     return Distortion("fisheye", tuple(coeffs), 4)
 
 
+_POSE_KEYS = ("rotation_wxyz", "translation", "sensor2ego")
+
+Matrix4 = tuple[tuple[float, float, float, float], ...]
+Pose = tuple[Matrix4, str, tuple[float, float, float, float] | None, tuple[float, float, float] | None]
+
+
+def _parse_pose(ctx: _Ctx, data: Mapping[str, Any], field: str, what: str) -> Pose:
+    """A sensor -> ego pose given as ``rotation_wxyz`` + ``translation`` or as ``sensor2ego``:
+    ``(ego_from_sensor 4x4, pose form, rotation_wxyz or None, translation or None)``."""
+    has_quat = "rotation_wxyz" in data or "translation" in data
+    if has_quat and "sensor2ego" in data:
+        key = "rotation_wxyz" if "rotation_wxyz" in data else "translation"
+        raise ctx.fail(f"{field}.sensor2ego", f"give either sensor2ego or rotation_wxyz + translation, not both ({key} is set too)")
+    rotation_wxyz: tuple[float, float, float, float] | None = None
+    translation: tuple[float, float, float] | None = None
+    if "sensor2ego" in data:
+        matrix = _matrix(ctx, data["sensor2ego"], f"{field}.sensor2ego", 4, 4)
+        if matrix[3] != [0.0, 0.0, 0.0, 1.0]:
+            raise ctx.fail(f"{field}.sensor2ego[3]", f"bottom row must be [0, 0, 0, 1], got {matrix[3]}")
+        _check_rotation(ctx, [row[:3] for row in matrix[:3]], f"{field}.sensor2ego")
+        ego_from_sensor: Matrix4 = tuple((row[0], row[1], row[2], row[3]) for row in matrix)
+        pose_form = "matrix"
+    else:
+        if "rotation_wxyz" not in data:
+            raise ctx.fail(f"{field}.rotation_wxyz", f"missing required field (or give sensor2ego: a 4x4 {what} -> ego matrix)")
+        if "translation" not in data:
+            raise ctx.fail(f"{field}.translation", f"missing required field (or give sensor2ego: a 4x4 {what} -> ego matrix)")
+        quat = _numbers(ctx, data["rotation_wxyz"], f"{field}.rotation_wxyz", 4)
+        norm = math.sqrt(sum(q * q for q in quat))
+        if abs(norm - 1.0) > QUATERNION_TOLERANCE:
+            raise ctx.fail(
+                f"{field}.rotation_wxyz",
+                f"quaternion must be unit length (tolerance {QUATERNION_TOLERANCE:g}), its norm is {norm:.9g}",
+            )
+        trans = _numbers(ctx, data["translation"], f"{field}.translation", 3)
+        rot = rotation_from_quaternion_wxyz(quat)
+        ego_from_sensor = (
+            (rot[0][0], rot[0][1], rot[0][2], trans[0]),
+            (rot[1][0], rot[1][1], rot[1][2], trans[1]),
+            (rot[2][0], rot[2][1], rot[2][2], trans[2]),
+            (0.0, 0.0, 0.0, 1.0),
+        )
+        rotation_wxyz = (quat[0], quat[1], quat[2], quat[3])
+        translation = (trans[0], trans[1], trans[2])
+        pose_form = "quaternion"
+    return ego_from_sensor, pose_form, rotation_wxyz, translation
+
+
 def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) -> Camera:
     data = _mapping(ctx, data, field)
     _check_keys(
         ctx, data, field, ("name", "image_size", "intrinsic"),
-        ("distortion", "rotation_wxyz", "translation", "sensor2ego", "image_aug", "description"),
+        ("distortion", *_POSE_KEYS, "image_aug", "description"),
     )
     name = _string(ctx, data["name"], f"{field}.name")
     if not name.strip():
@@ -597,42 +747,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
         else Distortion("none", (), 0)
     )
 
-    has_quat = "rotation_wxyz" in data or "translation" in data
-    if has_quat and "sensor2ego" in data:
-        key = "rotation_wxyz" if "rotation_wxyz" in data else "translation"
-        raise ctx.fail(f"{field}.sensor2ego", f"give either sensor2ego or rotation_wxyz + translation, not both ({key} is set too)")
-    rotation_wxyz: tuple[float, float, float, float] | None = None
-    translation: tuple[float, float, float] | None = None
-    if "sensor2ego" in data:
-        matrix = _matrix(ctx, data["sensor2ego"], f"{field}.sensor2ego", 4, 4)
-        if matrix[3] != [0.0, 0.0, 0.0, 1.0]:
-            raise ctx.fail(f"{field}.sensor2ego[3]", f"bottom row must be [0, 0, 0, 1], got {matrix[3]}")
-        _check_rotation(ctx, [row[:3] for row in matrix[:3]], f"{field}.sensor2ego")
-        ego_from_cam = tuple(tuple(row) for row in matrix)
-        pose_form = "matrix"
-    else:
-        if "rotation_wxyz" not in data:
-            raise ctx.fail(f"{field}.rotation_wxyz", "missing required field (or give sensor2ego: a 4x4 camera -> ego matrix)")
-        if "translation" not in data:
-            raise ctx.fail(f"{field}.translation", "missing required field (or give sensor2ego: a 4x4 camera -> ego matrix)")
-        quat = _numbers(ctx, data["rotation_wxyz"], f"{field}.rotation_wxyz", 4)
-        norm = math.sqrt(sum(q * q for q in quat))
-        if abs(norm - 1.0) > QUATERNION_TOLERANCE:
-            raise ctx.fail(
-                f"{field}.rotation_wxyz",
-                f"quaternion must be unit length (tolerance {QUATERNION_TOLERANCE:g}), its norm is {norm:.9g}",
-            )
-        trans = _numbers(ctx, data["translation"], f"{field}.translation", 3)
-        rot = rotation_from_quaternion_wxyz(quat)
-        ego_from_cam = (
-            (rot[0][0], rot[0][1], rot[0][2], trans[0]),
-            (rot[1][0], rot[1][1], rot[1][2], trans[1]),
-            (rot[2][0], rot[2][1], rot[2][2], trans[2]),
-            (0.0, 0.0, 0.0, 1.0),
-        )
-        rotation_wxyz = (quat[0], quat[1], quat[2], quat[3])
-        translation = (trans[0], trans[1], trans[2])
-        pose_form = "quaternion"
+    ego_from_cam, pose_form, rotation_wxyz, translation = _parse_pose(ctx, data, field, "camera")
 
     override: dict[str, Any] = {}
     if "image_aug" in data:
@@ -675,7 +790,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
         image_height=height,
         intrinsic=intrinsic,  # type: ignore[arg-type]
         distortion=distortion,
-        ego_from_cam=ego_from_cam,  # type: ignore[arg-type]
+        ego_from_cam=ego_from_cam,
         image_aug=image_aug,
         pose_form=pose_form,
         rotation_wxyz=rotation_wxyz,
@@ -683,6 +798,33 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
         image_aug_override=tuple(sorted(override.items())),
         description=description,
     )
+
+
+def _parse_sensors(ctx: _Ctx, data: Any, camera_names: Mapping[str, int]) -> tuple[Sensor, ...]:
+    """``sensors:``: non-camera sensors (a name and a pose each), names unique among cameras too."""
+    items = _list(ctx, data, "sensors")
+    sensors: list[Sensor] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        field = f"sensors[{i}]"
+        item = _mapping(ctx, item, field)
+        _check_keys(ctx, item, field, ("name",), (*_POSE_KEYS, "description"))
+        name = _string(ctx, item["name"], f"{field}.name")
+        if not name.strip():
+            raise ctx.fail(f"{field}.name", "must not be empty")
+        if name == BEV_FRAME_EGO:
+            raise ctx.fail(f"{field}.name", f"{BEV_FRAME_EGO!r} is the ego frame itself, not a sensor name")
+        if name in camera_names:
+            raise ctx.fail(f"{field}.name", f"{name!r} is also the name of cameras[{camera_names[name]}]; sensor names must differ from camera names")
+        if name in seen:
+            raise ctx.fail(f"{field}.name", f"duplicate sensor name {name!r} (also sensors[{seen[name]}])")
+        seen[name] = i
+        description = None
+        if item.get("description") is not None:
+            description = _string(ctx, item["description"], f"{field}.description")
+        ego_from_sensor, pose_form, rotation_wxyz, translation = _parse_pose(ctx, item, field, "sensor")
+        sensors.append(Sensor(name, ego_from_sensor, pose_form, rotation_wxyz, translation, description))
+    return tuple(sensors)
 
 
 def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
@@ -702,9 +844,16 @@ def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     return AxisSpec(lo, hi, step, int(n))
 
 
-def _parse_bev(ctx: _Ctx, data: Any) -> BevSpec:
+def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor]) -> BevSpec:
     data = _mapping(ctx, data, "bev")
-    _check_keys(ctx, data, "bev", ("x", "y", "z"), ("heights",))
+    _check_keys(ctx, data, "bev", ("x", "y", "z"), ("heights", "frame"))
+    frame = BEV_FRAME_EGO
+    if "frame" in data:
+        frame = _string(ctx, data["frame"], "bev.frame")
+        names = [sensor.name for sensor in sensors]
+        if frame != BEV_FRAME_EGO and frame not in names:
+            listed = f"one of the sensors: {', '.join(names)}" if names else "a sensor listed under sensors: (there is none)"
+            raise ctx.fail("bev.frame", f"unknown frame {frame!r}: expected {BEV_FRAME_EGO!r} or {listed}")
     x = _parse_axis(ctx, data["x"], "bev.x", allow_two=False)
     y = _parse_axis(ctx, data["y"], "bev.y", allow_two=False)
     z = _parse_axis(ctx, data["z"], "bev.z", allow_two=True)
@@ -721,7 +870,7 @@ def _parse_bev(ctx: _Ctx, data: Any) -> BevSpec:
         raise ctx.fail(
             "bev", f"grid of {x.n} x {y.n} x {len(heights)} = {cells:,} cells exceeds the limit of {MAX_BEV_CELLS:,}"
         )
-    return BevSpec(x, y, z, heights)
+    return BevSpec(x, y, z, heights, frame)
 
 
 def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
@@ -765,7 +914,7 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     """
     ctx = _Ctx(source)
     data = _mapping(ctx, data, "")
-    _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description"))
+    _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description", "sensors"))
     name = _string(ctx, data["name"], "name")
     if not _NAME_RE.match(name):
         raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
@@ -805,7 +954,8 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     h_f = cameras[0].image_aug.input_height // feature.stride
     if w_f < 2 or h_f < 2:
         raise ctx.fail("feature.stride", f"feature map {w_f}x{h_f} is smaller than 2x2")
-    bev = _parse_bev(ctx, data["bev"])
+    sensors = _parse_sensors(ctx, data["sensors"], seen) if "sensors" in data else ()
+    bev = _parse_bev(ctx, data["bev"], sensors)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
     return RigConfig(
         name=name,
@@ -816,6 +966,7 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
         depth=depth,
         description=description,
         source=source,
+        sensors=sensors,
     )
 
 
@@ -843,12 +994,7 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
                 "model": cam.distortion.model,
                 "coeffs": list(cam.distortion.coeffs[: cam.distortion.n_coeffs_given]),
             }
-        if cam.pose_form == "quaternion":
-            assert cam.rotation_wxyz is not None and cam.translation is not None
-            entry["rotation_wxyz"] = list(cam.rotation_wxyz)
-            entry["translation"] = list(cam.translation)
-        else:
-            entry["sensor2ego"] = [list(row) for row in cam.ego_from_cam]
+        entry.update(_pose_dict(cam.pose_form, cam.rotation_wxyz, cam.translation, cam.ego_from_cam))
         aug = cam.image_aug
         entry["image_aug"] = {
             "resize": aug.resize,
@@ -863,6 +1009,13 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
     if descriptions and rig.description is not None:
         out["description"] = rig.description
     out["cameras"] = cameras
+    if rig.sensors:  # only when listed: configs without sensors keep their hash
+        out["sensors"] = [
+            {"name": sensor.name}
+            | ({"description": sensor.description} if descriptions and sensor.description is not None else {})
+            | _pose_dict(sensor.pose_form, sensor.rotation_wxyz, sensor.translation, sensor.ego_from_sensor)
+            for sensor in rig.sensors
+        ]
     out["feature"] = {"stride": rig.feature.stride, "pixel_mapping": rig.feature.pixel_mapping}
     out["bev"] = {
         "x": [bev.x.min, bev.x.max, bev.x.step],
@@ -870,8 +1023,20 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         "z": [bev.z.min, bev.z.max, bev.z.step],
         "heights": list(bev.heights),
     }
+    if bev.frame != BEV_FRAME_EGO:  # only when set: ego-frame configs keep their hash
+        out["bev"]["frame"] = bev.frame
     out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
     return out
+
+
+def _pose_dict(
+    pose_form: str, rotation_wxyz: Sequence[float] | None, translation: Sequence[float] | None, matrix: Matrix4
+) -> dict[str, Any]:
+    """A pose as it was given: ``rotation_wxyz`` + ``translation``, or ``sensor2ego``."""
+    if pose_form == "quaternion":
+        assert rotation_wxyz is not None and translation is not None
+        return {"rotation_wxyz": list(rotation_wxyz), "translation": list(translation)}
+    return {"sensor2ego": [list(row) for row in matrix]}
 
 
 def canonical_json(data: Any) -> str:

@@ -27,6 +27,7 @@ that is neither a store nor a folder of stores) raise :class:`~bevcompile.errors
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import warnings
@@ -671,7 +672,8 @@ def _strict_checks(loaded: InspectedStore) -> None:
         attrs_ok = True  # every module's rebuild ran and their attributes agree
         for module_name, fn in plugins.functions:
             try:
-                result = call_plugin(fn, loaded.rig, loaded.group_attrs.get(group, {}), notes=report.notes, label=f"{module_name}.rebuild_{group}")
+                args = (loaded.rig, loaded.group_attrs.get(group, {}), stored)
+                result = call_plugin(fn, *args[: _rebuild_arity(fn)], notes=report.notes, label=f"{module_name}.rebuild_{group}")
                 items = dict(result)
                 module_attrs = items.pop(checks_api.REBUILT_ATTRS, None)
                 if module_attrs is not None:
@@ -714,6 +716,14 @@ def _strict_checks(loaded: InspectedStore) -> None:
                 report.notes.append(f"{group}/ attributes not compared under --strict: no installed plug-in rebuilds them")
         elif attrs_ok:
             _compare_attrs(report, group, json_attrs(loaded.group_attrs.get(group, {})), rebuilt_attrs)
+
+
+def _rebuild_arity(fn: Callable[..., Any]) -> int:
+    """3 for a ``rebuild_<group>(rig, attrs, arrays)`` that takes the stored arrays, else 2."""
+    try:
+        return 3 if len(inspect.signature(fn).parameters) >= 3 else 2
+    except (TypeError, ValueError):
+        return 2
 
 
 STRICT_ATTRS_MAX_LINES = 20

@@ -18,6 +18,9 @@ functions (no zarr, no printing), looked up by name:
   the group key by key). ``--strict`` then compares the stored group attributes with them key
   by key; a plug-in that returns no ``"__attrs__"`` keeps working (its attributes are not
   compared, with a note).
+  A ``rebuild`` with a third parameter ``rebuild(rig, attrs, arrays)`` also gets the group's
+  readable stored arrays: for products derived from values that no config rebuilds (the learned
+  values ``bevcompile absorb`` wrote into ``matrix/``), which it re-derives from them.
 
 The runners (``bevcompile.store.inspection``, ``bevcompile.store.verify``) catch every exception a plug-in
 raises and turn it into a failed check, so a damaged store never produces a traceback.
@@ -97,7 +100,8 @@ class CheckContext:
 
 CheckFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[Check]]
 VerifyFn = Callable[[CheckContext, Mapping[str, np.ndarray], Mapping[str, Any]], list[VerifyRow]]
-RebuildFn = Callable[[RigConfig, Mapping[str, Any]], dict[str, Any]]
+RebuildFn = Callable[..., dict[str, Any]]
+"""``(rig, attrs) -> arrays`` or ``(rig, attrs, stored arrays) -> arrays`` (see the module docstring)."""
 
 REBUILT_ATTRS = "__attrs__"
 """Reserved key of a ``rebuild_<group>`` result: the rebuilt group attributes (optional)."""

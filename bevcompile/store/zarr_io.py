@@ -395,6 +395,53 @@ def _group_names(path: Path) -> list[str]:
         return []
 
 
+def staging_folder(path: str | Path) -> Path:
+    """A new, empty folder beside the store ``path`` to build a whole store in (with the usual
+    writers, as ``<folder>/<name>.zarr``) before :func:`install_store` puts it in place at once.
+
+    It is named like a writer's temporary (``.<name>.zarr.tmp-<pid>-<host>-<rand>``), so that if
+    this process is killed the next write of ``path`` removes it (:func:`recover_interrupted_writes`).
+    ``StoreError`` if the output folder cannot be created; ``UsageError`` if it is (in) a store.
+    """
+    path = Path(path)
+    parent = path.parent
+    check_out_dir(parent)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        recover_interrupted_writes(path)
+        folder = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
+        folder.mkdir()
+    except OSError as exc:
+        raise StoreError(f"{parent}: cannot create a folder to build {path.name} in ({_os_reason(exc)})") from None
+    return folder
+
+
+def install_store(built: str | Path, path: str | Path) -> None:
+    """Put the complete store ``built`` (made in a :func:`staging_folder` of ``path``, so on the same
+    file system) in place at ``path``, replacing the store that is there whatever its config: the
+    old store is moved aside, the new one renamed in (Ctrl-C / SIGTERM held between the two renames)
+    and the old one deleted, so ``path`` always holds one whole store. ``StoreError`` if ``path``
+    exists and is not a store (a file, or a folder without ``zarr.json``): it is never replaced."""
+    built, path = Path(built), Path(path)
+    recover_interrupted_writes(path)
+    if os.path.lexists(path) and not is_store(path):
+        raise StoreError(f"{path}: exists and is not a store; it is not replaced (remove it, or choose another folder)")
+    try:
+        _swap_into_place(built, path)
+    except BaseException as exc:
+        if getattr(exc, STORE_WRITTEN_ATTR, None):
+            COMPLETED_WRITES.append(str(path))
+        if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
+            raise StoreError(f"{path}: cannot put the new store in place ({_os_reason(exc)})") from None
+        raise
+    COMPLETED_WRITES.append(str(path))
+
+
+def remove_folder(folder: str | Path) -> None:
+    """Remove a :func:`staging_folder` (whatever a failed or cancelled build left in it)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _os_reason(exc: OSError) -> str:
     """``Read-only file system``: the strerror of an OSError (of the first failure of a
     ``shutil.copytree``), else its first line."""

@@ -38,9 +38,12 @@ def _flat(text: str) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path) -> None:
+def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain inspect is compact: a table row per store (groups, arrays, bytes, checks), one
     total line; nothing per check unless it fails."""
+    from bevcompile.cli import _output
+
+    monkeypatch.setattr(_output.stdout_console, "width", 160)  # the test's long tmp path on one line
     result = runner.invoke(app, ["inspect", str(small_store)])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if line.strip()]

@@ -27,7 +27,7 @@ from bevcompile.interop.bevpoolv2 import BevPoolOptions, reference_frustum_pool
 from bevcompile.matrix.build import MatrixOptions, run_matrix
 from bevcompile.rig.config import RigConfig
 from bevcompile.store.loader import load, matrix_layout
-from bevcompile.torch import GridGather, MatrixLift, bilinear_tables_from_norm
+from bevcompile.torch import GridGather, LearnableLift, MatrixLift, bilinear_tables_from_norm
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -553,3 +553,87 @@ def test_wrong_rank_inputs_and_depth_in_grid_mode_are_usage_errors(tmp_path: Pat
         with pytest.raises(UsageError, match=r"grid mode .* takes no depth"):
             lift(features, torch.rand(1, small.n_cam, small.depth.n_bins, h_f, w_f))
         assert lift(features).shape == (1, 2, small.bev.ny, small.bev.nx)
+
+
+# --------------------------------------------------------------------------------------
+# LearnableLift: trainable ELL values on the fixed topology
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["grid", "frustum"])
+def learnable_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, small: RigConfig) -> Path:
+    return run_matrix(small, tmp_path_factory.mktemp(f"learn-{request.param}"), MatrixOptions(mode=request.param, topk=8, align=16)).store
+
+
+def _inputs(lift: MatrixLift, rig: RigConfig, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    w_f, h_f = rig.feature_size
+    x = torch.rand(2, rig.n_cam, 3, h_f, w_f, generator=g)
+    if lift.mode == "frustum":
+        return x, torch.rand(2, rig.n_cam, rig.depth.n_bins, h_f, w_f, generator=g).softmax(2)
+    return (x,)
+
+
+def test_learnable_lift_starts_as_the_store_and_its_mask_is_the_coo(learnable_store: Path, small: RigConfig) -> None:
+    lift = LearnableLift(learnable_store)
+    fixed = MatrixLift(learnable_store)
+    args = _inputs(lift, small)
+    assert isinstance(lift.ell_weight, torch.nn.Parameter) and [n for n, _ in lift.named_parameters()] == ["ell_weight"]
+    assert torch.equal(lift(*args), fixed(*args))
+    coo_row = np.asarray(load(learnable_store)["matrix"]["coo_row"])
+    assert int(lift.ell_mask.sum()) == coo_row.size
+    assert np.array_equal(lift.ell_mask.sum(dim=1).numpy()[: 576], np.bincount(coo_row, minlength=576))
+    assert set(lift.state_dict()) == set(fixed.state_dict())  # MatrixLift's keys: a checkpoint loads into either
+
+
+@pytest.mark.parametrize("optimiser", ["sgd", "adam", "adamw"])
+def test_learnable_lift_gradients_reach_only_real_slots_and_padding_stays_zero(learnable_store: Path, small: RigConfig, optimiser: str) -> None:
+    lift = LearnableLift(learnable_store)
+    params = list(lift.parameters())
+    opt = {
+        "sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01),
+        "adam": lambda: torch.optim.Adam(params, lr=0.05),
+        "adamw": lambda: torch.optim.AdamW(params, lr=0.05, weight_decay=0.1),
+    }[optimiser]()
+    args = _inputs(lift, small)
+    for step in range(3):
+        out = lift(*args)
+        # a NaN upstream gradient must not reach the padding either
+        loss = (out * out).mean() - out.mean() if step else out.sum() * float("nan")
+        opt.zero_grad()
+        loss.backward()
+        grad = lift.ell_weight.grad
+        assert grad is not None and torch.all(grad[~lift.ell_mask] == 0)
+        if step:
+            assert torch.count_nonzero(grad[lift.ell_mask]) > 0.9 * int(lift.ell_mask.sum())
+            opt.step()
+    assert torch.all(lift.ell_weight[~lift.ell_mask] == 0)
+    assert np.all(lift.learned_values()[~lift.ell_mask.numpy()] == 0)
+    changed = lift.learned_values() != np.asarray(load(learnable_store)["matrix"]["ell_weight"])
+    assert changed.sum() > 0.9 * int(lift.ell_mask.sum())
+
+
+def test_learnable_lift_nonnegative_is_projected_and_entries_can_come_back(learnable_store: Path, small: RigConfig) -> None:
+    lift = LearnableLift(learnable_store, constraint="nonnegative")
+    args = _inputs(lift, small)
+    opt = torch.optim.SGD(lift.parameters(), lr=10.0)
+    lift(*args).sum().backward()  # d(sum)/dw > 0: a descent step of lr 10 drives the values far below 0
+    opt.step()
+    assert (lift.ell_weight < 0).any()
+    out = lift(*args)  # the forward projects first
+    assert torch.all(lift.ell_weight >= 0) and torch.all(out == 0)
+    opt.zero_grad()
+    (-out.sum()).backward()  # gradient at w = 0 passes (max(w, 0) is differentiable from the right)
+    assert torch.all(lift.ell_weight.grad[lift.ell_mask] <= 0) and (lift.ell_weight.grad[lift.ell_mask] < 0).any()
+    opt.step()
+    assert (lift.learned_values() > 0).any() and np.all(lift.learned_values() >= 0)
+    fixed = MatrixLift(learnable_store)
+    fixed.load_state_dict(lift.state_dict())
+    assert torch.equal(fixed(*args), lift(*args))
+
+
+def test_learnable_lift_refuses_other_forms_and_constraints(learnable_store: Path) -> None:
+    with pytest.raises(UsageError, match="LearnableLift trains the ELL values"):
+        LearnableLift(learnable_store, form="tiles")
+    with pytest.raises(UsageError, match="constraint must be one of none, nonnegative"):
+        LearnableLift(learnable_store, constraint="positive")

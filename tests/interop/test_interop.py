@@ -39,7 +39,7 @@ from bevcompile.interop.bevpoolv2 import (
     voxel_grid,
 )
 from bevcompile.interop.checks import check_interop, rebuild_interop, verify_interop
-from bevcompile.interop.export import npy_names, run_export_interop
+from bevcompile.interop.export import interop_command_targets, npy_names, run_export_interop
 from bevcompile.interop.fastbev import FastBevOptions, build_fastbev_lut, choose_camera, fastbev_gather
 from bevcompile.matrix.build import MatrixOptions, build_matrix
 from bevcompile.rig.config import RigConfig
@@ -459,6 +459,23 @@ def test_choose_camera_policies_property(data: st.DataObject) -> None:
 def test_fastbev_options_validation() -> None:
     with pytest.raises(UsageError, match="--overlap"):
         FastBevOptions("random").validate()
+
+
+def test_command_targets_from_the_command_values() -> None:
+    """``interop_command_targets``: what ``bevcompile export-interop`` and a fleet manifest's
+    ``export-interop:`` build with (defaults, any case, options of a target not requested refused)."""
+    assert interop_command_targets(["BEVPoolv2", "fastbev-LUT"]) == {
+        "bevpoolv2": BevPoolOptions().to_dict(),
+        "fastbev-lut": FastBevOptions().to_dict(),
+    }
+    assert interop_command_targets(["bevpoolv2"], rounding="FLOOR", batch=2, z_bins=4)["bevpoolv2"] == BevPoolOptions("linspace", "floor", 4, 2).to_dict()
+    assert interop_command_targets(["fastbev-lut"], overlap="Nearest-Centre") == {"fastbev-lut": {"overlap": "nearest-centre"}}
+    with pytest.raises(UsageError, match=r"--overlap applies to --to fastbev-lut only, which is not requested \(--to bevpoolv2\)"):
+        interop_command_targets(["bevpoolv2"], overlap="first")
+    with pytest.raises(UsageError, match="--to must be one of bevpoolv2, fastbev-lut, got 'lss'"):
+        interop_command_targets(["lss"])
+    with pytest.raises(UsageError, match="--to is required"):
+        interop_command_targets([])
 
 
 # --------------------------------------------------------------------------------------

@@ -684,3 +684,13 @@ def test_frustum_build_too_big_for_this_machine_is_refused_up_front(monkeypatch:
     monkeypatch.setattr(memory, "physical_memory_bytes", lambda: need)
     matrix_mod.check_frustum_memory(rig, options)  # fits exactly
     matrix_mod.check_frustum_memory(rig, MatrixOptions(mode="grid"))  # grid mode: check_grid_memory's job
+
+
+def test_options_from_the_command_values_any_case_and_none_quantize() -> None:
+    """``MatrixOptions.from_command``: what ``bevcompile matrix`` and a fleet manifest's ``matrix:`` build with."""
+    options = MatrixOptions.from_command(mode="FRUSTUM", topk=24, splat="Nearest", normalize="MEAN", quantize="None", rounding="Trunc")
+    assert options == MatrixOptions(mode="frustum", topk=24, splat="nearest", normalize="mean", quantize=None, rounding="trunc")
+    assert MatrixOptions.from_command(quantize="INT8").quantize == "int8"
+    assert MatrixOptions.from_command() == MatrixOptions()
+    with pytest.raises(UsageError, match="--quantize must be one of none, int8, got 'int4'"):
+        MatrixOptions.from_command(quantize="int4")

@@ -247,7 +247,7 @@ def test_inspect_strict_and_verify_cli_pass_on_a_fresh_store(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["verify", store, "--quiet"])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["verify", store])
+    result = runner.invoke(app, ["verify", store, "--verbose"])
     assert result.exit_code == 0, result.output
     out = " ".join(result.stdout.split())
     assert "matrix/topk_vs_unpruned (informational: Top-6 vs the unpruned lift (K = 0))" in out

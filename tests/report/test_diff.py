@@ -24,6 +24,7 @@ from bevcompile.matrix.checks import apply_entries, lifted_columns
 from bevcompile.report.diff import (
     SeededInputs,
     ShiftStats,
+    camera_diffs,
     config_changes,
     diff_stores,
     gate_failures,
@@ -107,6 +108,18 @@ def test_identical_stores_report_no_change(stores: dict[str, Path]) -> None:
     assert report.matrix.rows_entry_set_changed == 0 and report.matrix.rows_changed == 0
     assert report.matrix.output.max_abs == 0.0 and report.matrix.output.psnr_db == math.inf
     assert report.passed and report.failure_lines() == [] and report.notes == []
+
+
+def test_camera_diffs_alone_equal_the_cameras_of_the_whole_diff(stores: dict[str, Path], moved_report: Any) -> None:
+    """``camera_diffs`` (what ``bevcompile fleet`` records per vehicle) is the per-camera part of
+    ``diff_stores``, figure for figure, gates included."""
+    alone = camera_diffs(load(stores["old"]), load(stores["moved"]))
+    assert alone == moved_report.cameras
+    gated = camera_diffs(load(stores["old"]), load(stores["moved"]), max_shift_px=0.01, max_coverage_change=0.0)
+    whole = diff_stores(stores["old"], stores["moved"], max_shift_px=0.01, max_coverage_change=0.0)
+    assert gated == whole.cameras and [c.failures for c in gated][MOVED]
+    with pytest.raises(UsageError, match="--max-shift-px must be a finite number >= 0"):
+        camera_diffs(load(stores["old"]), load(stores["moved"]), max_shift_px=-1.0)
 
 
 def test_moved_camera_pose_change_is_reported_exactly(moved_report: Any) -> None:

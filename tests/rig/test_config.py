@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy.spatial.transform import Rotation
 
 from bevcompile.errors import ConfigError
@@ -17,9 +19,13 @@ from bevcompile.rig.config import (
     config_sha256,
     config_to_dict,
     default_config_path,
+    dump_config_yaml,
     load_config,
     parse_config,
+    read_config_data,
+    read_opencv_yaml,
     rotation_from_quaternion_wxyz,
+    write_config_yaml,
 )
 
 from ..rigs import DISTORTED_YAML, NUSCENES_YAML, ROOT, nuscenes_data, small_rig_data, write_yaml
@@ -35,7 +41,8 @@ CALIB = Path(__file__).parents[1] / "data" / "calib"
     [(NUSCENES_YAML, "nuscenes.yaml"), (DISTORTED_YAML, "nuscenes_scene0061.yaml")],
 )
 def test_shipped_configs_use_the_real_calibration_verbatim(config_path: Path, calib_name: str) -> None:
-    """Same numbers as the nuScenes calibrated_sensor records (copied from ../shared/calib), no rounding."""
+    """Same numbers as the nuScenes calibrated_sensor records (tests/data/calib), no rounding: the
+    six cameras and the car's LIDAR_TOP."""
     calib = yaml.safe_load((CALIB / calib_name).read_text())
     ours = yaml.safe_load(config_path.read_text())
     assert [c["name"] for c in ours["cameras"]] == [c["name"] for c in calib["cameras"]]
@@ -43,6 +50,22 @@ def test_shipped_configs_use_the_real_calibration_verbatim(config_path: Path, ca
         for key in ("image_size", "intrinsic", "rotation_wxyz", "translation"):
             assert mine[key] == real[key], (mine["name"], key)
         assert real["calibrated_sensor_token"] in mine["description"]
+    assert [s["name"] for s in ours["sensors"]] == [s["name"] for s in calib["sensors"]] == ["LIDAR_TOP"]
+    for key in ("rotation_wxyz", "translation"):
+        assert ours["sensors"][0][key] == calib["sensors"][0][key], key
+    assert "../shared" not in config_path.read_text()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_nuscenes_config_lists_the_lidar_and_keeps_the_ego_frame(path: Path) -> None:
+    rig = load_config(path)
+    lidar = rig.sensor("LIDAR_TOP")
+    assert rig.bev.frame == "ego" and rig.bev_frame_sensor is None
+    # nuScenes LIDAR_TOP: ~0.94-0.99 m ahead of the rear axle, 1.84 m up, x right / y forward (yaw ~ -90 deg)
+    t = [row[3] for row in lidar.ego_from_sensor[:3]]
+    assert 0.9 < t[0] < 1.0 and t[1] == 0.0 and abs(t[2] - 1.84) < 1e-3
+    x_axis_in_ego = [row[0] for row in lidar.ego_from_sensor[:3]]
+    assert x_axis_in_ego[1] < -0.99  # lidar x points to the ego's right (-y)
 
 
 def test_bundled_default_is_the_nuscenes_config() -> None:
@@ -107,6 +130,94 @@ def test_per_camera_image_aug_override_merges_over_the_shared_one() -> None:
     assert (rig.cameras[0].image_aug.resize, rig.cameras[0].image_aug.crop_left) == (0.5, 0.0)
     aug = rig.cameras[1].image_aug
     assert (aug.resize, aug.crop_left, aug.crop_top, aug.input_width) == (0.6, 4.0, 2.0, 96)
+
+
+LIDAR_TOP = {
+    "name": "LIDAR_TOP",
+    "rotation_wxyz": [0.706749235646644, -0.015300993788500868, 0.01739745181256607, -0.7070846669051719],
+    "translation": [0.985793, 0.0, 1.84019],
+}
+
+
+def _with_lidar_frame(data: dict[str, Any], frame: str = "LIDAR_TOP") -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    data["sensors"] = [copy.deepcopy(LIDAR_TOP)]
+    data["bev"]["frame"] = frame
+    return data
+
+
+def test_sensors_and_bev_frame_round_trip_and_enter_the_hash() -> None:
+    bare = nuscenes_data()
+    del bare["sensors"]
+    plain = parse_config(bare)
+    with_sensor = parse_config(nuscenes_data())  # the shipped config lists LIDAR_TOP, frame ego
+    framed = parse_config(_with_lidar_frame(nuscenes_data()))
+    assert (plain.sensors, plain.bev.frame) == ((), "ego")
+    assert with_sensor.bev.frame == "ego" and with_sensor.bev_frame_sensor is None
+    assert framed.bev_frame_sensor is framed.sensors[0] and framed.bev.frame == "LIDAR_TOP"
+    # ego-frame configs without sensors resolve exactly as before (no new keys: their hash is kept)
+    assert "sensors" not in config_to_dict(plain) and "frame" not in config_to_dict(plain)["bev"]
+    resolved = config_to_dict(framed)
+    assert [{k: v for k, v in sensor.items() if k != "description"} for sensor in resolved["sensors"]] == [LIDAR_TOP]
+    assert resolved["bev"]["frame"] == "LIDAR_TOP"
+    again = parse_config(resolved)
+    assert (again.sensors, again.bev) == (framed.sensors, framed.bev)
+    assert config_to_dict(again) == resolved
+    hashes = {config_sha256(r) for r in (plain, with_sensor, framed)}
+    assert len(hashes) == 3
+    # the sensor's pose, given as a matrix, round-trips as a matrix and agrees with the quaternion
+    as_matrix = copy.deepcopy(resolved)
+    del as_matrix["sensors"][0]["rotation_wxyz"], as_matrix["sensors"][0]["translation"]
+    as_matrix["sensors"][0]["sensor2ego"] = [list(r) for r in framed.sensors[0].ego_from_sensor]
+    matrix_rig = parse_config(as_matrix)
+    assert matrix_rig.sensors[0].ego_from_sensor == framed.sensors[0].ego_from_sensor
+    assert config_to_dict(matrix_rig)["sensors"][0]["sensor2ego"] == as_matrix["sensors"][0]["sensor2ego"]
+    described = copy.deepcopy(resolved)
+    described["sensors"][0]["description"] = "other free text"
+    assert config_sha256(parse_config(described)) == config_sha256(framed)
+
+
+SENSOR_CASES: list[tuple[str, Any, str, str]] = [
+    # id, edit of the framed config, field, phrase
+    ("unknown-frame", ("bev", "frame", "LIDAR"), "bev.frame", "unknown frame 'LIDAR': expected 'ego' or one of the sensors: LIDAR_TOP"),
+    ("frame-without-sensors", ("sensors", None, None), "bev.frame", "expected 'ego' or a sensor listed under sensors: (there is none)"),
+    ("frame-not-a-string", ("bev", "frame", 3), "bev.frame", "expected a string, got int"),
+    ("sensor-named-ego", ("name", "ego", None), "sensors[0].name", "'ego' is the ego frame itself"),
+    ("sensor-named-like-a-camera", ("name", "CAM_BACK", None), "sensors[0].name", "also the name of cameras[3]"),
+    ("sensor-unknown-key", ("intrinsic", [[1.0]], None), "sensors[0].intrinsic", "unknown field (allowed here: description, name, rotation_wxyz, sensor2ego, translation)"),
+    ("sensor-without-pose", ("translation", _DELETE_MARK := "delete", None), "sensors[0].translation", "missing required field (or give sensor2ego: a 4x4 sensor -> ego matrix)"),
+    ("sensor-bad-quaternion", ("rotation_wxyz", [1.0, 0.1, 0.0, 0.0], None), "sensors[0].rotation_wxyz", "quaternion must be unit length"),
+    ("sensors-not-a-list", ("sensors", {"name": "LIDAR_TOP"}, None), "sensors", "expected a list, got mapping"),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "field", "phrase"), SENSOR_CASES, ids=[c[0] for c in SENSOR_CASES])
+def test_bad_sensor_or_frame_is_named(tmp_path: Path, case: str, edit: Any, field: str, phrase: str) -> None:
+    data = _with_lidar_frame(nuscenes_data())
+    key, value, third = edit
+    if key == "bev":
+        data["bev"]["frame"] = third
+    elif key == "sensors":
+        if value is None:
+            del data["sensors"]
+        else:
+            data["sensors"] = value
+    elif value == "delete":
+        del data["sensors"][0][key]
+    else:
+        data["sensors"][0][key] = value
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert str(info.value) == f"{config}: {field}: {info.value.message}"
+    assert info.value.field == field and phrase in info.value.message, str(info.value)
+
+
+def test_duplicate_sensor_names(tmp_path: Path) -> None:
+    data = _with_lidar_frame(nuscenes_data())
+    data["sensors"].append(copy.deepcopy(LIDAR_TOP))
+    with pytest.raises(ConfigError, match=r"rig.yaml: sensors\[1\]\.name: duplicate sensor name 'LIDAR_TOP' \(also sensors\[0\]\)$"):
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
 
 
 def test_sensor2ego_and_quaternion_forms_agree() -> None:
@@ -316,8 +427,8 @@ def test_depth_bin_count_matches_torch_arange() -> None:
         assert parse_config(data).depth.n_bins == len(torch.arange(*bins)), bins
 
 
-def test_every_field_of_the_example_is_documented_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_every_field_of_the_example_is_documented() -> None:
+    readme = (ROOT / "docs" / "config.md").read_text()
     for key in (
         "name", "description", "cameras", "image_size", "intrinsic", "distortion", "rotation_wxyz", "translation",
         "sensor2ego", "image_aug", "resize", "crop", "input_size", "feature", "stride", "pixel_mapping", "bev",
@@ -417,3 +528,51 @@ def test_yaml_1_1_only_number_spellings_are_refused(tmp_path: Path, spelling: st
         load_config(config)  # quoted: a string, as before
     config.write_text(NUSCENES_TEXT.replace("stride: 16", "stride: 0x10", 1))
     assert load_config(config).feature.stride == 16  # hex reads the same in YAML 1.2: still accepted
+
+
+# -- YAML writing and the OpenCV FileStorage reader ---------------------------------------
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=8), st.integers(-(2**31), 2**31))
+def test_dumped_yaml_reads_back_exactly_the_same_numbers(values: list[float], integer: int) -> None:
+    data = {"name": "x", "values": values, "nested": {"integer": integer, "row": [values[0], 0.0, -0.0]}}
+    text = dump_config_yaml(data, ["a header line", ""])
+    back = yaml.load(text, Loader=yaml.SafeLoader)
+    assert back == data and [math.copysign(1.0, v) for v in back["values"]] == [math.copysign(1.0, v) for v in values]
+    assert text.startswith("# a header line\n#\nname: x\n")
+
+
+def test_written_config_is_atomic_and_reparses_to_the_same_config(tmp_path: Path) -> None:
+    rig = load_config(NUSCENES_YAML)
+    path = write_config_yaml(tmp_path / "sub" / "rig.yaml", config_to_dict(rig), ["resolved"])
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rig.yaml"]  # no temporary left
+    again = load_config(path)
+    assert config_to_dict(again) == config_to_dict(rig) and config_sha256(again) == config_sha256(rig)
+    with pytest.raises(ConfigError, match=r"rig\.yaml/nested\.yaml: cannot write file"):
+        write_config_yaml(path / "nested.yaml", {"name": "x"})  # its folder is a file
+
+
+def test_opencv_filestorage_written_by_opencv_reads_exactly(tmp_path: Path) -> None:
+    """Files written by OpenCV's own ``cv2.FileStorage`` (OpenCV 5 writes ``%YAML 1.2``, 17 significant
+    digits, ``!!opencv-matrix`` / ``!!opencv-nd-matrix``) read back to the same float64 numbers."""
+    cv2 = pytest.importorskip("cv2")
+    path = tmp_path / "cam.yml"
+    k = np.array([[1252.8131021185304, 0.0, 826.588114781398], [0.0, 1252.8131021185304, 469.9846626224581], [0.0, 0.0, 1.0]])
+    d = np.array([[-0.1, 0.01, 1e-4, -2e-5, 0.003]]).T
+    fs = cv2.FileStorage(str(path), cv2.FILE_STORAGE_WRITE)
+    fs.write("image_width", 1600)
+    fs.write("camera_matrix", k)
+    fs.write("distortion_coefficients", d)
+    fs.write("rvec", np.array([0.1, 0.2, 0.3]))
+    fs.release()
+    data = read_opencv_yaml(path)
+    assert data["image_width"] == 1600
+    assert data["camera_matrix"]["rows"] == 3 and data["camera_matrix"]["data"] == k.ravel().tolist()
+    assert data["distortion_coefficients"]["data"] == d.ravel().tolist()
+    assert data["rvec"]["sizes"] == [3] and data["rvec"]["data"] == [0.1, 0.2, 0.3]
+    old_style = tmp_path / "old.yml"  # OpenCV 3/4 spell the directive %YAML:1.0
+    old_style.write_text("%YAML:1.0\n---\nimage_width: 752\nbad: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"old\.yml: invalid YAML: line 5, column 1"):
+        read_opencv_yaml(old_style)
+    with pytest.raises(ConfigError, match=r"cam\.yml: invalid YAML: .*could not determine a constructor for the tag"):
+        read_config_data(path)  # a plain YAML reader does not know OpenCV's tags

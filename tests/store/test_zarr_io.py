@@ -467,3 +467,43 @@ def test_a_failed_copy_of_the_kept_groups_is_reported_by_its_strerror() -> None:
     error = shutil.Error([("a/c/0", "b/c/0", "[Errno 28] No space left on device: 'a/c/0' -> 'b/c/0'")])
     assert store_module._os_reason(error) == "No space left on device"
     assert store_module._os_reason(OSError(30, "Read-only file system")) == "Read-only file system"
+
+
+def test_a_store_built_in_a_staging_folder_is_installed_whole(tmp_path: Path) -> None:
+    """``staging_folder`` + ``install_store`` (a fleet vehicle): the bytes equal a direct write, an
+    existing store of another config is replaced as a whole, nothing is left beside it."""
+    first, second = small_rig(), parse_config(small_rig_data(bev_step_m=2.0) | {"name": "small"})
+    direct = run_grid(second, tmp_path / "direct").store
+    out = tmp_path / "out"
+    run_grid(first, out)
+    staging = store_module.staging_folder(out / "small.zarr")
+    assert staging.parent == out and staging.name.startswith(".small.zarr.tmp-") and not any(staging.iterdir())
+    built = run_grid(second, staging).store
+    store_module.install_store(built, out / "small.zarr")
+    store_module.remove_folder(staging)
+    assert tree_digest(out / "small.zarr") == tree_digest(direct)
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+    assert open_store(out / "small.zarr").root_attrs["config_sha256"] == config_sha256(second)
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_install_never_replaces_what_is_not_a_store(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "small.zarr"
+    if kind == "file":
+        target.write_text("notes")
+    else:
+        target.mkdir()
+        (target / "notes.txt").write_text("keep me")
+    staging = store_module.staging_folder(target)
+    built = run_grid(small_rig(), staging).store
+    with pytest.raises(StoreError, match=r"small\.zarr: exists and is not a store; it is not replaced"):
+        store_module.install_store(built, target)
+    assert (target.read_text() == "notes") if kind == "file" else (target / "notes.txt").read_text() == "keep me"
+    assert built.is_dir()  # the caller removes its staging folder
+
+
+def test_a_killed_builders_staging_folder_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    dead = tmp_path / f".small.zarr.tmp-999999999-{store_module._host_tag()}-deadbeef"
+    (dead / "small.zarr").mkdir(parents=True)
+    alive = store_module.staging_folder(tmp_path / "small.zarr")
+    assert not dead.exists() and alive.is_dir()
