@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from ..errors import BevcompileError
+from ..errors import BevcompileError, printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +65,11 @@ def fail(message: str, exit_code: int) -> typer.Exit:
     print(f"error: {one_line}", file=sys.stderr, flush=True)
     _REPORTED.append(exit_code)
     return typer.Exit(exit_code)
+
+
+def _note(message: str) -> None:
+    """``note: <message>`` as one line on stderr (also under --quiet/--json: stdout stays clean)."""
+    print(f"note: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def forget_reported_errors() -> None:
@@ -166,8 +171,10 @@ def cli_command(name: str, *, writes: str = "store", **kwargs: Any) -> Callable[
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            from ..store.zarr_io import COMPLETED_WRITES
+            from ..store.zarr_io import COMPLETED_WRITES, LOCK_WAIT_REPORTERS
 
+            if _note not in LOCK_WAIT_REPORTERS:  # a second writer of the same store says why it waits
+                LOCK_WAIT_REPORTERS.append(_note)
             writes_before = len(COMPLETED_WRITES)
             try:
                 with _sigterm_as_exception():

@@ -39,7 +39,7 @@ import numpy as np
 
 from .._version import __version__
 from ..conventions import CONVENTIONS
-from ..errors import BevcompileError, StoreError, UsageError
+from ..errors import BevcompileError, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
 from .plugins import Check, CheckContext
@@ -52,6 +52,7 @@ from .zarr_io import (
     find_stores,
     is_store,
     open_store,
+    read_metadata_file,
 )
 
 ROOT = "/"
@@ -228,8 +229,8 @@ ANCESTOR_LEVELS = 3
 def _zarr_json(path: Path) -> dict[str, Any] | None:
     """The parsed ``zarr.json`` of ``path`` (None if absent, unreadable or not an object)."""
     try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        meta = json.loads(read_metadata_file(path / "zarr.json"))
+    except (StoreError, ValueError, UnicodeDecodeError):
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -383,7 +384,27 @@ def load_store(path: str | Path, *, progress: Callable[[int], None] | None = Non
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _load_store(Path(path), progress)
+        for _attempt in range(SWAP_RETRIES - 1):
+            before = _generation(Path(path))
+            loaded = _load_store(Path(path), progress)
+            if _generation(Path(path)) == before:
+                return loaded
+        loaded = _load_store(Path(path), progress)
+        loaded.report.notes.append(f"the store was replaced by a writer {SWAP_RETRIES} times while being read: checks may mix two builds")
+        return loaded
+
+
+SWAP_RETRIES = 4
+"""A store a writer swapped while it was being read is read again (up to this many times): a
+report never mixes two builds."""
+
+
+def _generation(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _load_store(path: Path, progress: Callable[[int], None] | None) -> InspectedStore:
@@ -426,6 +447,13 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
     for stray in reader.stray_entries():
         n_damaged += 1
         report.add("node_metadata", f"{stray}", False, "not a folder where a group should be (a file, or a broken or looping link)")
+    stale = reader.consolidated_problems()
+    if stale is not None:
+        report.add(
+            "consolidated_metadata", ROOT, not stale,
+            f"consolidated metadata is stale ({'; '.join(stale)}): readers that use it see another store; "
+            "run zarr.consolidate_metadata again, or rebuild" if stale else "consolidated metadata matches every node's zarr.json",
+        )
     recorded = attrs.get(GROUPS_ATTR)
     if recorded is None:
         report.notes.append(f"no root `{GROUPS_ATTR}` attribute (built before bevcompile recorded it): a deleted group cannot be detected")
@@ -493,7 +521,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             if not isinstance(recorded, str):
                 report.add("sha256", key, False, "no sha256 attribute recorded")
             elif actual != recorded:
-                report.add("sha256", key, False, f"content sha256 {actual[:12]}… does not match recorded {recorded[:12]}…")
+                report.add("sha256", key, False, "content sha256 {} does not match recorded {}".format(*hash_pair(actual, recorded)))
             else:
                 report.add("sha256", key, True, f"content matches recorded sha256 {recorded[:12]}…")
             readable[name] = data
@@ -546,7 +574,7 @@ def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
             "config",
             ROOT,
             actual == recorded_sha,
-            f"stored config re-parses (rig {rig.name!r}, {rig.n_cam} cameras); sha256 {actual[:12]}… vs recorded {str(recorded_sha)[:12]}…",
+            f"stored config re-parses (rig {rig.name!r}, {rig.n_cam} cameras); sha256 {' vs recorded '.join(hash_pair(actual, recorded_sha))}",
         )
         report.add("name", ROOT, name == rig.name, f"root name {name!r}, config name {rig.name!r}")
         if loaded.report.path and Path(loaded.report.path).name != f"{rig.name}{STORE_SUFFIX}":

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
-from .zarr_io import READABLE_FORMATS, ArrayInfo, StoreReader, open_store
+from .zarr_io import READABLE_FORMATS, ArrayInfo, StoreReader, open_store, read_metadata_file
 
 GROUP_COMMANDS: dict[str, str] = {
     "grid": "bevcompile grid",
@@ -50,8 +50,8 @@ GROUP_COMMANDS: dict[str, str] = {
 
 def _read_bytes(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_metadata_file(path)  # a regular file of sane size: never a FIFO or a device
+    except StoreError:
         return None
 
 
@@ -338,7 +338,20 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
     """
     if isinstance(path, LoadedStore):
         return path
-    reader = open_store(path)
+    for _attempt in range(SWAP_RETRIES):
+        reader = open_store(path)
+        before = reader.generation()
+        loaded = _load(reader, verify)
+        if reader.generation() == before:
+            return loaded
+    raise _rewritten(Path(path))  # rebuilt again and again while being opened
+
+
+SWAP_RETRIES = 5
+"""``load`` opens a store again when a writer swapped a new build in while it was being opened."""
+
+
+def _load(reader: StoreReader, verify: bool) -> LoadedStore:
     attrs = reader.root_attrs
     fmt = attrs.get("format")
     if fmt is None:
@@ -362,7 +375,7 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
     actual = config_sha256(rig)
     if recorded != actual:
         raise StoreError(
-            f"{reader.path}: stored config hash {str(recorded)[:12]}… does not match its config ({actual[:12]}…); "
+            f"{reader.path}: stored config hash {hash_pair(recorded, actual)[0]} does not match its config ({hash_pair(recorded, actual)[1]}); "
             "the store was edited or is damaged"
         )
     identity = StoreIdentity.of(reader.path)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CheckFailed, StoreError, UsageError
+from ..errors import CheckFailed, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, load_config
 from .inspection import call_plugin, check_context, load_store, plugin_functions, run_plugin_checks
 from .plugins import VerifyRow
@@ -178,8 +178,8 @@ def check_not_stale(store: Path, rig: RigConfig, recorded_sha: Any) -> None:
     expected = config_sha256(rig)
     if recorded_sha != expected:
         raise CheckFailed(
-            f"{store}: stale: built from config_sha256 {str(recorded_sha)[:12]}…, the config {rig.source} hashes to "
-            f"{expected[:12]}…; rebuild with `bevcompile grid` / `bevcompile matrix` (--force)"
+            f"{store}: stale: built from config_sha256 {hash_pair(recorded_sha, expected)[0]}, the config {rig.source} hashes to "
+            f"{hash_pair(recorded_sha, expected)[1]}; rebuild with `bevcompile grid` / `bevcompile matrix` (--force)"
         )
 
 

@@ -437,21 +437,22 @@ def test_an_interrupt_after_the_store_is_in_place_says_it_was_written(tmp_path: 
 
 
 def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Path.is_file() raises EACCES (not False) in a folder without search permission: inspect
+    """stat raises EACCES (not "no such file") in a folder without search permission: inspect
     fails the store (exit 1), verify says so in one line (exit 2), never a traceback."""
+    import os
     from bevcompile.cli import app as cli_app
 
     runner = CliRunner()
     assert runner.invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"]).exit_code == 0
     store = tmp_path / "nuscenes.zarr"
-    real_is_file = Path.is_file
+    real_lstat = os.lstat
 
-    def is_file(self: Path) -> bool:
-        if self.parent == store:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_is_file(self)
+    def lstat(path: str | Path, *args: object, **kwargs: object) -> os.stat_result:
+        if Path(path).parent == store:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Path, "is_file", is_file)
+    monkeypatch.setattr(store_module.os, "lstat", lstat)
     result = runner.invoke(cli_app, ["inspect", str(store), "--quiet"])
     assert (result.exit_code == 1 and result.exception is None) or isinstance(result.exception, SystemExit)
     assert f"{store}: /: root_metadata: " in result.stderr and "Permission denied" in result.stderr
@@ -467,3 +468,252 @@ def test_a_failed_copy_of_the_kept_groups_is_reported_by_its_strerror() -> None:
     error = shutil.Error([("a/c/0", "b/c/0", "[Errno 28] No space left on device: 'a/c/0' -> 'b/c/0'")])
     assert store_module._os_reason(error) == "No space left on device"
     assert store_module._os_reason(OSError(30, "Read-only file system")) == "Read-only file system"
+
+
+# --------------------------------------------------------------------------------------
+# one writer per store, the swap readers never see half done, links, consolidated metadata
+# --------------------------------------------------------------------------------------
+
+
+def _tiny(path: Path, group: str, value: int, *, force: bool = False) -> store_module.WriteReport:
+    rig = small_rig()
+    data = GroupData(arrays={"a": np.full((3, 4), value, dtype=np.int32)}, attrs={"v": value})
+    return write_groups(path, root_attrs=root_attributes(rig), groups={group: data}, force=force)
+
+
+def test_a_second_writer_waits_for_the_lock_then_keeps_the_first_writers_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that finds the store locked says so once, waits, and then builds on the store
+    the first writer left: both groups are there (no lost write), each with its own content."""
+    import threading
+    import time
+
+    path = tmp_path / "small.zarr"
+    messages: list[str] = []
+    monkeypatch.setattr(store_module, "LOCK_WAIT_REPORTERS", [messages.append])
+    holding, release = threading.Event(), threading.Event()
+
+    def first_writer() -> None:
+        with store_module.store_lock(path):
+            holding.set()
+            release.wait(10)
+            _tiny(path, "one", 1)  # re-entrant: the write takes the lock this thread holds
+
+    thread = threading.Thread(target=first_writer)
+    thread.start()
+    assert holding.wait(10)
+    threading.Timer(0.4, release.set).start()
+    t0 = time.monotonic()
+    _tiny(path, "two", 2)
+    thread.join(10)
+    assert time.monotonic() - t0 >= 0.3
+    assert len(messages) == 1 and messages[0].startswith(f"waiting for {path}: it is being written by pid ")
+    reader = open_store(path)
+    assert reader.groups() == ["one", "two"]
+    assert int(reader.read("one", "a")[0, 0]) == 1 and int(reader.read("two", "a")[0, 0]) == 2
+    assert not store_module.lock_path(path).exists()  # the holder removes the lock file on release
+
+
+def test_a_locked_store_with_waiting_disabled_is_one_line_naming_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+
+    path = tmp_path / "small.zarr"
+    monkeypatch.setenv(store_module.LOCK_TIMEOUT_ENV, "0")
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store_module.store_lock(path):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        with pytest.raises(store_module.StoreLockedError) as info:
+            _tiny(path, "one", 1)
+    finally:
+        release.set()
+        thread.join(10)
+    message = str(info.value)
+    assert message.startswith(f"{path}: is being written by pid {os.getpid()} on ")
+    assert "waiting disabled: BEVCOMPILE_LOCK_TIMEOUT=0" in message and "\n" not in message
+    assert not path.exists() and [p.name for p in tmp_path.iterdir()] == []  # nothing written, no temporary
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_a_bad_lock_timeout_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from bevcompile.errors import UsageError
+
+    monkeypatch.setenv(store_module.LOCK_TIMEOUT_ENV, value)
+    with pytest.raises(UsageError, match=r"BEVCOMPILE_LOCK_TIMEOUT='.*': expected seconds"):
+        _tiny(tmp_path / "small.zarr", "one", 1)
+
+
+def test_the_lock_of_a_killed_writer_is_released_by_the_os(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL while it holds the lock never blocks the next one."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "small.zarr"
+    code = (
+        "import os, signal, sys; from bevcompile.store.zarr_io import store_lock\n"
+        f"with store_lock({str(path)!r}):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, check=False)
+    assert result.returncode == -9
+    assert store_module.lock_path(path).exists()  # left behind by the kill, but not locked
+    store_module.os.environ[store_module.LOCK_TIMEOUT_ENV] = "0"
+    try:
+        _tiny(path, "one", 1)
+    finally:
+        del store_module.os.environ[store_module.LOCK_TIMEOUT_ENV]
+    assert open_store(path).groups() == ["one"] and not store_module.lock_path(path).exists()
+
+
+def test_the_swap_exchanges_the_folders_so_the_store_path_never_goes_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    seen: list[bool] = []
+    real_rename, real_exchange = store_module.os.rename, store_module._exchange
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        seen.append(path.exists())
+        real_rename(src, dst)
+        seen.append(path.exists())
+
+    def exchange(a: Path, b: Path) -> bool:
+        seen.append(path.exists())
+        done = real_exchange(a, b)
+        seen.append(path.exists())
+        return done
+
+    monkeypatch.setattr(store_module.os, "rename", rename)
+    monkeypatch.setattr(store_module, "_exchange", exchange)
+    _tiny(path, "two", 2)
+    assert seen and all(seen)
+    assert open_store(path).groups() == ["one", "two"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_a_store_link_is_written_through_and_kept(tmp_path: Path) -> None:
+    """A store path that is a symbolic link: the store is rebuilt at its target, the link stays,
+    nothing is left beside either."""
+    real = tmp_path / "ssd"
+    real.mkdir()
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    link = out / "small.zarr"
+    link.symlink_to(real / "small.zarr")  # dangling: the first write creates the target
+    report = _tiny(link, "one", 1)
+    assert report.path == link and report.target == real / "small.zarr"
+    _tiny(link, "two", 2)
+    assert link.is_symlink() and (real / "small.zarr").is_dir() and not (real / "small.zarr").is_symlink()
+    assert open_store(link).groups() == ["one", "two"]
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+    assert sorted(p.name for p in real.iterdir()) == ["small.zarr"]
+
+
+def test_a_store_link_into_a_missing_folder_and_a_looping_link_are_one_line_errors(tmp_path: Path) -> None:
+    link = tmp_path / "small.zarr"
+    link.symlink_to(tmp_path / "nowhere" / "small.zarr")
+    with pytest.raises(StoreError, match=r"a symbolic link to .*nowhere/small.zarr, whose folder .*nowhere does not exist"):
+        _tiny(link, "one", 1)
+    link.unlink()
+    link.symlink_to(link)
+    with pytest.raises(StoreError, match="a symbolic link that cannot be followed"):
+        _tiny(link, "one", 1)
+
+
+def test_a_dangling_out_link_and_a_missing_parent_are_refused_creating_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "gone")
+    with pytest.raises(StoreError, match=r"out: a symbolic link to .*gone, which is not a folder"):
+        _tiny(out / "small.zarr", "one", 1)
+    with pytest.raises(StoreError, match=r"cannot create the output folder: its parent .*/missing does not exist"):
+        _tiny(tmp_path / "missing" / "out" / "small.zarr", "one", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    _tiny(tmp_path / "new" / "small.zarr", "one", 1)  # the one folder --out names is created
+    assert (tmp_path / "new" / "small.zarr").is_dir()
+
+
+def test_an_old_link_a_previous_version_moved_aside_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    stale = tmp_path / f".small.zarr{store_module.OLD_MARK}999999999-{store_module._host_tag()}-deadbeef"
+    stale.symlink_to(tmp_path / "elsewhere")
+    _tiny(path, "two", 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_writes_into_a_consolidated_store_rebuild_its_consolidated_metadata(tmp_path: Path) -> None:
+    """After ``zarr.consolidate_metadata`` a later write keeps the store consistent for both
+    kinds of reader: the per-node metadata and the consolidated copy both list the new group."""
+    import zarr
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    with pytest.warns(UserWarning, match="Consolidated metadata"):
+        zarr.consolidate_metadata(str(path))
+    report = _tiny(path, "two", 2)
+    assert report.consolidated
+    consolidated = zarr.open_consolidated(str(path), zarr_format=3)
+    assert sorted(consolidated.group_keys()) == ["one", "two"]
+    assert int(consolidated["two"]["a"][0, 0]) == 2
+    assert open_store(path).groups() == ["one", "two"]
+    plain = tmp_path / "plain.zarr"
+    assert not _tiny(plain, "one", 1).consolidated
+    assert "consolidated_metadata" not in (plain / "zarr.json").read_text() or '"consolidated_metadata": null' in (plain / "zarr.json").read_text()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
+def test_a_metadata_file_that_is_no_regular_file_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    import os
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    meta = path / "one" / "a" / "zarr.json"
+    meta.unlink()
+    if kind == "fifo":
+        os.mkfifo(meta)
+    elif kind == "dev_zero":
+        meta.symlink_to("/dev/zero")
+    else:
+        with open(meta, "wb") as fh:
+            fh.truncate(store_module.MAX_METADATA_BYTES + 1)
+    reason = {"fifo": "a FIFO, not a regular file", "dev_zero": "a character device, not a regular file", "huge": "more than the 64 MiB"}[kind]
+    with pytest.raises(StoreError, match=reason):
+        open_store(path).read("one", "a")
+
+
+def test_a_chunk_that_is_a_fifo_is_refused_before_zarr_reads_it(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    chunk = next(p for p in (path / "one" / "a" / "c").rglob("*") if p.is_file())
+    chunk.unlink()
+    os.mkfifo(chunk)
+    with pytest.raises(StoreError, match=r"one/a: c/0/0: a FIFO, not a regular file"):
+        open_store(path).read("one", "a")
+
+
+def test_inspect_fails_stale_consolidated_metadata_and_passes_fresh(tmp_path: Path) -> None:
+    import warnings
+
+    import zarr
+
+    from bevcompile.store.inspection import inspect_store
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
+    check = next(c for c in inspect_store(path).checks if c.name == "consolidated_metadata")
+    assert check.passed
+    # a write by a tool that does not re-consolidate (here: by hand) leaves the copy stale
+    root = zarr.open_group(str(path), mode="r+", zarr_format=3, use_consolidated=False)
+    root["one"].attrs["v"] = 5
+    check = next(c for c in inspect_store(path).checks if c.name == "consolidated_metadata")
+    assert not check.passed and "one differs from its zarr.json" in check.reason
