@@ -25,6 +25,18 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 # --------------------------------------------------------------------------------------
 
 
+INTEROP_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
+    "bevpoolv2_ranks_bev": ("point",),
+    "bevpoolv2_ranks_depth": ("point",),
+    "bevpoolv2_ranks_feat": ("point",),
+    "bevpoolv2_interval_starts": ("interval",),
+    "bevpoolv2_interval_lengths": ("interval",),
+    "fastbev_lut": ("height", "y", "x"),
+    "fastbev_n_views": ("height", "y", "x"),
+}
+"""``interop/`` axes: BEVPoolv2's kept ``point`` s and ``interval`` s, Fast-BEV's ``(height, y, x)`` voxels."""
+
+
 def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
     return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
 
@@ -175,7 +187,7 @@ def run_export_interop(
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
-        groups={"interop": GroupData(arrays=arrays, attrs=attrs)},
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: INTEROP_DIMENSION_NAMES[name] for name in arrays})},
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []

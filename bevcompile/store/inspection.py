@@ -44,6 +44,7 @@ from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
 from .plugins import Check, CheckContext
 from .zarr_io import (
+    GROUP_CONFIG_ATTR,
     GROUPS_ATTR,
     READABLE_FORMATS,
     STORE_SUFFIX,
@@ -220,8 +221,9 @@ def looks_like_store(path: Path) -> bool:
     return path.is_dir() and (is_store(path) or path.suffix == STORE_SUFFIX)
 
 
-BEVCOMPILE_ROOT_KEYS = ("format", "tool_version", "config", "config_sha256", "conventions", GROUPS_ATTR)
-"""Root attributes of a bevcompile store: a zarr root holding none of them is not one."""
+BEVCOMPILE_ROOT_KEYS = ("format", "tool_version", "config", "conventions", GROUPS_ATTR)
+"""Root attributes of a bevcompile store: a zarr root holding none of them is not one
+(``config_sha256`` is not among them: every group records it too)."""
 ANCESTOR_LEVELS = 3
 """How far up :func:`enclosing_store` looks (store/group/array/c)."""
 
@@ -478,6 +480,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             gattrs = {}
         loaded.group_attrs[group] = gattrs
         summary.key_attrs = key_attributes(gattrs)
+        _group_config_check(report, group, gattrs.get(GROUP_CONFIG_ATTR), attrs.get("config_sha256"))
         try:
             names = reader.child_dirs(group)
         except StoreError as exc:
@@ -529,6 +532,22 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
     if not n_damaged:
         report.add("node_metadata", ROOT, True, "every group and array folder has readable metadata")
     return loaded
+
+
+def _group_config_check(report: StoreReport, group: str, group_sha: Any, root_sha: Any) -> None:
+    """``group_config``: the group was built from the config of the root (a group copied in from
+    another rig's store, or left by a mixed write, names another)."""
+    if group_sha is None:
+        report.notes.append(f"{group}/ records no {GROUP_CONFIG_ATTR} (built before groups recorded their config): a group copied from another store cannot be detected")
+        return
+    if group_sha == root_sha:
+        report.add("group_config", f"{group}/", True, f"built from the root's config ({hash_pair(group_sha, root_sha)[0]})")
+        return
+    ours, root = hash_pair(group_sha, root_sha)
+    report.add(
+        "group_config", f"{group}/", False,
+        f"built from another config (config_sha256 {ours}, the root's {root}): copied from another store or left by a mixed write; rebuild it",
+    )
 
 
 def _strip_store(message: str, path: Path) -> str:
@@ -817,7 +836,7 @@ def _short(value: Any, width: int = 80) -> str:
 
 def _compare_attrs(report: StoreReport, group: str, stored: Any, rebuilt: dict[str, Any]) -> None:
     """``strict_attrs``: the stored group attributes equal the rebuilt ones, key by key."""
-    excluded = STRICT_ATTRS_EXCLUDED.get(group, {})
+    excluded = {GROUP_CONFIG_ATTR: "written by the store writer (checked by group_config)", **STRICT_ATTRS_EXCLUDED.get(group, {})}
     if isinstance(stored, dict):
         stored = {k: v for k, v in stored.items() if k not in excluded}
     rebuilt = {k: v for k, v in rebuilt.items() if k not in excluded}

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError, StoreError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
-from .zarr_io import READABLE_FORMATS, ArrayInfo, StoreReader, open_store, read_metadata_file
+from .zarr_io import GROUP_CONFIG_ATTR, READABLE_FORMATS, ArrayInfo, StoreReader, open_store, read_metadata_file
 
 GROUP_COMMANDS: dict[str, str] = {
     "grid": "bevcompile grid",
@@ -290,6 +290,15 @@ class LoadedStore:
                 f"{self.path}: group {name}/ was added after this store was loaded; reload it to read {name}/"
             )
         group = StoreGroup(self._reader, name, verify=self._verify, identity=self._identity)
+        group_sha = group.attrs.get(GROUP_CONFIG_ATTR)
+        root_sha = self._reader.root_attrs.get("config_sha256")
+        if group_sha is not None and group_sha != root_sha:  # never serve a group of another car
+            ours, root = hash_pair(group_sha, root_sha)
+            command = GROUP_COMMANDS.get(name)
+            raise StoreError(
+                f"{self.path}: group {name}/ was built from another config (config_sha256 {ours}, the store's {root})"
+                + (f"; run `{command}` to rebuild it" if command else "")
+            )
         self._groups[name] = group
         return group
 

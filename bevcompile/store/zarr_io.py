@@ -72,11 +72,14 @@ class GroupData:
     """Arrays and attributes of one group to write.
 
     ``chunks`` may give an explicit chunk shape per array; the rest use :func:`default_chunks`.
+    ``dims`` names every axis of every array (zarr v3 ``dimension_names``, what xarray reads):
+    within a group one name is one length, e.g. ``grid/coords`` ``(camera, height, y, x, uv)``.
     """
 
     arrays: dict[str, np.ndarray]
     attrs: dict[str, Any] = field(default_factory=dict)
     chunks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -195,9 +198,28 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
+GROUP_CONFIG_ATTR = "config_sha256"
+"""Group attribute the writer adds: the ``config_sha256`` of the config the group was built from
+(the root's, when the group was written); inspect fails a group whose value is not the root's."""
+
+
+def check_dimension_names(group_name: str, data: GroupData) -> None:
+    """Every array has ``dims`` of its rank, and within the group one name has one length."""
+    lengths: dict[str, tuple[int, str]] = {}
+    for name, array in data.arrays.items():
+        dims = data.dims.get(name)
+        if dims is None or len(dims) != np.ndim(array):
+            raise StoreError(f"{group_name}/{name}: dimension names {dims} do not name its {np.ndim(array)} axes")
+        for dim, size in zip(dims, np.shape(array), strict=True):
+            seen = lengths.setdefault(dim, (int(size), name))
+            if seen[0] != size:
+                raise StoreError(f"{group_name}/{name}: dimension {dim!r} has length {size}, {seen[0]} in {group_name}/{seen[1]}")
+
+
 def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
     from zarr.codecs import ZstdCodec
 
+    check_dimension_names(group_name, data)
     group = root.create_group(group_name, overwrite=True)
     group.attrs.update(_json_safe(data.attrs, f"{group_name}/"))
     sizes: dict[str, int] = {}
@@ -216,6 +238,7 @@ def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
             compressors=ZstdCodec(level=ZSTD_LEVEL, checksum=True),
             fill_value=0,
             attributes={"sha256": array_sha256(array)},
+            dimension_names=data.dims[name],
             config={"write_empty_chunks": True},
         )
         if array.size:
@@ -602,7 +625,8 @@ def write_groups(
                 root = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
                 root.attrs.update(_json_safe(dict(root_attrs), "root"))
             for name, data in groups.items():
-                sizes.update(_write_group(root, name, data))
+                stamped = GroupData(data.arrays, {**data.attrs, GROUP_CONFIG_ATTR: new_sha}, data.chunks, data.dims)
+                sizes.update(_write_group(root, name, stamped))
             root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
             del root
             if consolidate:  # readers of the consolidated metadata (xarray's default) see the new groups

@@ -16,7 +16,7 @@ from bevcompile.rig.config import config_sha256, config_to_dict, parse_config
 from bevcompile.store.root import root_attributes
 from bevcompile.store.zarr_io import GroupData, array_sha256, default_chunks, open_store, write_groups
 
-from ..rigs import small_rig, small_rig_data, tree_digest
+from ..rigs import group_data, small_rig, small_rig_data, tree_digest
 
 
 def test_store_contract(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> 
     rig = small_rig()
     path = tmp_path / "small.zarr"
     run_grid(rig, tmp_path)
-    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": GroupData({"x": np.arange(5)})})
+    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": group_data({"x": np.arange(5)})})
     run_grid(rig, tmp_path, align_corners=True)
     reader = open_store(path)
     assert reader.groups() == ["delta", "extra", "gather", "grid"]
@@ -137,7 +137,7 @@ def test_writer_refuses_non_finite_values(tmp_path: Path) -> None:
     rig = small_rig()
     with pytest.raises(StoreError, match="non-finite"):
         write_groups(
-            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.array([1.0, np.nan])})}
+            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": group_data({"x": np.array([1.0, np.nan])})}
         )
     assert not (tmp_path / "s.zarr").exists()
 
@@ -344,7 +344,7 @@ def test_an_out_folder_that_is_or_lies_in_a_store_is_refused(tmp_path: Path, out
     with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):
         run_grid(rig, tmp_path / out)
     with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):  # every writer of a store
-        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.arange(3)})})
+        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": group_data({"x": np.arange(3)})})
     assert tree_digest(tmp_path / "small.zarr") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
 
@@ -440,6 +440,7 @@ def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, m
     """stat raises EACCES (not "no such file") in a folder without search permission: inspect
     fails the store (exit 1), verify says so in one line (exit 2), never a traceback."""
     import os
+
     from bevcompile.cli import app as cli_app
 
     runner = CliRunner()
@@ -477,7 +478,7 @@ def test_a_failed_copy_of_the_kept_groups_is_reported_by_its_strerror() -> None:
 
 def _tiny(path: Path, group: str, value: int, *, force: bool = False) -> store_module.WriteReport:
     rig = small_rig()
-    data = GroupData(arrays={"a": np.full((3, 4), value, dtype=np.int32)}, attrs={"v": value})
+    data = GroupData(arrays={"a": np.full((3, 4), value, dtype=np.int32)}, attrs={"v": value}, dims={"a": ("i", "j")})
     return write_groups(path, root_attrs=root_attributes(rig), groups={group: data}, force=force)
 
 
@@ -717,3 +718,77 @@ def test_inspect_fails_stale_consolidated_metadata_and_passes_fresh(tmp_path: Pa
     root["one"].attrs["v"] = 5
     check = next(c for c in inspect_store(path).checks if c.name == "consolidated_metadata")
     assert not check.passed and "one differs from its zarr.json" in check.reason
+
+
+@pytest.fixture(scope="module")
+def every_group_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small store holding every group and every optional array the commands write."""
+    from bevcompile.cli import app as cli_app
+
+    from ..rigs import write_yaml
+
+    out = tmp_path_factory.mktemp("every_group")
+    config = write_yaml(out / "small.yaml", small_rig_data(heights=(0.0, 1.0)))
+    runner = CliRunner()
+    for args in (
+        ["grid", str(config), "--out", str(out), "--align", "30", "--order", "cache",
+         *(a for f in ("opencv", "pixel_q", "norm_q16", "uq12") for a in ("--format", f))],
+        ["matrix", str(config), "--out", str(out), "--topk", "8", "--tile-rows", "16", "--quantize", "int8", "--compact-rows"],
+        ["export-interop", str(out / "small.zarr"), "--to", "bevpoolv2", "--to", "fastbev-lut"],
+    ):
+        result = runner.invoke(cli_app, [*args, "--quiet"])
+        assert result.exit_code == 0, result.output
+    return out / "small.zarr"
+
+
+def test_xarray_opens_every_group_and_reads_what_zarr_reads(every_group_store: Path) -> None:
+    """Other people's readers: every array carries ``dimension_names``, so xarray opens every
+    group as a Dataset (one length per dimension name) and reads the same dtype and bytes."""
+    import xarray as xr
+    import zarr
+
+    root = zarr.open_group(str(every_group_store), mode="r", zarr_format=3, use_consolidated=False)
+    groups = sorted(root.group_keys())
+    assert groups == ["delta", "gather", "grid", "interop", "matrix"]
+    n_arrays = 0
+    for group in groups:
+        dataset = xr.open_zarr(str(every_group_store), group=group, consolidated=False)
+        names = sorted(root[group].array_keys())  # type: ignore[union-attr]
+        assert sorted(dataset.data_vars) == names, group
+        for name in names:
+            stored = root[group][name]  # type: ignore[index]
+            assert tuple(dataset[name].dims) == tuple(stored.metadata.dimension_names), f"{group}/{name}"
+            values = dataset[name].values
+            expected = stored[...]
+            assert values.dtype == expected.dtype and np.array_equal(values, expected), f"{group}/{name}"
+            n_arrays += 1
+    assert n_arrays == 45
+    assert tuple(root["grid"]["coords"].metadata.dimension_names) == ("camera", "height", "y", "x", "uv")  # type: ignore[index]
+
+
+def test_every_metadata_file_is_strict_json_and_every_group_names_its_config(every_group_store: Path) -> None:
+    """tensorstore-style strictness: no NaN/Infinity anywhere in the metadata; every group
+    records the root's config_sha256."""
+    import json
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    files = sorted(every_group_store.rglob("zarr.json"))
+    assert len(files) == 1 + 5 + 45
+    for meta in files:
+        json.loads(meta.read_text(), parse_constant=refuse)
+    root_sha = open_store(every_group_store).root_attrs["config_sha256"]
+    reader = open_store(every_group_store)
+    assert {g: reader.group_attrs(g)["config_sha256"] for g in reader.groups()} == dict.fromkeys(reader.groups(), root_sha)
+
+
+def test_dimension_names_must_name_every_axis_once_per_length(tmp_path: Path) -> None:
+    rig = small_rig()
+    bad = GroupData(arrays={"a": np.zeros((2, 3)), "b": np.zeros(4)}, dims={"a": ("row", "col"), "b": ("row",)})
+    with pytest.raises(StoreError, match=r"one/b: dimension 'row' has length 4, 2 in one/a"):
+        write_groups(tmp_path / "small.zarr", root_attrs=root_attributes(rig), groups={"one": bad})
+    missing = GroupData(arrays={"a": np.zeros((2, 3))})
+    with pytest.raises(StoreError, match=r"one/a: dimension names None do not name its 2 axes"):
+        write_groups(tmp_path / "small.zarr", root_attrs=root_attributes(rig), groups={"one": missing})
+    assert not (tmp_path / "small.zarr").exists()
