@@ -34,10 +34,10 @@ class ConfigError(BevcompileError, ValueError):
 
     def __init__(self, source: str, field: str, message: str) -> None:
         self.source = source
-        self.field = field
-        self.message = message
-        where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {message}")
+        self.field = printable(field, 200)  # a key of the config: may hold anything, ESC included
+        self.message = printable(message)
+        where = f"{printable(source, 300)}: {self.field}" if field else printable(source, 300)
+        super().__init__(printable(f"{where}: {self.message}"))
 
 
 class UsageError(BevcompileError, ValueError):
@@ -70,7 +70,7 @@ class CheckFailed(BevcompileError, AssertionError):
 # the text every message goes through: one line, bounded, no terminal control characters
 # --------------------------------------------------------------------------------------
 
-MAX_MESSAGE_CHARS = 600
+MAX_MESSAGE_CHARS = 1000
 """An error line is cut to this many characters (a value echoed in it is cut much earlier, see
 :func:`shown`): a config of megabytes must not print a line of megabytes."""
 SHOWN_VALUE_CHARS = 60
