@@ -464,10 +464,13 @@ def summarise_cameras(rig: RigConfig, products: GridProducts) -> list[CameraSumm
     return out
 
 
-GRID_BYTES_PER_SAMPLE = 256
-"""Peak memory of ``bevcompile grid`` per sample (camera x height x BEV cell), with margin:
-measured ~195 B/sample (80 MB for nuScenes' 98 k samples, 356 MB for 1.6 M, 1.27 GB for 6.3 M)."""
-GRID_BYTES_BASE = 64 * 2**20
+GRID_BYTES_PER_SAMPLE = 336
+"""Peak memory of ``bevcompile grid`` per sample (camera x height x BEV cell), whole process
+(``ru_maxrss``), never under the measured peak: 74 MB at 60 k samples, 237 MB at 0.96 M, 853 MB at
+3.84 M (nuScenes 100/400/800 cells a side, bevcompile 0.2, tests/grid/test_build.py re-measures
+two sizes), and 316 B/sample at 24 M (2000 x 2000: the size at which 256 B was 22 % under)."""
+GRID_BYTES_BASE = 96 * 2**20
+"""The interpreter, numpy, zarr and the tool before the first array (74 MB measured at 60 k samples)."""
 
 
 

@@ -301,6 +301,8 @@ def resolve_store_paths(paths: Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
+        if str(path) == "-":
+            raise UsageError("-: inspect reads stores, which are folders; standard input cannot hold one")
         if not path.exists():
             raise UsageError(f"{path}: no such store or folder")
         if not path.is_dir():

@@ -122,11 +122,54 @@ def _has_zarr_json(folder: Path) -> bool:
         return False
 
 
+STDIO = "-"
+"""``-`` as a path: standard output (a file written by ``export-onnx`` / ``render``) or standard
+input (a config); refused where a folder is needed (a store cannot be streamed)."""
+
+
+def output_file(out: str | Path, option: str = "--out") -> Path | None:
+    """Check, before any work, the file a command will write: None for ``-`` (standard output;
+    refused when it is a terminal), else the path, whose folder must exist (no folder is
+    created) and be writable. :class:`UsageError` / :class:`StoreError` (exit 2) naming ``out``."""
+    import sys
+    import tempfile
+
+    if str(out) == STDIO:
+        stream = sys.stdout
+        if stream is None or getattr(stream, "buffer", None) is None:
+            raise UsageError(f"{option} -: standard output is closed")
+        if stream.isatty():
+            raise UsageError(f"{option} -: refusing to write a binary file to a terminal; redirect it (> file) or give a file name")
+        return None
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name such as {path / 'out'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise StoreError(f"{option} {path}: its folder {folder} does not exist (no folder is created for a file)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.probe-", delete=True):
+            pass
+    except OSError as exc:
+        raise StoreError(f"{option} {path}: cannot write ({_os_reason(exc)})") from None
+    return path
+
+
 def check_out_dir(out_dir: str | Path) -> None:
     """Refuse an output folder that is a zarr store (holds ``zarr.json``, or is named ``*.zarr``)
     or lies inside one: ``--out artifacts/nuscenes.zarr`` would write a store *into* the store,
-    which then fails ``inspect``. :class:`UsageError` (exit 2), before anything is created."""
+    which then fails ``inspect``. :class:`UsageError` (exit 2), before anything is created.
+    ``-`` is refused: a store is a folder, standard output cannot hold one."""
+    if str(out_dir) == STDIO:
+        raise UsageError("--out -: a store is a folder of files and cannot be written to standard output; give a folder")
     folder = Path(out_dir)
+    try:
+        os.stat(folder) if os.path.lexists(folder) else None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise StoreError(f"--out {shown(str(folder), 80)}: path too long ({_os_reason(exc)})") from None
+    if len(os.fsencode(os.path.abspath(folder))) >= 4000:  # PATH_MAX 4096, with the store and its temporaries
+        raise StoreError(f"--out {shown(str(folder), 80)}: path too long for the file system ({len(str(folder)):,} characters)")
     if folder.name.endswith(STORE_SUFFIX) or _has_zarr_json(folder):
         raise UsageError(f"--out {folder} is a zarr store; --out takes the folder that holds stores")
     try:
@@ -894,6 +937,27 @@ def check_regular_files(folder: str | Path, max_file_bytes: int, *, limit_entrie
             if info.st_size > max_file_bytes:
                 return f"{os.path.relpath(full, folder)}: {info.st_size:,} bytes, more than a chunk of this array can be ({max_file_bytes:,})"
     return None
+
+
+def the_one_store(path: str | Path, command: str) -> Path:
+    """``path`` if it is a store (or named ``*.zarr``); for a folder that holds exactly one
+    ``<name>.zarr`` store, that store (as ``inspect`` accepts folders). :class:`StoreError` for a
+    folder holding none or several, ``-`` (a store is a folder, not a stream)."""
+    path = Path(path)
+    if str(path) == STDIO:
+        raise StoreError(f"-: {command} reads a store, which is a folder; standard input cannot hold one")
+    try:
+        if not path.is_dir() or is_store(path) or path.suffix == STORE_SUFFIX:
+            return path
+    except OSError:
+        return path  # the reader says why
+    found = find_stores(path)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise StoreError(f"{path}: not a store, and holds no <name>{STORE_SUFFIX} store")
+    names = ", ".join(p.name for p in found[:5]) + (", …" if len(found) > 5 else "")
+    raise StoreError(f"{path}: holds {len(found)} stores ({names}); {command} one of them")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -81,7 +81,7 @@ def test_resolve_target_config_store_and_default(small_store: Path, tmp_path: Pa
     with pytest.raises(ConfigError, match="file not found"):
         resolve_target(tmp_path / "nothing.yaml", tmp_path)
     (tmp_path / "plain").mkdir()
-    with pytest.raises(StoreError, match=r"plain: not a zarr store \(no zarr.json at its root\)"):
+    with pytest.raises(StoreError, match=r"plain: not a store, and holds no <name>.zarr store"):
         resolve_target(tmp_path / "plain", tmp_path)
 
 
