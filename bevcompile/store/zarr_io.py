@@ -378,6 +378,11 @@ def _judge_existing(path: Path, new_sha: str, force: bool) -> bool:
             raise StoreConflictError(f"{path}: exists but is not a readable bevcompile store ({exc}); pass --force to replace it") from None
         return False
     if old_sha == new_sha:
+        unsafe = check_regular_files(path, 1 << 62)  # its groups are copied: a FIFO would block the copy
+        if unsafe is not None:
+            if force:
+                return False
+            raise StoreConflictError(f"{path}: exists but is damaged ({unsafe}); pass --force to replace it")
         return True
     if force:
         return False
@@ -1021,7 +1026,8 @@ class StoreReader:
             except StoreError:
                 bad.append(group_dir.name)
                 continue
-            known = set(group.array_keys())
+            del group
+            known = set(self.arrays(group_dir.name))
             for array_dir in sorted(p for p in group_dir.iterdir() if p.is_dir()):
                 if array_dir.name not in known:
                     bad.append(f"{group_dir.name}/{array_dir.name}")
@@ -1146,11 +1152,19 @@ class StoreReader:
             raise StoreError(f"{self.path}: {group}/ attributes unreadable ({_one_line(exc)})") from None
 
     def arrays(self, group: str) -> list[str]:
-        node = self._group(group)
-        try:
-            return sorted(node.array_keys())
-        except Exception as exc:
-            raise StoreError(f"{self.path}: cannot list arrays of {group}/ ({_one_line(exc)})") from None
+        """The group's arrays: sub-folders whose ``zarr.json`` is a sane regular file describing an
+        array (listed without zarr, which would read every child's metadata unchecked: a FIFO
+        there would block it)."""
+        self._group(group)
+        out = []
+        for name in self.child_dirs(group):
+            try:
+                meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
+            except (StoreError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("node_type") == "array":
+                out.append(name)
+        return out
 
     def has_array(self, group: str, name: str) -> bool:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,10 @@ from bevcompile.cli import main
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["matrix", "--topk", "abc"], "error: bevcompile matrix: Invalid value for '--topk'"),
-        (["grid", "--no-such-option"], "error: bevcompile grid: No such option: --no-such-option"),
-        (["no-such-command"], "error: bevcompile: No such command 'no-such-command'"),
+        (["matrix", "--topk", "abc"], r"error: bevcompile matrix: Invalid value for '--topk'"),
+        # click's wording moved between versions (typer 0.16 with click 8.3: "No such option '--x'.")
+        (["grid", "--no-such-option"], r"error: bevcompile grid: No such option:? '?--no-such-option"),
+        (["no-such-command"], r"error: bevcompile: No such command 'no-such-command'"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
@@ -23,7 +25,7 @@ def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], ar
         main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(expected), err
+    assert re.match(expected, err), err
     assert err.count("\n") == 1
 
 

@@ -531,3 +531,39 @@ def test_a_group_without_a_recorded_config_is_a_note_not_a_failure(small_copy: P
     report = inspect_store(small_copy)
     assert report.passed
     assert any(n.startswith("grid/ records no config_sha256") for n in report.notes)
+
+
+NEW_DAMAGE: dict[str, tuple[Callable[[Path, Path], object], str, str]] = {
+    # label: (damage(store, other store), failing array, failing check)
+    "root zarr.json is a FIFO": (lambda s, o: damage.fifo_metadata(s), "/", "root_metadata"),
+    "group zarr.json links to /dev/zero": (lambda s, o: damage.device_metadata(s, "gather"), "gather/", "node_metadata"),
+    "array zarr.json is a FIFO": (lambda s, o: damage.fifo_metadata(s, "grid/valid"), "grid/valid", "node_metadata"),
+    "chunk is a FIFO": (lambda s, o: damage.fifo_chunk(s, "grid/coords"), "grid/coords", "read"),
+    "chunk of 16 GiB": (lambda s, o: damage.huge_chunk(s, "grid/norm"), "grid/norm", "read"),
+    "group copied from another rig": (lambda s, o: damage.foreign_group(s, "delta", o), "delta/", "group_config"),
+    "stale consolidated metadata": (lambda s, o: damage.stale_consolidated(s), "/", "consolidated_metadata"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(NEW_DAMAGE))
+def test_new_damage_kinds_fail_inspect_and_load_without_hanging(label: str, stores: dict[str, Path], tmp_path: Path) -> None:
+    """The damage kinds of issue 21: caught by plain inspect (a named failed check, no hang, no
+    exception) and by ``bevcompile.load`` (a StoreError, never a mixed or endless read)."""
+    from bevcompile.errors import StoreError
+    from bevcompile.store.loader import load
+
+    other = tmp_path / "other"
+    data = rigs.small_rig_data()
+    data["cameras"][0]["sensor2ego"][0][3] += 0.05
+    run_grid(parse_config(data), other)
+    store = damage.copy_store(stores["small"], tmp_path / "small.zarr")
+    harm, array, check = NEW_DAMAGE[label]
+    harm(store, other / "small.zarr")
+    report = inspect_store(store)
+    assert (array, check) in _failures(report), _failures(report)
+    if check != "consolidated_metadata":  # the per-node metadata is intact there: load reads it
+        with pytest.raises(StoreError):
+            loaded = load(store)
+            for group in ("grid", "gather", "delta"):  # every array folder there is, by name
+                for folder in sorted(p for p in (store / group).iterdir() if p.is_dir()):
+                    loaded[group][folder.name]
