@@ -173,8 +173,12 @@ def run_export_interop(
     attrs = interop_group_attrs(rig, build_options, target_attrs)
     folder = Path(npy_dir) if npy_dir is not None else None
     if folder is not None:  # before the store is touched: a bad --npy changes nothing
+        if str(folder) == "-":
+            raise UsageError("--npy -: the .npy files are several files and cannot be written to standard output; give a folder")
+        if not folder.parent.is_dir():
+            raise StoreError(f"{folder}: cannot create the .npy folder: its parent {folder.parent} does not exist")
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(exist_ok=True)
             probe = folder / f".bevcompile-write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
