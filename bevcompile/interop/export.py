@@ -175,7 +175,7 @@ def run_export_interop(
     if folder is not None:  # before the store is touched: a bad --npy changes nothing
         if str(folder) == "-":
             raise UsageError("--npy -: the .npy files are several files and cannot be written to standard output; give a folder")
-        if not folder.parent.is_dir():
+        if not os.path.lexists(folder.parent):
             raise StoreError(f"{folder}: cannot create the .npy folder: its parent {folder.parent} does not exist")
         try:
             folder.mkdir(exist_ok=True)
