@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP_RUN  := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test test-min lint typecheck bench clean
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -34,6 +34,25 @@ test: $(STAMP_TEST)
 	  $(BIN)/bevcompile grid --out $$tmp --quiet && \
 	  $(BIN)/bevcompile matrix --out $$tmp --topk 24 --align 16 --quiet && \
 	  $(BIN)/bevcompile inspect $$tmp; rc=$$?; rm -rf $$tmp; exit $$rc
+
+## make test-min: the LOWEST versions pyproject.toml allows (runtime deps and torch), in $(VENV_MIN), and a
+## smoke subset of the suite plus the end-to-end build; not part of `make test` (it downloads old wheels)
+VENV_MIN ?= .venv-min
+MIN_SMOKE := tests/rig/test_config_hardening.py tests/rig/test_config_fuzz.py tests/cli/test_main.py \
+	tests/cli/test_grid_cmd.py tests/cli/test_matrix_cmd.py tests/store/test_inspection.py tests/test_memory.py
+test-min:
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
+	rm -rf $(VENV_MIN) && $(PYTHON) -m venv $(VENV_MIN) && $(VENV_MIN)/bin/python -m pip install -q --upgrade pip
+	$(VENV_MIN)/bin/python tests/min_versions.py pyproject.toml > $(VENV_MIN)/min-constraints.txt
+	@echo "== declared minimums:" && cat $(VENV_MIN)/min-constraints.txt
+	$(VENV_MIN)/bin/pip install -q -c $(VENV_MIN)/min-constraints.txt -e '.[torch]' pytest hypothesis
+	$(VENV_MIN)/bin/python tests/min_versions.py pyproject.toml --check
+	$(VENV_MIN)/bin/pytest -q -p no:cacheprovider $(MIN_SMOKE) tests/deploy/test_torch.py -k "not onnx and not cv2"
+	@tmp=$$(mktemp -d) && \
+	  $(VENV_MIN)/bin/bevcompile grid --out $$tmp --quiet && \
+	  $(VENV_MIN)/bin/bevcompile matrix --out $$tmp --topk 24 --align 16 --quiet && \
+	  $(VENV_MIN)/bin/bevcompile export-interop $$tmp/nuscenes.zarr --to bevpoolv2 --quiet && \
+	  $(VENV_MIN)/bin/bevcompile inspect $$tmp; rc=$$?; rm -rf $$tmp; exit $$rc
 
 lint: $(STAMP_TEST)
 	$(BIN)/ruff check .

@@ -11,6 +11,7 @@ ConfigError       2          a rig config is missing, unreadable or invalid
 UsageError        2          a command-line value is invalid or inconsistent
 StoreError        2          a path is not a readable bevcompile store
 StoreConflictError 2         refusing to replace a store built from another config
+StoreLockedError  2          another process is writing the store (its lock was not released in time)
 DependencyError   2          an optional extra (torch, onnx, matplotlib) is missing
 CheckpointError   2          a checkpoint given to ``absorb`` is unreadable or does not fit the store
 CheckFailed       1          an integrity/equivalence check failed (inspect/verify)
@@ -32,10 +33,10 @@ class _WhereError(BevcompileError):
 
     def __init__(self, source: str, field: str, message: str) -> None:
         self.source = source
-        self.field = field
-        self.message = message
-        where = f"{source}: {field}" if field else source
-        super().__init__(f"{where}: {message}")
+        self.field = printable(field, 200)  # a key of the config: may hold anything, ESC included
+        self.message = printable(message)
+        where = f"{printable(source, 300)}: {self.field}" if field else printable(source, 300)
+        super().__init__(printable(f"{where}: {self.message}"))
 
 
 class ConfigError(_WhereError, ValueError):
@@ -55,6 +56,10 @@ class StoreError(BevcompileError, OSError):
 
 class StoreConflictError(StoreError, FileExistsError):
     """An existing store was built from a different config; ``--force`` replaces it."""
+
+
+class StoreLockedError(StoreError, BlockingIOError):
+    """Another process holds the store's write lock and did not release it in time."""
 
 
 class DependencyError(BevcompileError, ImportError):
@@ -86,3 +91,62 @@ def check_int_option(name: str, value: object, low: int, high: int | None = None
         return int(value)  # type: ignore[call-overload]
     bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
     raise UsageError(f"--{name} must be an integer {bounds}, got {value!r}")
+
+# --------------------------------------------------------------------------------------
+# the text every message goes through: one line, bounded, no terminal control characters
+# --------------------------------------------------------------------------------------
+
+MAX_MESSAGE_CHARS = 1000
+"""An error line is cut to this many characters (a value echoed in it is cut much earlier, see
+:func:`shown`): a config of megabytes must not print a line of megabytes."""
+SHOWN_VALUE_CHARS = 60
+"""A value quoted in a message (:func:`shown`) keeps this many characters of its ``repr``."""
+
+
+def printable(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` as one terminal-safe line: line breaks and tabs become spaces, every other
+    control or format character (ESC, DEL, C1, bidi overrides) is shown escaped (``\\x1b``), and
+    the result is cut to ``limit`` characters, saying how many were cut."""
+    out = []
+    for ch in str(text):
+        if ch in "\n\r\t\v\f\u2028\u2029":
+            out.append(" ")
+        elif _is_control(ch):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    line = " ".join("".join(out).split(" ")) if out else ""
+    if len(line) > limit:
+        return f"{line[: max(limit - 30, 10)]}… ({len(line) - max(limit - 30, 10):,} more characters)"
+    return line
+
+
+def _is_control(ch: str) -> bool:
+    import unicodedata
+
+    return unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn") and ch != "\u200d"
+
+
+def shown(value: object, limit: int = SHOWN_VALUE_CHARS) -> str:
+    """``repr(value)`` for a message, cut in the middle to about ``limit`` characters (the
+    length is then given), with control characters escaped."""
+    text = repr(value)
+    if len(text) > limit:
+        half = max(limit // 2 - 2, 4)
+        size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(text):,} characters as text"
+        text = f"{text[:half]}…{text[-half:]} ({size})"
+    return printable(text, 4 * limit)
+
+
+HASH_SHOWN_CHARS = 12
+
+
+def hash_pair(a: object, b: object) -> tuple[str, str]:
+    """Two hex digests shortened for a message, but never cut before they differ:
+    ``("c1c66ac95cc3d1…", "c1c66ac95cc3e7…")``. Non-strings are shown with :func:`shown`."""
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return (a[:HASH_SHOWN_CHARS] + "…" if isinstance(a, str) else shown(a)), (b[:HASH_SHOWN_CHARS] + "…" if isinstance(b, str) else shown(b))
+    first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    n = max(HASH_SHOWN_CHARS, first + 2) if a != b else HASH_SHOWN_CHARS
+    return (printable(a[:n], 80) + ("…" if len(a) > n else "")), (printable(b[:n], 80) + ("…" if len(b) > n else ""))

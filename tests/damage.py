@@ -93,3 +93,56 @@ def rewrite_array(store: Path, array: str, data: np.ndarray, *, update_sha256: b
 def copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def fifo_metadata(store: Path, node: str = "") -> Path:
+    """Replace a ``zarr.json`` by a FIFO (a reader that opens it without care blocks forever)."""
+    import os
+
+    victim = store / node / "zarr.json" if node else store / "zarr.json"
+    victim.unlink()
+    os.mkfifo(victim)
+    return victim
+
+
+def device_metadata(store: Path, node: str, device: str = "/dev/zero") -> Path:
+    """Replace a ``zarr.json`` by a link to a device that never ends."""
+    victim = store / node / "zarr.json"
+    victim.unlink()
+    victim.symlink_to(device)
+    return victim
+
+
+def fifo_chunk(store: Path, array: str) -> Path:
+    import os
+
+    victim = chunk_files(store, array)[0]
+    victim.unlink()
+    os.mkfifo(victim)
+    return victim
+
+
+def huge_chunk(store: Path, array: str) -> Path:
+    """A sparse chunk file far larger than any chunk of the array can be."""
+    victim = chunk_files(store, array)[0]
+    with open(victim, "r+b") as fh:
+        fh.truncate(1 << 34)
+    return victim
+
+
+def foreign_group(store: Path, group: str, other_store: Path) -> None:
+    """``group/`` copied in from another rig's store (replacing this store's own)."""
+    shutil.rmtree(store / group)
+    shutil.copytree(other_store / group, store / group)
+
+
+def stale_consolidated(store: Path) -> None:
+    """Consolidate, then change a group's attributes without consolidating again."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(store))
+    edit_attr(store, "grid", ["build_options", "note"], "edited after consolidation")

@@ -120,3 +120,14 @@ def tree_digest(path: Path) -> dict[str, str]:
             full = Path(root) / name
             out[str(full.relative_to(path))] = hashlib.sha256(full.read_bytes()).hexdigest()
     return out
+
+
+def group_data(arrays: dict[str, Any], attrs: dict[str, Any] | None = None) -> Any:
+    """A ``GroupData`` for an ad-hoc test group: every axis named ``<array>_<axis>`` (the writer
+    requires dimension names on every array)."""
+    import numpy as np
+
+    from bevcompile.store.zarr_io import GroupData
+
+    dims = {name: tuple(f"{name}_{axis}" for axis in range(np.ndim(a))) for name, a in arrays.items()}
+    return GroupData(arrays, dict(attrs or {}), dims=dims)

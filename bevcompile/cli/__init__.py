@@ -5,8 +5,10 @@ Each command lives in its own module and registers itself with ``_app.cli_comman
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import typer
 
@@ -25,14 +27,35 @@ from . import import_cmd  # noqa: F401
 # isort: on
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, *, console: bool = False) -> None:
     """Console entry point. Command-line usage errors (an option that is not an integer, an
     unknown option, a missing argument) print ONE line ``error: ...`` and exit 2, like every
-    other bad input; library errors are mapped in ``_app.cli_command``."""
+    other bad input; library errors are mapped in ``_app.cli_command``. SIGTERM is an exception
+    for the whole invocation and a late Ctrl-C / SIGTERM (after the command's work) says what is
+    already written; ``console=True`` (the console script) then blocks both signals on the way out."""
+    from ..store.zarr_io import COMPLETED_WRITES
+
     command = typer.main.get_command(app)
     _app.forget_reported_errors()
+    writes_before = len(COMPLETED_WRITES)
+    previous = _app.install_sigterm_handler()
+    try:
+        code = _run(command, argv, writes_before)
+    except (KeyboardInterrupt, _app.Terminated) as exc:  # in the last instants, outside any command
+        code = _app.interrupted_outside_a_command(exc, writes_before)
+    finally:
+        if console:
+            _app.hold_signals()
+        elif previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    raise SystemExit(code)
+
+
+def _run(command: Any, argv: Sequence[str] | None, writes_before: int) -> int:
     try:
         code = command.main(args=list(argv) if argv is not None else None, prog_name="bevcompile", standalone_mode=False)
+    except (KeyboardInterrupt, _app.Terminated) as exc:
+        return _app.interrupted_outside_a_command(exc, writes_before)
     except Exception as exc:
         format_message = getattr(exc, "format_message", None)
         exit_code = getattr(exc, "exit_code", None)
@@ -48,9 +71,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             print("error: aborted", file=sys.stderr, flush=True)
             raise SystemExit(1) from None
         raise
-    if code == 130 and not _app.error_reported(130):  # Ctrl-C while Typer parsed the arguments
-        print("error: interrupted; nothing was written", file=sys.stderr, flush=True)
-    raise SystemExit(code if isinstance(code, int) else 0)
+    if code == 130 and not _app.error_reported(130):  # Ctrl-C while Typer parsed the arguments, or after the command
+        return _app.interrupted_outside_a_command(KeyboardInterrupt(), writes_before)
+    return code if isinstance(code, int) else 0
 
 
 __all__ = ["app", "main"]

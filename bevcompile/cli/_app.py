@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import typer
 
-from ..errors import BevcompileError
+from ..errors import BevcompileError, printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,10 +64,15 @@ line for an interrupt that no command reported, e.g. one during argument parsing
 
 def fail(message: str, exit_code: int) -> typer.Exit:
     """Print ``error: <message>`` as ONE line on stderr and return the Exit to raise."""
-    one_line = " ".join(str(message).split("\n"))
+    one_line = printable(str(message))  # one line, bounded, control characters escaped
     print(f"error: {one_line}", file=sys.stderr, flush=True)
     _REPORTED.append(exit_code)
     return typer.Exit(exit_code)
+
+
+def _note(message: str) -> None:
+    """``note: <message>`` as one line on stderr (also under --quiet/--json: stdout stays clean)."""
+    print(f"note: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def forget_reported_errors() -> None:
@@ -85,6 +92,33 @@ class Terminated(BaseException):
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise Terminated
+
+
+def interrupted_outside_a_command(exc: BaseException, writes_before: int) -> int:
+    """A Ctrl-C / SIGTERM while Typer parsed the arguments or after a command returned (while
+    the summary was printed, or on the way out): one line saying what is already written."""
+    _silence_abandoned_io()
+    code, what = (143, "terminated (SIGTERM)") if isinstance(exc, Terminated) else (130, "interrupted")
+    if not error_reported(code):
+        print(f"error: {what}; {_left_behind(exc, 'store', writes_before).replace('no store was left half-written (writes are atomic)', 'nothing was written')}",
+              file=sys.stderr, flush=True)
+        _REPORTED.append(code)
+    return code
+
+
+def install_sigterm_handler() -> Any:
+    """SIGTERM raises :class:`Terminated` in the main thread for the whole invocation (not only
+    inside a command: a late one must still say what was written). Returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def hold_signals() -> None:
+    """Block SIGINT and SIGTERM for the rest of the process: its outcome is decided and printed,
+    a signal now would only turn a finished command into a silent kill."""
+    with suppress(AttributeError, ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 @contextmanager
@@ -145,6 +179,42 @@ def _out_of_memory(exc: BaseException, writes: str = "store", writes_before: int
     )
 
 
+BROKEN_PIPE_EXIT = 141
+"""Exit code when the reader of stdout went away (``bevcompile inspect | head``): 128 + SIGPIPE,
+what the shell reports for any tool the pipe stopped; nothing is printed."""
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG, errno.EINVAL)
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush cannot fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    except (OSError, ValueError):
+        pass
+
+
+def _reraise_broken_pipe() -> None:
+    raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def _broken_pipes_raise() -> None:
+    """rich turns a broken pipe into ``SystemExit(1)`` (``Console.on_broken_pipe``); re-raise it
+    instead, so that :func:`cli_command` ends it like any other: quietly, exit 141."""
+    from . import _output
+
+    for console in (_output.stdout_console, _output.stderr_console):
+        console.on_broken_pipe = _reraise_broken_pipe  # type: ignore[method-assign]
+
+
+def _is_output_error(exc: OSError) -> bool:
+    """An OSError of writing stdout (``> /dev/full``): no file name, an errno of a failing
+    stream. Library write failures are StoreErrors already."""
+    return exc.filename is None and exc.errno in OUTPUT_ERRNOS
+
+
 def _silence_abandoned_io() -> None:
     """An interrupt can leave zarr's event-loop tasks (chunk reads and writes) pending; asyncio
     logs "Task was destroyed but it is pending!" for each when the interpreter exits. The
@@ -168,8 +238,11 @@ def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None 
     def decorator(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            from ..store.zarr_io import COMPLETED_WRITES
+            from ..store.zarr_io import COMPLETED_WRITES, LOCK_WAIT_REPORTERS
 
+            if _note not in LOCK_WAIT_REPORTERS:  # a second writer of the same store says why it waits
+                LOCK_WAIT_REPORTERS.append(_note)
+            _broken_pipes_raise()
             writes_before = len(COMPLETED_WRITES)
             try:
                 with _sigterm_as_exception():
@@ -182,6 +255,16 @@ def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None 
             except Terminated as exc:
                 _silence_abandoned_io()
                 raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes, writes_before)}", 143) from None
+            except BrokenPipeError:  # the reader of stdout went away: stop quietly
+                _stdout_to_devnull()
+                _REPORTED.append(BROKEN_PIPE_EXIT)
+                raise typer.Exit(BROKEN_PIPE_EXIT) from None
+            except OSError as exc:
+                if not _is_output_error(exc):
+                    raise
+                _stdout_to_devnull()
+                done = _left_behind(exc, writes, writes_before) if writes == "store" else "its work was done"
+                raise fail(f"cannot write to standard output ({exc.strerror or exc}); {done}", 2) from None
             except MemoryError as exc:
                 raise _out_of_memory(exc, writes, writes_before) from None
             except RuntimeError as exc:

@@ -70,6 +70,10 @@ def export_onnx_command(
     options.validate()
     if reduce is not None and options.product != "gather":
         raise UsageError(f"--reduce applies to --product gather only, got --product {product}")
+    if str(out) == "-":  # the graph goes to standard output: nothing else may
+        if json_output:
+            raise UsageError("--out - writes the ONNX graph to standard output; --json cannot share it")
+        quiet = True
     result: ExportResult | None = None
     try:
         label = f"exporting {options.product}" + ("" if options.weights == "float32" else f" ({options.weights})")

@@ -49,6 +49,7 @@ naming the ``[onnx]`` extra.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -63,6 +64,7 @@ from ..errors import CheckFailed, DependencyError, StoreError, UsageError
 from ..grid.gather import REDUCTIONS
 from ..store.loader import LoadedStore, MatrixLayout, load, matrix_layout
 from ..store.verify import random_depth_probs
+from ..store.zarr_io import output_file
 from .onnx_graph import (
     EXTRA_HINT,
     GraphScan,
@@ -281,11 +283,12 @@ def estimate_export_memory(store: LoadedStore, options: ExportOptions) -> Memory
     return MemoryEstimate(forward=forward, reference=reference, fixed=EXPORT_BYTES_BASE + TABLE_COPIES * tables + inputs + outputs, gathered=what)
 
 
-def _physical_memory() -> int | None:
-    """This machine's physical memory (:func:`bevcompile.grid.build.physical_memory_bytes`)."""
-    from ..memory import physical_memory_bytes
+def _memory_limit() -> tuple[int, str] | None:
+    """What this process may use (:func:`bevcompile.memory.memory_limit`) and what bounds it."""
+    from ..memory import memory_limit
 
-    return physical_memory_bytes()
+    limit = memory_limit()
+    return None if limit is None else (limit.bytes, limit.what)
 
 
 def _gib(nbytes: int) -> str:
@@ -296,12 +299,13 @@ def check_export_memory(store: LoadedStore, options: ExportOptions) -> MemoryEst
     """Refuse (:class:`UsageError`, exit 2) an export whose estimated peak exceeds this machine's
     physical memory; the allocator would fail mid-export (or the kernel kill the process)."""
     estimate = estimate_export_memory(store, options)
-    have = _physical_memory()
-    if have is not None and estimate.total > have:
+    limit = _memory_limit()
+    if limit is not None and estimate.total > limit[0]:
+        have, what = limit
         raise UsageError(
             f"{store.path}: export-onnx --product {options.product} --channels {options.channels} --batch {options.batch} "
             f"needs about {_gib(estimate.total)} (the tables and inputs, then the larger of {estimate.gathered} in float32, twice, and the float64 reference), "
-            f"more than this machine's {_gib(have)}; reduce --channels or --batch"
+            f"more than the {_gib(have)} {what} allows; reduce --channels or --batch"
         )
     return estimate
 
@@ -764,13 +768,8 @@ def export_onnx(
     torch = _require_torch()
     onnx, ort = _require_onnx()
     store = load(store_path)
-    out = Path(out)
-    if out.exists() and out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'model.onnx'}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from None
+    target = output_file(out)  # None: standard output
+    out = Path(out) if target is not None else Path(tempfile.mkdtemp(prefix="bevcompile-onnx-")) / "model.onnx"
 
     if options.exporter == "dynamo":
         try:
@@ -807,6 +806,8 @@ def export_onnx(
     except Exception as exc:
         tmp.unlink(missing_ok=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, OSError):  # the file, not the graph: a write failure (exit 2) naming --out
+            raise StoreError(f"--out {out}: cannot write ({exc.strerror or first})") from None
         if is_allocation_failure(exc):
             raise MemoryError(first) from None  # a machine limit (exit 2), not a failed check
         raise CheckFailed(f"torch.onnx.export failed for product {options.product}: {type(exc).__name__}: {first}") from None
@@ -912,6 +913,16 @@ def export_onnx(
         error = CheckFailed(f"{out}: " + "; ".join(failures) + f" (rejected graph kept at {rejected})")
         error.result = result  # type: ignore[attr-defined]
         raise error
+    if target is None:  # --out -: the checked graph to standard output
+        import shutil
+        import sys
+
+        with open(tmp, "rb") as fh:
+            shutil.copyfileobj(fh, sys.stdout.buffer)
+        sys.stdout.buffer.flush()
+        shutil.rmtree(out.parent, ignore_errors=True)
+        result.path = Path("-")
+        return result
     os.replace(tmp, out)
     return result
 

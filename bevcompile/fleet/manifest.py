@@ -181,7 +181,7 @@ def _vehicle(ctx: _Ctx, value: Any, index: int, base: Path, has_template: bool) 
     if "id" not in value:
         raise ctx.fail(f"{where}.id", "missing required field")
     vehicle_id = _string(ctx, value["id"], f"{where}.id")
-    if not _NAME_RE.match(vehicle_id):
+    if not _NAME_RE.fullmatch(vehicle_id):
         raise ctx.fail(f"{where}.id", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'): it names <out>/<id>.zarr, got {vehicle_id!r}")
     if "rig" in value and "cameras" in value:
         raise ctx.fail(f"{where}.cameras", "give either rig (a complete rig config) or cameras (with the template), not both")

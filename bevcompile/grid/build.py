@@ -130,7 +130,39 @@ def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatP
             for name, array in fmt.arrays.items():
                 arrays[name] = array
                 chunks[name] = (*per_cam_chunks, *array.shape[4:])
-    return GroupData(arrays=arrays, attrs=attrs, chunks=chunks)
+    return GroupData(arrays=arrays, attrs=attrs, chunks=chunks, dims={name: grid_dimension_names(name, a.ndim) for name, a in arrays.items()})
+
+
+def grid_dimension_names(name: str, ndim: int) -> tuple[str, ...]:
+    """``grid/`` axes: ``(camera, height, y, x)`` and a last axis ``uv`` (feature pixels) or ``xy``
+    (grid_sample's normalised x, y: ``norm``, ``norm_int16``, ``norm_q16``)."""
+    cell = ("camera", "height", "y", "x")
+    return cell if ndim == 4 else (*cell, "xy" if name.startswith("norm") else "uv")
+
+
+def gather_dimension_names(name: str, ndim: int) -> tuple[str, ...]:
+    """``gather/`` axes: ``lut`` ``(level,)``; BEV layout ``(camera, height, y, x, corner)``; flat
+    layout ``(row, corner)`` / ``(row,)`` (padded rows), ``perm_inverse`` ``(cell,)`` (one per cell)."""
+    if name == "lut":
+        return ("level",)
+    if name == "perm_inverse":
+        return ("cell",)
+    if ndim == 5:
+        return ("camera", "height", "y", "x", "corner")
+    return ("row", "corner")[:ndim]
+
+
+DELTA_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
+    "block_slot": ("camera", "height", "block_y", "block_x"),
+    "coef": ("row", "term", "uv"),
+    "scale": ("row", "exponent"),
+    "res8_slot": ("row",),
+    "res16_slot": ("row",),
+    "res8": ("res8_slab", "ly", "lx", "uv"),
+    "res16": ("res16_slab", "ly", "lx", "uv"),
+    "basis": ("term", "ly", "lx"),
+}
+"""``delta/`` axes (see :mod:`bevcompile.grid.delta`): ``row`` a row of the per-block tables."""
 
 
 # --------------------------------------------------------------------------------------
@@ -335,7 +367,7 @@ def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> 
     if layout.perm is not None:
         attrs["perm"] = "row k holds flat cell perm[k] (k < n_cells); perm_inverse[flat cell] = its row (length n_cells)"
         attrs["order_key"] = ORDER_KEYS[layout.order]
-    return GroupData(arrays=arrays, attrs=attrs)
+    return GroupData(arrays=arrays, attrs=attrs, dims={name: gather_dimension_names(name, a.ndim) for name, a in arrays.items()})
 
 
 def delta_group(encoding: DeltaEncoding, rig: RigConfig) -> GroupData:
@@ -376,7 +408,7 @@ def delta_group(encoding: DeltaEncoding, rig: RigConfig) -> GroupData:
         "norm_int16_bytes": encoding.norm_int16_bytes,
         "ratio_vs_norm_int16": encoding.ratio,
     }
-    return GroupData(arrays=lut.arrays(), attrs=attrs)
+    return GroupData(arrays=lut.arrays(), attrs=attrs, dims=dict(DELTA_DIMENSION_NAMES))
 
 
 def _format_summary(products: GridProducts, formats: Sequence[FormatProduct]) -> list[dict[str, Any]]:
@@ -477,10 +509,13 @@ def summarise_cameras(rig: RigConfig, products: GridProducts) -> list[CameraSumm
     return out
 
 
-GRID_BYTES_PER_SAMPLE = 256
-"""Peak memory of ``bevcompile grid`` per sample (camera x height x BEV cell), with margin:
-measured ~195 B/sample (80 MB for nuScenes' 98 k samples, 356 MB for 1.6 M, 1.27 GB for 6.3 M)."""
-GRID_BYTES_BASE = 64 * 2**20
+GRID_BYTES_PER_SAMPLE = 336
+"""Peak memory of ``bevcompile grid`` per sample (camera x height x BEV cell), whole process
+(``ru_maxrss``), never under the measured peak: 74 MB at 60 k samples, 237 MB at 0.96 M, 853 MB at
+3.84 M (nuScenes 100/400/800 cells a side, bevcompile 0.2, tests/grid/test_build.py re-measures
+two sizes), and 316 B/sample at 24 M (2000 x 2000: the size at which 256 B was 22 % under)."""
+GRID_BYTES_BASE = 96 * 2**20
+"""The interpreter, numpy, zarr and the tool before the first array (74 MB measured at 60 k samples)."""
 
 
 

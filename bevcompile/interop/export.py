@@ -35,6 +35,18 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 # --------------------------------------------------------------------------------------
 
 
+INTEROP_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
+    "bevpoolv2_ranks_bev": ("point",),
+    "bevpoolv2_ranks_depth": ("point",),
+    "bevpoolv2_ranks_feat": ("point",),
+    "bevpoolv2_interval_starts": ("interval",),
+    "bevpoolv2_interval_lengths": ("interval",),
+    "fastbev_lut": ("height", "y", "x"),
+    "fastbev_n_views": ("height", "y", "x"),
+}
+"""``interop/`` axes: BEVPoolv2's kept ``point`` s and ``interval`` s, Fast-BEV's ``(height, y, x)`` voxels."""
+
+
 def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
     return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
 
@@ -212,8 +224,12 @@ def run_export_interop(
     attrs = interop_group_attrs(rig, build_options, target_attrs)
     folder = Path(npy_dir) if npy_dir is not None else None
     if folder is not None:  # before the store is touched: a bad --npy changes nothing
+        if str(folder) == "-":
+            raise UsageError("--npy -: the .npy files are several files and cannot be written to standard output; give a folder")
+        if not os.path.lexists(folder.parent):
+            raise StoreError(f"{folder}: cannot create the .npy folder: its parent {folder.parent} does not exist")
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(exist_ok=True)
             probe = folder / f".bevcompile-write-probe-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -226,7 +242,7 @@ def run_export_interop(
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
-        groups={"interop": GroupData(arrays=arrays, attrs=attrs)},
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: INTEROP_DIMENSION_NAMES[name] for name in arrays})},
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []

@@ -847,7 +847,28 @@ def _weight_rule(o: MatrixOptions) -> str:
 
 def matrix_group(products: MatrixProducts, rig: RigConfig) -> GroupData:
     """The ``matrix/`` group: arrays and attributes of :func:`build_matrix`."""
-    return GroupData(arrays=products.arrays(), attrs=matrix_attributes(products, rig))
+    arrays = products.arrays()
+    return GroupData(arrays=arrays, attrs=matrix_attributes(products, rig), dims={name: MATRIX_DIMENSION_NAMES[name] for name in arrays})
+
+
+MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
+    "coo_row": ("nnz",),
+    "coo_col": ("nnz",),
+    "coo_val": ("nnz",),
+    "ell_index": ("row_pad", "k_pad"),
+    "ell_weight": ("row_pad", "k_pad"),
+    "ell_weight_int8": ("row_pad", "k_pad"),
+    "row_scale": ("row_pad",),
+    "camera_mass": ("camera", "y", "x"),
+    "row_ids": ("row",),
+    "tile_cols": ("tile_col",),
+    "tile_col_offsets": ("tile_edge",),
+    "tile_weight": ("tile_value",),
+    "tile_weight_int8": ("tile_value",),
+    "tile_row_scale": ("tile_row",),
+}
+"""``matrix/`` axes: ``row_pad`` the padded rows of ELL (and of the tiles), ``row`` the logical
+(compacted) rows ``row_ids`` maps, ``tile_edge`` the ``n_tiles + 1`` offsets into ``tile_col``."""
 
 
 @dataclass

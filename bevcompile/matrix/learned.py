@@ -42,6 +42,7 @@ from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, array_sha256, write_groups
 from .build import (
     MATRIX_COMMAND_GROUPS,
+    MATRIX_DIMENSION_NAMES,
     QUANTIZE,
     VALUES_ATTR,
     VALUES_LEARNED,
@@ -191,10 +192,15 @@ def learned_attributes(rig: RigConfig, geometric: MatrixProducts, learned: Matri
     return attrs
 
 
+INIT_SOURCE = "ell_weight"
+"""The array ``init_ell_weight`` keeps a copy of (same shape, same dimension names)."""
+
+
 def learned_group(rig: RigConfig, geometric: MatrixProducts, learned: MatrixProducts, record: LearnedRecord) -> GroupData:
     """The ``matrix/`` group of a learned store: the learned products, ``init_ell_weight`` and the attributes."""
     arrays = {**learned.arrays(), INIT_ARRAY: geometric.ell_weight}
-    return GroupData(arrays=arrays, attrs=learned_attributes(rig, geometric, learned, record))
+    dims = {name: MATRIX_DIMENSION_NAMES[INIT_SOURCE if name == INIT_ARRAY else name] for name in arrays}
+    return GroupData(arrays=arrays, attrs=learned_attributes(rig, geometric, learned, record), dims=dims)
 
 
 # --------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import numpy.typing as npt
 from ..errors import BevcompileError, DependencyError, StoreError, UsageError
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig, parse_config
-from ..store.zarr_io import StoreReader, open_store
+from ..store.zarr_io import STDIO, StoreReader, open_store, output_file, the_one_store
 
 FIGSIZE_IN = (15.0, 7.5)
 DPI = 100
@@ -232,7 +232,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     without matplotlib.
     """
     Figure, FigureCanvasAgg = _matplotlib()
-    store = Path(path)
+    store = the_one_store(path, "render")
     reader = open_store(store)
     if "format" not in reader.root_attrs:
         from ..store.inspection import not_a_store_root
@@ -240,10 +240,12 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         not_a_store_root(store, "render")
     rig = _read_rig(reader)
     out_path = Path(out) if out is not None else default_output(store, rig.name)
-    if out_path.suffix.lower() != ".png":
-        raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
-    if out_path.is_dir():
-        raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
+    if str(out_path) != STDIO:
+        if out_path.is_dir():
+            raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
+        if out_path.suffix.lower() != ".png":
+            raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
+    output_file(out_path)  # its folder exists and is writable (none is created); '-' not a terminal
     if reader.has_group("grid"):
         valid = reader.read("grid", "valid")
         expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
@@ -300,10 +302,15 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     bev_to_display = np.array(ax.transData.get_affine().get_matrix(), dtype=np.float64)
     width_px, height_px = (round(float(v)) for v in fig.canvas.get_width_height())
 
-    try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"--out {out_path}: cannot create its folder ({exc.strerror or exc})") from None
+    if str(out_path) == STDIO:  # --out -: the PNG to standard output
+        import io
+        import sys
+
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+        sys.stdout.buffer.write(buffer.getvalue())
+        sys.stdout.buffer.flush()
+        return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source)
     tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})

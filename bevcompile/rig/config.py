@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 
 BEV_FRAME_EGO = "ego"
 """``bev.frame`` default: the BEV grid is in the ego frame."""
@@ -48,7 +48,25 @@ PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
 ``linspace`` ``j*(W_in-1)/(W_f-1)`` (BEVDet's frustum); ``corner`` ``j*s`` (intrinsics divided
 by the stride: Fast-BEV, M2BEV); ``normalized`` ``j*s + s/2`` (input pixels normalised by the
 input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR)."""
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""The rig name (a file name: ``<name>.zarr``), matched whole (``re.fullmatch``: ``"x\n"`` is refused)."""
+MAX_NAME_CHARS = 128
+"""Longest rig name: the writer's temporary ``.<name>.zarr.tmp-<pid>-<host>-<8 hex>`` must fit
+the 255-byte file names of every common file system, whatever the host name."""
+MAX_CAMERA_NAME_CHARS = 64
+"""Longest camera name (shown in tables and recorded in attributes)."""
+MAX_CAMERA_DISTANCE_M = 100.0
+"""Pose plausibility: a camera's centre lies within this many metres of the ego origin (a car,
+a truck with its trailer); a translation beyond it is a unit or sign error (millimetres, a pose
+given world -> camera), refused rather than compiled into a grid no camera sees."""
+MAX_RESIZE = 16.0
+"""``image_aug.resize`` lies in ``(0, 16]`` (BEVDet resizes by 0.3 to 1; a model that upsamples
+by more than 16 is a typo)."""
+MAX_IMAGE_SIDE = 32768
+"""``image_size`` and ``input_size`` sides are at most this many pixels."""
+_PLAIN_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+"""A number given as a string (JSON data, or ``1e-3``, which PyYAML leaves a string): plain ASCII
+decimal only (YAML 1.2 core schema), so ``"1_000.5"``, ``"١.٧٢٢"``, ``"１.５"``, ``" 1"`` are refused."""
 
 
 # --------------------------------------------------------------------------------------
@@ -259,9 +277,11 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_YAML11_ONLY_INT = re.compile(r"^[-+]?(0b[0-1_]+|0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+|[0-9][0-9_]*_[0-9_]*)$")
+_YAML11_ONLY_INT = re.compile(
+    r"^[-+]?(0b[0-1_]+|0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+|[0-9][0-9_]*_[0-9_]*|0x[0-9a-fA-F_]*_[0-9a-fA-F_]*)$"
+)
 """Plain integers PyYAML (YAML 1.1) reads unlike YAML 1.2: binary, leading-zero octal,
-sexagesimal, digit groups with ``_``."""
+sexagesimal, digit groups with ``_`` (also in hexadecimal: ``0x_1``, ``0x1_0``)."""
 _YAML11_ONLY_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+\.[0-9_]*$|^[-+]?[0-9.]*_[0-9._]*([eE][-+][0-9]+)?$")
 """Sexagesimal floats (``1:30.5``) and floats with ``_`` digit groups."""
 
@@ -330,8 +350,94 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 _StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _construct_timestamp)
 
-MAX_CONFIG_BYTES = 16 << 20
-"""A rig config is a few KiB; a larger file (or a device, FIFO) is refused before it is read."""
+MAX_CONFIG_BYTES = 1 << 20
+"""A rig config is a few KiB (nuScenes: 3 KiB); a file over 1 MiB (or a device, FIFO) is refused
+before it is read."""
+MAX_YAML_DEPTH = 32
+"""Nesting levels a config may have (it uses 5): deeper is refused while it is being read."""
+MAX_YAML_NODES = 100_000
+"""Values (scalars, lists, mappings) a config may hold once every alias is expanded (nuScenes:
+about 400). Nested aliases (``&a [*b, *b, ...]``) are refused before they are expanded."""
+
+
+class _Bounded(yaml.YAMLError):
+    """A config over one of the YAML bounds (depth, values after alias expansion)."""
+
+    def __init__(self, problem: str, mark: Any) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.problem_mark = mark
+
+
+class _BoundedLoader(_StrictLoader):
+    """:class:`_StrictLoader` that counts while it composes: at most :data:`MAX_YAML_DEPTH` levels
+    and :data:`MAX_YAML_NODES` values, aliases counted at their expanded size (memoised, so a
+    4 KB "billion laughs" costs microseconds, not gigabytes)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Bounded(f"nested more than {MAX_YAML_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Values of the composed document once every alias is expanded (iterative, memoised by
+    node); :class:`_Bounded` beyond :data:`MAX_YAML_NODES` or for a recursive alias."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            children = _children(node)
+            size = 1 + sum(sizes[id(child)] for child in children)
+            if size > MAX_YAML_NODES:
+                raise _Bounded(f"holds more than {MAX_YAML_NODES:,} values once its aliases are expanded", node.start_mark)
+            sizes[key] = size
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise _Bounded("a recursive alias (an anchor used inside itself)", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise _Bounded("a recursive alias (an anchor used inside itself)", child.start_mark)
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [item for pair in node.value for item in pair]
+    return []
+
+
+def _load_yaml(text: str, loader_class: type[_BoundedLoader]) -> Any:
+    """Compose with the bounds, check the expanded size, then construct (strict scalars)."""
+    loader = loader_class(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def default_config_path() -> Path:
@@ -339,9 +445,37 @@ def default_config_path() -> Path:
     return Path(str(resources.files("bevcompile") / "data" / DEFAULT_CONFIG_NAME))
 
 
-def _read_text(path: str | Path, what: str) -> str:
-    """The UTF-8 text of a YAML file of at most :data:`MAX_CONFIG_BYTES`; one-line ConfigError otherwise."""
+STDIN = "-"
+"""The config path that means standard input (``bevcompile grid - < rig.yaml``)."""
+
+
+def _read_stdin(what: str) -> bytes:
+    import sys
+
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        raise ConfigError("<stdin>", "", f"standard input is closed, expected {what}")
+    raw: bytes = stream.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError("<stdin>", "", f"more than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
+    return raw
+
+
+def _decode(source: str, raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        byte = raw[exc.start : exc.start + 1].hex()
+        raise ConfigError(source, "", f"not a UTF-8 text file (byte 0x{byte} at offset {exc.start:,}): expected {what}") from None
+
+
+def _read_text(path: str | Path, what: str) -> tuple[str, str]:
+    """``(source, text)``: the UTF-8 text of a YAML file (``-``: standard input, source
+    ``<stdin>``) of at most :data:`MAX_CONFIG_BYTES`; one-line ConfigError otherwise. ``what``
+    names the expected content (``a rig config``, ``a Kalibr camchain``) in the refusals."""
     source = str(path)
+    if source == STDIN:
+        return "<stdin>", _decode("<stdin>", _read_stdin(what), what)
     try:
         info = os.stat(path)
         if stat.S_ISDIR(info.st_mode):
@@ -354,25 +488,25 @@ def _read_text(path: str | Path, what: str) -> str:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
         if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
             raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
-        return raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "", "file not found") from None
     except IsADirectoryError:
         raise ConfigError(source, "", "is a directory, expected a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(source, "", f"cannot read file ({exc.__class__.__name__}: {exc})") from None
+    except OSError as exc:
+        raise ConfigError(source, "", f"cannot read file ({exc.strerror or exc.__class__.__name__})") from None
+    return source, _decode(source, raw, what)
 
 
-def _parse_yaml(text: str, source: str, loader: type[_StrictLoader]) -> Any:
+def _parse_yaml(text: str, source: str, loader: type[_BoundedLoader] | None = None) -> Any:
     try:
-        data = yaml.load(text, Loader=loader)
+        data = _load_yaml(text, loader or _BoundedLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, "", f"invalid YAML: {where}{problem}") from None
     except RecursionError:
-        raise ConfigError(source, "", "invalid YAML: nested too deeply (maximum recursion depth exceeded)") from None
+        raise ConfigError(source, "", f"invalid YAML: nested more than {MAX_YAML_DEPTH} levels deep") from None
     except (ValueError, OverflowError, TypeError) as exc:
         # PyYAML's constructors: `!!int 16px`, a date `2024-13-45`, an int of more than 4300 digits ...
         lines = str(exc).strip().splitlines()
@@ -384,14 +518,17 @@ def _parse_yaml(text: str, source: str, loader: type[_StrictLoader]) -> Any:
 
 
 def read_config_data(path: str | Path, *, what: str = "a rig config") -> Any:
-    """Read a YAML file (a rig config, a fleet manifest, a Kalibr camchain, ...) into plain data,
-    mapping every failure to a one-line ConfigError. ``what`` names the expected content in the
-    size refusal."""
-    return _parse_yaml(_read_text(path, what), str(path), _StrictLoader)
+    """Read a YAML file (a rig config, a fleet manifest, a Kalibr camchain, ...; ``-``: standard
+    input) into plain data, mapping every failure to a one-line ConfigError. Bounded before it
+    costs: at most :data:`MAX_CONFIG_BYTES` bytes, :data:`MAX_YAML_DEPTH` levels and
+    :data:`MAX_YAML_NODES` values after alias expansion. ``what`` names the expected content in
+    the refusals."""
+    source, text = _read_text(path, what)
+    return _parse_yaml(text, source)
 
 
-class _OpenCVLoader(_StrictLoader):
-    """:class:`_StrictLoader` for OpenCV ``FileStorage`` YAML: a ``!!opencv-matrix`` node is the
+class _OpenCVLoader(_BoundedLoader):
+    """:class:`_BoundedLoader` for OpenCV ``FileStorage`` YAML: a ``!!opencv-matrix`` node is the
     plain mapping it holds (``rows``, ``cols``, ``dt``, ``data``; ``!!opencv-nd-matrix``: ``sizes``,
     ``dt``, ``data``)."""
 
@@ -411,11 +548,11 @@ def read_opencv_yaml(path: str | Path) -> Any:
     """Read an OpenCV ``FileStorage`` YAML file (``cv2.FileStorage(..., FILE_STORAGE_WRITE)``):
     its first line ``%YAML:1.0`` (OpenCV 3/4) or ``%YAML 1.2`` (OpenCV 5), directives PyYAML
     refuses, is dropped and ``!!opencv-matrix`` nodes read as mappings. One-line ConfigError on failure."""
-    text = _read_text(path, "an OpenCV calibration file")
+    source, text = _read_text(path, "an OpenCV calibration file")
     match = _OPENCV_DIRECTIVE.match(text)
     if match:
         text = "\n" + text[match.end() :]  # keep the line numbers of error messages
-    return _parse_yaml(text, str(path), _OpenCVLoader)
+    return _parse_yaml(text, source, _OpenCVLoader)
 
 
 def dump_config_yaml(data: Mapping[str, Any], header: Sequence[str] = ()) -> str:
@@ -484,7 +621,7 @@ def _mapping(ctx: _Ctx, value: Any, field: str) -> Mapping[str, Any]:
         raise ctx.fail(field, f"expected a mapping, got {_type_name(value)}")
     for key in value:
         if not isinstance(key, str):
-            raise ctx.fail(field, f"keys must be strings, got {key!r}")
+            raise ctx.fail(field, f"keys must be strings, got {shown(key)}")
     return value
 
 
@@ -509,11 +646,10 @@ def _number(ctx: _Ctx, value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ctx.fail(field, f"expected a number, got {_type_name(value)}")
     if isinstance(value, str):
-        # PyYAML reads '1e-3' (no dot) as a string; accept it when it is a plain number.
-        try:
-            value = float(value)
-        except ValueError:
-            raise ctx.fail(field, f"expected a number, got string {value!r}") from None
+        # PyYAML reads '1e-3' (no dot) as a string; accept it when it is a plain ASCII decimal number
+        if not _PLAIN_NUMBER.fullmatch(value):
+            raise ctx.fail(field, f"expected a number, got string {shown(value)} (numbers are plain ASCII decimals: 1.5, -2, 1e-3)")
+        value = float(value)
     try:
         number = float(value)
     except OverflowError:
@@ -535,7 +671,7 @@ def _integer(ctx: _Ctx, value: Any, field: str) -> int:
         return value
     if isinstance(value, float) and not math.isfinite(value):
         raise ctx.fail(field, f"must be finite, got {value}")
-    raise ctx.fail(field, f"expected an integer, got {_type_name(value)} {value!r}")
+    raise ctx.fail(field, f"expected an integer, got {_type_name(value)} {shown(value)}")
 
 
 def _string(ctx: _Ctx, value: Any, field: str) -> str:
@@ -619,8 +755,8 @@ def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "resize" in data:
         resize = _number(ctx, data["resize"], f"{field}.resize")
-        if resize <= 0:
-            raise ctx.fail(f"{field}.resize", f"must be > 0, got {resize:g}")
+        if not 0 < resize <= MAX_RESIZE:
+            raise ctx.fail(f"{field}.resize", f"must be in (0, {MAX_RESIZE:g}], got {resize:g}")
         out["resize"] = resize
     if "crop" in data:
         crop = _numbers(ctx, data["crop"], f"{field}.crop", 2)
@@ -629,8 +765,8 @@ def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
         size = [_integer(ctx, v, f"{field}.input_size[{i}]") for i, v in enumerate(
             _list(ctx, data["input_size"], f"{field}.input_size", 2))]
         for i, v in enumerate(size):
-            if v <= 0:
-                raise ctx.fail(f"{field}.input_size[{i}]", f"must be > 0, got {v}")
+            if not 0 < v <= MAX_IMAGE_SIDE:
+                raise ctx.fail(f"{field}.input_size[{i}]", f"must be in [1, {MAX_IMAGE_SIDE}] pixels, got {v}")
         out["input_size"] = size
     if "pad" in data:
         pad = [_integer(ctx, v, f"{field}.pad[{i}]") for i, v in enumerate(_list(ctx, data["pad"], f"{field}.pad", 2))]
@@ -639,6 +775,28 @@ def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
                 raise ctx.fail(f"{field}.pad[{i}]", f"must be >= 0, got {v}")
         out["pad"] = pad
     return out
+
+
+def _check_camera_name(ctx: _Ctx, name: str, field: str) -> None:
+    """Non-empty, at most :data:`MAX_CAMERA_NAME_CHARS`, printable (no control characters, no
+    surrounding spaces); any script (``CAM_前``)."""
+    if not name.strip():
+        raise ctx.fail(field, "must not be empty")
+    if len(name) > MAX_CAMERA_NAME_CHARS:
+        raise ctx.fail(field, f"is {len(name)} characters, more than {MAX_CAMERA_NAME_CHARS}")
+    if not name.isprintable() or name != name.strip():
+        raise ctx.fail(field, f"must be printable, without control characters or surrounding spaces, got {shown(name)}")
+
+
+def _check_pose(ctx: _Ctx, ego_from_cam: Sequence[Sequence[float]], field: str, what: str = "camera") -> None:
+    """Pose plausibility: the sensor's centre within :data:`MAX_CAMERA_DISTANCE_M` of the ego origin."""
+    distance = math.hypot(*(float(ego_from_cam[i][3]) for i in range(3)))
+    if distance > MAX_CAMERA_DISTANCE_M:
+        raise ctx.fail(
+            field,
+            f"puts the {what} {distance:.4g} m from the ego origin, more than the {MAX_CAMERA_DISTANCE_M:g} m a vehicle's "
+            f"{what} can be (translations are metres, the pose {what} -> ego)",
+        )
 
 
 def _parse_distortion(ctx: _Ctx, data: Any, field: str) -> Distortion:
@@ -681,6 +839,7 @@ def _parse_pose(ctx: _Ctx, data: Mapping[str, Any], field: str, what: str) -> Po
         if matrix[3] != [0.0, 0.0, 0.0, 1.0]:
             raise ctx.fail(f"{field}.sensor2ego[3]", f"bottom row must be [0, 0, 0, 1], got {matrix[3]}")
         _check_rotation(ctx, [row[:3] for row in matrix[:3]], f"{field}.sensor2ego")
+        _check_pose(ctx, matrix, f"{field}.sensor2ego", what)
         ego_from_sensor: Matrix4 = tuple((row[0], row[1], row[2], row[3]) for row in matrix)
         pose_form = "matrix"
     else:
@@ -696,6 +855,7 @@ def _parse_pose(ctx: _Ctx, data: Mapping[str, Any], field: str, what: str) -> Po
                 f"quaternion must be unit length (tolerance {QUATERNION_TOLERANCE:g}), its norm is {norm:.9g}",
             )
         trans = _numbers(ctx, data["translation"], f"{field}.translation", 3)
+        _check_pose(ctx, [[0.0, 0.0, 0.0, t] for t in trans], f"{field}.translation", what)
         rot = rotation_from_quaternion_wxyz(quat)
         ego_from_sensor = (
             (rot[0][0], rot[0][1], rot[0][2], trans[0]),
@@ -716,8 +876,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
         ("distortion", *_POSE_KEYS, "image_aug", "description"),
     )
     name = _string(ctx, data["name"], f"{field}.name")
-    if not name.strip():
-        raise ctx.fail(f"{field}.name", "must not be empty")
+    _check_camera_name(ctx, name, f"{field}.name")
     description = None
     if "description" in data and data["description"] is not None:
         description = _string(ctx, data["description"], f"{field}.description")
@@ -725,8 +884,8 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
     size_items = _list(ctx, data["image_size"], f"{field}.image_size", 2)
     width, height = (_integer(ctx, v, f"{field}.image_size[{i}]") for i, v in enumerate(size_items))
     for i, v in enumerate((width, height)):
-        if v <= 0:
-            raise ctx.fail(f"{field}.image_size[{i}]", f"must be > 0, got {v}")
+        if not 0 < v <= MAX_IMAGE_SIDE:
+            raise ctx.fail(f"{field}.image_size[{i}]", f"must be in [1, {MAX_IMAGE_SIDE}] pixels, got {v}")
 
     k = _matrix(ctx, data["intrinsic"], f"{field}.intrinsic", 3, 3)
     if k[0][0] <= 0:
@@ -916,8 +1075,10 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     data = _mapping(ctx, data, "")
     _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description", "sensors"))
     name = _string(ctx, data["name"], "name")
-    if not _NAME_RE.match(name):
-        raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
+    if not _NAME_RE.fullmatch(name):
+        raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'; starting with a letter or digit), got {shown(name)}")
+    if len(name) > MAX_NAME_CHARS:
+        raise ctx.fail("name", f"is {len(name)} characters, more than {MAX_NAME_CHARS} (the store folder <name>.zarr and its temporaries must fit a 255-byte file name)")
     description = None
     if data.get("description") is not None:
         description = _string(ctx, data["description"], "description")

@@ -40,11 +40,12 @@ import numpy as np
 
 from .._version import __version__
 from ..conventions import CONVENTIONS
-from ..errors import BevcompileError, StoreError, UsageError
+from ..errors import BevcompileError, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
 from .plugins import Check, CheckContext
 from .zarr_io import (
+    GROUP_CONFIG_ATTR,
     GROUPS_ATTR,
     READABLE_FORMATS,
     STORE_SUFFIX,
@@ -53,6 +54,7 @@ from .zarr_io import (
     find_stores,
     is_store,
     open_store,
+    read_metadata_file,
 )
 
 ROOT = "/"
@@ -220,8 +222,9 @@ def looks_like_store(path: Path) -> bool:
     return path.is_dir() and (is_store(path) or path.suffix == STORE_SUFFIX)
 
 
-BEVCOMPILE_ROOT_KEYS = ("format", "tool_version", "config", "config_sha256", "conventions", GROUPS_ATTR)
-"""Root attributes of a bevcompile store: a zarr root holding none of them is not one."""
+BEVCOMPILE_ROOT_KEYS = ("format", "tool_version", "config", "conventions", GROUPS_ATTR)
+"""Root attributes of a bevcompile store: a zarr root holding none of them is not one
+(``config_sha256`` is not among them: every group records it too)."""
 ANCESTOR_LEVELS = 3
 """How far up :func:`enclosing_store` looks (store/group/array/c)."""
 
@@ -229,8 +232,8 @@ ANCESTOR_LEVELS = 3
 def _zarr_json(path: Path) -> dict[str, Any] | None:
     """The parsed ``zarr.json`` of ``path`` (None if absent, unreadable or not an object)."""
     try:
-        meta = json.loads((path / "zarr.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        meta = json.loads(read_metadata_file(path / "zarr.json"))
+    except (StoreError, ValueError, UnicodeDecodeError):
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -299,6 +302,8 @@ def resolve_store_paths(paths: Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
+        if str(path) == "-":
+            raise UsageError("-: inspect reads stores, which are folders; standard input cannot hold one")
         if not path.exists():
             raise UsageError(f"{path}: no such store or folder")
         if not path.is_dir():
@@ -384,7 +389,27 @@ def load_store(path: str | Path, *, progress: Callable[[int], None] | None = Non
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _load_store(Path(path), progress)
+        for _attempt in range(SWAP_RETRIES - 1):
+            before = _generation(Path(path))
+            loaded = _load_store(Path(path), progress)
+            if _generation(Path(path)) == before:
+                return loaded
+        loaded = _load_store(Path(path), progress)
+        loaded.report.notes.append(f"the store was replaced by a writer {SWAP_RETRIES} times while being read: checks may mix two builds")
+        return loaded
+
+
+SWAP_RETRIES = 4
+"""A store a writer swapped while it was being read is read again (up to this many times): a
+report never mixes two builds."""
+
+
+def _generation(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _load_store(path: Path, progress: Callable[[int], None] | None) -> InspectedStore:
@@ -427,6 +452,13 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
     for stray in reader.stray_entries():
         n_damaged += 1
         report.add("node_metadata", f"{stray}", False, "not a folder where a group should be (a file, or a broken or looping link)")
+    stale = reader.consolidated_problems()
+    if stale is not None:
+        report.add(
+            "consolidated_metadata", ROOT, not stale,
+            f"consolidated metadata is stale ({'; '.join(stale)}): readers that use it see another store; "
+            "run zarr.consolidate_metadata again, or rebuild" if stale else "consolidated metadata matches every node's zarr.json",
+        )
     recorded = attrs.get(GROUPS_ATTR)
     if recorded is None:
         report.notes.append(f"no root `{GROUPS_ATTR}` attribute (built before bevcompile recorded it): a deleted group cannot be detected")
@@ -451,6 +483,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             gattrs = {}
         loaded.group_attrs[group] = gattrs
         summary.key_attrs = key_attributes(gattrs)
+        _group_config_check(report, group, gattrs.get(GROUP_CONFIG_ATTR), attrs.get("config_sha256"))
         try:
             names = reader.child_dirs(group)
         except StoreError as exc:
@@ -494,7 +527,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             if not isinstance(recorded, str):
                 report.add("sha256", key, False, "no sha256 attribute recorded")
             elif actual != recorded:
-                report.add("sha256", key, False, f"content sha256 {actual[:12]}… does not match recorded {recorded[:12]}…")
+                report.add("sha256", key, False, "content sha256 {} does not match recorded {}".format(*hash_pair(actual, recorded)))
             else:
                 report.add("sha256", key, True, f"content matches recorded sha256 {recorded[:12]}…")
             readable[name] = data
@@ -502,6 +535,22 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
     if not n_damaged:
         report.add("node_metadata", ROOT, True, "every group and array folder has readable metadata")
     return loaded
+
+
+def _group_config_check(report: StoreReport, group: str, group_sha: Any, root_sha: Any) -> None:
+    """``group_config``: the group was built from the config of the root (a group copied in from
+    another rig's store, or left by a mixed write, names another)."""
+    if group_sha is None:
+        report.notes.append(f"{group}/ records no {GROUP_CONFIG_ATTR} (built before groups recorded their config): a group copied from another store cannot be detected")
+        return
+    if group_sha == root_sha:
+        report.add("group_config", f"{group}/", True, f"built from the root's config ({hash_pair(group_sha, root_sha)[0]})")
+        return
+    ours, root = hash_pair(group_sha, root_sha)
+    report.add(
+        "group_config", f"{group}/", False,
+        f"built from another config (config_sha256 {ours}, the root's {root}): copied from another store or left by a mixed write; rebuild it",
+    )
 
 
 def _strip_store(message: str, path: Path) -> str:
@@ -547,7 +596,7 @@ def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
             "config",
             ROOT,
             actual == recorded_sha,
-            f"stored config re-parses (rig {rig.name!r}, {rig.n_cam} cameras); sha256 {actual[:12]}… vs recorded {str(recorded_sha)[:12]}…",
+            f"stored config re-parses (rig {rig.name!r}, {rig.n_cam} cameras); sha256 {' vs recorded '.join(hash_pair(actual, recorded_sha))}",
         )
         report.add("name", ROOT, name == rig.name, f"root name {name!r}, config name {rig.name!r}")
         if loaded.report.path and Path(loaded.report.path).name != f"{rig.name}{STORE_SUFFIX}":
@@ -799,7 +848,7 @@ def _short(value: Any, width: int = 80) -> str:
 
 def _compare_attrs(report: StoreReport, group: str, stored: Any, rebuilt: dict[str, Any]) -> None:
     """``strict_attrs``: the stored group attributes equal the rebuilt ones, key by key."""
-    excluded = STRICT_ATTRS_EXCLUDED.get(group, {})
+    excluded = {GROUP_CONFIG_ATTR: "written by the store writer (checked by group_config)", **STRICT_ATTRS_EXCLUDED.get(group, {})}
     if isinstance(stored, dict):
         stored = {k: v for k, v in stored.items() if k not in excluded}
     rebuilt = {k: v for k, v in rebuilt.items() if k not in excluded}

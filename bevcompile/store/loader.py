@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
-from .zarr_io import READABLE_FORMATS, ArrayInfo, StoreReader, open_store
+from .zarr_io import GROUP_CONFIG_ATTR, READABLE_FORMATS, ArrayInfo, StoreReader, open_store, read_metadata_file
 
 GROUP_COMMANDS: dict[str, str] = {
     "grid": "bevcompile grid",
@@ -50,8 +50,8 @@ GROUP_COMMANDS: dict[str, str] = {
 
 def _read_bytes(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_metadata_file(path)  # a regular file of sane size: never a FIFO or a device
+    except StoreError:
         return None
 
 
@@ -290,6 +290,15 @@ class LoadedStore:
                 f"{self.path}: group {name}/ was added after this store was loaded; reload it to read {name}/"
             )
         group = StoreGroup(self._reader, name, verify=self._verify, identity=self._identity)
+        group_sha = group.attrs.get(GROUP_CONFIG_ATTR)
+        root_sha = self._reader.root_attrs.get("config_sha256")
+        if group_sha is not None and group_sha != root_sha:  # never serve a group of another car
+            ours, root = hash_pair(group_sha, root_sha)
+            command = GROUP_COMMANDS.get(name)
+            raise StoreError(
+                f"{self.path}: group {name}/ was built from another config (config_sha256 {ours}, the store's {root})"
+                + (f"; run `{command}` to rebuild it" if command else "")
+            )
         self._groups[name] = group
         return group
 
@@ -338,7 +347,20 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
     """
     if isinstance(path, LoadedStore):
         return path
-    reader = open_store(path)
+    for _attempt in range(SWAP_RETRIES):
+        reader = open_store(path)
+        before = reader.generation()
+        loaded = _load(reader, verify)
+        if reader.generation() == before:
+            return loaded
+    raise _rewritten(Path(path))  # rebuilt again and again while being opened
+
+
+SWAP_RETRIES = 5
+"""``load`` opens a store again when a writer swapped a new build in while it was being opened."""
+
+
+def _load(reader: StoreReader, verify: bool) -> LoadedStore:
     attrs = reader.root_attrs
     fmt = attrs.get("format")
     if fmt is None:
@@ -362,7 +384,7 @@ def load(path: str | Path | LoadedStore, *, verify: bool = True) -> LoadedStore:
     actual = config_sha256(rig)
     if recorded != actual:
         raise StoreError(
-            f"{reader.path}: stored config hash {str(recorded)[:12]}… does not match its config ({actual[:12]}…); "
+            f"{reader.path}: stored config hash {hash_pair(recorded, actual)[0]} does not match its config ({hash_pair(recorded, actual)[1]}); "
             "the store was edited or is damaged"
         )
     identity = StoreIdentity.of(reader.path)

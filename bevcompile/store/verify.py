@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CheckFailed, StoreError, UsageError
+from ..errors import CheckFailed, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, load_config
 from .inspection import call_plugin, check_context, load_store, plugin_functions, run_plugin_checks
 from .plugins import VerifyRow
-from .zarr_io import is_store, open_store, store_path
+from .zarr_io import STDIO, is_store, open_store, store_path, the_one_store
 
 DEFAULT_CHANNELS = 8
 MAX_CHANNELS = 512
@@ -153,8 +153,10 @@ def resolve_target(target: str | Path | None, out_dir: str | Path) -> tuple[Path
     :class:`CheckFailed` (exit 1) naming the rebuild command.
     """
     rig: RigConfig | None = None
-    if target is not None:
-        path = Path(target)
+    if target is not None and str(target) == STDIO:
+        rig = load_config(STDIO)  # the config on standard input
+    elif target is not None:
+        path = the_one_store(target, "verify")
         if path.is_dir():
             if not is_store(path):
                 open_store(path)  # says why (no zarr.json, or a permission this user lacks)
@@ -178,8 +180,8 @@ def check_not_stale(store: Path, rig: RigConfig, recorded_sha: Any) -> None:
     expected = config_sha256(rig)
     if recorded_sha != expected:
         raise CheckFailed(
-            f"{store}: stale: built from config_sha256 {str(recorded_sha)[:12]}…, the config {rig.source} hashes to "
-            f"{expected[:12]}…; rebuild with `bevcompile grid` / `bevcompile matrix` (--force)"
+            f"{store}: stale: built from config_sha256 {hash_pair(recorded_sha, expected)[0]}, the config {rig.source} hashes to "
+            f"{hash_pair(recorded_sha, expected)[1]}; rebuild with `bevcompile grid` / `bevcompile matrix` (--force)"
         )
 
 

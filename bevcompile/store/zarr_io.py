@@ -7,12 +7,21 @@ hold the products. Every array carries a ``sha256`` attribute: the SHA-256 of it
 dtype, shape and C-order little-endian bytes (see :func:`array_sha256`).
 
 Writes are atomic: a new store is built in a hidden temporary sibling
-(``.<name>.zarr.tmp-*``) and renamed into place; if a store already exists it is moved aside,
-the new one renamed in, and the old one deleted — a failure at any point leaves the earlier
-store as it was and no half-written store behind. Groups of an existing store that the
-writer does not replace are carried over only when the existing store was built from the
-same config (same ``config_sha256``); otherwise ``force=True`` is required and the old store
-is replaced as a whole.
+(``.<name>.zarr.tmp-*``) and swapped into place with one ``renameat2(RENAME_EXCHANGE)`` (Linux;
+elsewhere the old store is moved aside, the new one renamed in), then the old copy is deleted —
+a failure at any point leaves the earlier store as it was and no half-written store behind.
+Groups of an existing store that the writer does not replace are carried over only when the
+existing store was built from the same config (same ``config_sha256``); otherwise
+``force=True`` is required and the old store is replaced as a whole.
+
+One writer per store: :func:`write_groups` holds an exclusive ``flock`` on
+``.<name>.zarr.lock`` beside the store (the OS releases it when the process dies) from reading
+the existing store to the swap; a second writer waits for it (``BEVCOMPILE_LOCK_TIMEOUT``
+seconds, default 600; 0 = fail at once) and then re-reads the store, so no write is lost or
+mixed. A store path that is a symbolic link is written through: the store is rebuilt at the
+link's target (and locked there), the link is kept. A store whose metadata was consolidated
+(``zarr.consolidate_metadata``) is re-consolidated after every write, so readers of the
+consolidated metadata see the new groups.
 
 Reading never lets a zarr/OS/codec exception escape: every failure is a one-line
 :class:`~bevcompile.errors.StoreError` naming the store, the array and what is wrong.
@@ -22,21 +31,34 @@ Missing chunks are detected (zarr would silently return the fill value).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import stat
+import threading
+import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import BevcompileError, StoreConflictError, StoreError, UsageError
+from ..errors import (
+    BevcompileError,
+    StoreConflictError,
+    StoreError,
+    StoreLockedError,
+    UsageError,
+    hash_pair,
+    printable,
+    shown,
+)
 
 STORE_FORMAT = "bevcompile/1"
 READABLE_FORMATS = ("bevcompile/1",)
@@ -50,11 +72,14 @@ class GroupData:
     """Arrays and attributes of one group to write.
 
     ``chunks`` may give an explicit chunk shape per array; the rest use :func:`default_chunks`.
+    ``dims`` names every axis of every array (zarr v3 ``dimension_names``, what xarray reads):
+    within a group one name is one length, e.g. ``grid/coords`` ``(camera, height, y, x, uv)``.
     """
 
     arrays: dict[str, np.ndarray]
     attrs: dict[str, Any] = field(default_factory=dict)
     chunks: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dims: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,6 +103,8 @@ class WriteReport:
     kept_groups: tuple[str, ...]
     bytes_per_array: dict[str, int]  # "group/name" -> bytes on disk
     dropped_groups: tuple[str, ...] = ()  # groups of a replaced store of ANOTHER config (--force) not rewritten
+    consolidated: bool = False  # the existing store's consolidated metadata was rebuilt for the new one
+    target: Path | None = None  # where the store really is when ``path`` is a symbolic link
 
     @property
     def total_bytes(self) -> int:
@@ -96,11 +123,54 @@ def _has_zarr_json(folder: Path) -> bool:
         return False
 
 
+STDIO = "-"
+"""``-`` as a path: standard output (a file written by ``export-onnx`` / ``render``) or standard
+input (a config); refused where a folder is needed (a store cannot be streamed)."""
+
+
+def output_file(out: str | Path, option: str = "--out") -> Path | None:
+    """Check, before any work, the file a command will write: None for ``-`` (standard output;
+    refused when it is a terminal), else the path, whose folder must exist (no folder is
+    created) and be writable. :class:`UsageError` / :class:`StoreError` (exit 2) naming ``out``."""
+    import sys
+    import tempfile
+
+    if str(out) == STDIO:
+        stream = sys.stdout
+        if stream is None or getattr(stream, "buffer", None) is None:
+            raise UsageError(f"{option} -: standard output is closed")
+        if stream.isatty():
+            raise UsageError(f"{option} -: refusing to write a binary file to a terminal; redirect it (> file) or give a file name")
+        return None
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name such as {path / 'out'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise StoreError(f"{option} {path}: its folder {folder} does not exist (no folder is created for a file)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.name}.probe-", delete=True):
+            pass
+    except OSError as exc:
+        raise StoreError(f"{option} {path}: cannot write ({_os_reason(exc)})") from None
+    return path
+
+
 def check_out_dir(out_dir: str | Path) -> None:
     """Refuse an output folder that is a zarr store (holds ``zarr.json``, or is named ``*.zarr``)
     or lies inside one: ``--out artifacts/nuscenes.zarr`` would write a store *into* the store,
-    which then fails ``inspect``. :class:`UsageError` (exit 2), before anything is created."""
+    which then fails ``inspect``. :class:`UsageError` (exit 2), before anything is created.
+    ``-`` is refused: a store is a folder, standard output cannot hold one."""
+    if str(out_dir) == STDIO:
+        raise UsageError("--out -: a store is a folder of files and cannot be written to standard output; give a folder")
     folder = Path(out_dir)
+    try:
+        os.stat(folder) if os.path.lexists(folder) else None
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise StoreError(f"--out {shown(str(folder), 80)}: path too long ({_os_reason(exc)})") from None
+    if len(os.fsencode(os.path.abspath(folder))) >= 4000:  # PATH_MAX 4096, with the store and its temporaries
+        raise StoreError(f"--out {shown(str(folder), 80)}: path too long for the file system ({len(str(folder)):,} characters)")
     if folder.name.endswith(STORE_SUFFIX) or _has_zarr_json(folder):
         raise UsageError(f"--out {folder} is a zarr store; --out takes the folder that holds stores")
     try:
@@ -172,9 +242,28 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
+GROUP_CONFIG_ATTR = "config_sha256"
+"""Group attribute the writer adds: the ``config_sha256`` of the config the group was built from
+(the root's, when the group was written); inspect fails a group whose value is not the root's."""
+
+
+def check_dimension_names(group_name: str, data: GroupData) -> None:
+    """Every array has ``dims`` of its rank, and within the group one name has one length."""
+    lengths: dict[str, tuple[int, str]] = {}
+    for name, array in data.arrays.items():
+        dims = data.dims.get(name)
+        if dims is None or len(dims) != np.ndim(array):
+            raise StoreError(f"{group_name}/{name}: dimension names {dims} do not name its {np.ndim(array)} axes")
+        for dim, size in zip(dims, np.shape(array), strict=True):
+            seen = lengths.setdefault(dim, (int(size), name))
+            if seen[0] != size:
+                raise StoreError(f"{group_name}/{name}: dimension {dim!r} has length {size}, {seen[0]} in {group_name}/{seen[1]}")
+
+
 def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
     from zarr.codecs import ZstdCodec
 
+    check_dimension_names(group_name, data)
     group = root.create_group(group_name, overwrite=True)
     group.attrs.update(_json_safe(data.attrs, f"{group_name}/"))
     sizes: dict[str, int] = {}
@@ -193,6 +282,7 @@ def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
             compressors=ZstdCodec(level=ZSTD_LEVEL, checksum=True),
             fill_value=0,
             attributes={"sha256": array_sha256(array)},
+            dimension_names=data.dims[name],
             config={"write_empty_chunks": True},
         )
         if array.size:
@@ -200,6 +290,58 @@ def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
         del zarray
         sizes[f"{group_name}/{name}"] = 0
     return sizes
+
+
+def resolve_store_link(path: str | Path) -> Path:
+    """Where the store at ``path`` really is: ``path`` itself, or, for a symbolic link, its
+    target (all links resolved). A store link is written through — the store is rebuilt at the
+    target and the link kept — never replaced by a folder. :class:`StoreError` for a link that
+    loops or whose target's folder does not exist."""
+    path = Path(path)
+    try:
+        if not path.is_symlink():
+            return path
+        target = Path(os.path.realpath(path, strict=True)) if path.exists() else _dangling_target(path)
+    except (OSError, RuntimeError) as exc:
+        raise StoreError(f"{path}: a symbolic link that cannot be followed ({_os_reason(exc) if isinstance(exc, OSError) else 'a loop'}); remove it") from None
+    if not target.parent.is_dir():
+        raise StoreError(f"{path}: a symbolic link to {target}, whose folder {target.parent} does not exist; create it or remove the link")
+    return target
+
+
+def _dangling_target(path: Path) -> Path:
+    """The path a dangling link ``path`` points to (its folder resolved), or OSError for a loop."""
+    hops = 0
+    while path.is_symlink():
+        hops += 1
+        if hops > 40:
+            raise OSError(errno.ELOOP, "Too many levels of symbolic links", str(path))
+        link = Path(os.readlink(path))
+        path = link if link.is_absolute() else path.parent / link
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def create_out_dir(folder: str | Path) -> None:
+    """Create the output folder ``folder`` (one level: its parent must exist; no folder beyond
+    what ``--out`` names is created). :class:`StoreError` naming the folder otherwise."""
+    folder = Path(folder)
+    try:
+        if folder.is_dir():
+            return
+        if folder.is_symlink():
+            raise StoreError(f"{folder}: a symbolic link to {os.readlink(folder)}, which is not a folder; create its target or remove the link")
+        if os.path.lexists(folder):
+            raise StoreError(f"{folder}: exists and is not a folder")
+        if not folder.parent.is_dir():
+            raise StoreError(f"{folder}: cannot create the output folder: its parent {folder.parent} does not exist")
+        folder.mkdir()
+    except FileExistsError:
+        if not folder.is_dir():
+            raise StoreError(f"{folder}: exists and is not a folder") from None
+    except StoreError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"{folder}: cannot create output folder ({_os_reason(exc)})") from None
 
 
 def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) -> bool:
@@ -210,12 +352,23 @@ def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) ->
     store that is not a bevcompile store, or a directory that is not a readable store;
     :class:`StoreError` for a path that exists and is not a directory; :class:`UsageError` for a
     folder that is itself (inside) a zarr store (see :func:`check_out_dir`). Cheap: the builders call
-    it before any work so that a refusal costs nothing, and :func:`write_groups` again.
+    it before any work so that a refusal costs nothing, and :func:`write_groups` again under the
+    store's lock. A symbolic link is judged by its target (see :func:`resolve_store_link`).
     """
     path = Path(path)
     check_out_dir(path.parent)
-    recover_interrupted_writes(path)  # a store a killed writer left moved aside is judged, not missed
-    if not path.exists():
+    path = resolve_store_link(path)
+    if path.parent.is_dir():
+        try:
+            with store_lock(path, timeout=0):
+                recover_interrupted_writes(path)  # a store a killed writer left moved aside is judged, not missed
+        except StoreLockedError:
+            pass  # a writer is at work: it recovers; write_groups judges again under the lock
+    return _judge_existing(path, new_sha, force)
+
+
+def _judge_existing(path: Path, new_sha: str, force: bool) -> bool:
+    if not os.path.lexists(path):
         return False
     if not path.is_dir():
         raise StoreError(f"{path}: exists and is not a directory")
@@ -226,13 +379,18 @@ def check_replaceable(path: str | Path, new_sha: str, *, force: bool = False) ->
             raise StoreConflictError(f"{path}: exists but is not a readable bevcompile store ({exc}); pass --force to replace it") from None
         return False
     if old_sha == new_sha:
+        unsafe = check_regular_files(path, 1 << 62)  # its groups are copied: a FIFO would block the copy
+        if unsafe is not None:
+            if force:
+                return False
+            raise StoreConflictError(f"{path}: exists but is damaged ({unsafe}); pass --force to replace it")
         return True
     if force:
         return False
     if not isinstance(old_sha, str):
         raise StoreConflictError(f"{path}: exists but is not a bevcompile store (no config_sha256 in its root attributes); pass --force to replace it")
     raise StoreConflictError(
-        f"{path}: was built from a different config (config_sha256 {old_sha[:12]}…, new {new_sha[:12]}…); pass --force to replace it"
+        f"{path}: was built from a different config (config_sha256 {', new '.join(hash_pair(old_sha, new_sha))}); pass --force to replace it"
     )
 
 
@@ -240,12 +398,30 @@ GROUPS_ATTR = "groups"
 """Root attribute: the sorted names of the store's groups, rewritten by every write."""
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
+LOCK_MARK = ".lock"
+"""``.<name>.zarr.lock`` beside the store: the writers' lock file (removed by the holder on release)."""
+LOCK_TIMEOUT_ENV = "BEVCOMPILE_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 600.0
+"""How long a second writer waits for the store's lock (``BEVCOMPILE_LOCK_TIMEOUT`` overrides; 0 = fail at once)."""
+LOCK_POLL_S = 0.05
 STORE_WRITTEN_ATTR = "bevcompile_store_written"
 """Set on an interrupt (KeyboardInterrupt, SIGTERM) that arrived after the new store was in
 place (while the old copy was being deleted): the CLI then says the store was written."""
 COMPLETED_WRITES: list[str] = []
 """Stores this process has put in place, in order: an interrupt after a write (while the
 command summarises, or writes its next store) is then reported as "already written"."""
+LOCK_WAIT_REPORTERS: list[Callable[[str], None]] = []
+"""Called once with a one-line message when a writer starts waiting for another's lock (the
+CLI prints it on stderr; the library alone stays silent)."""
+_HELD = threading.local()
+"""The store locks this thread holds (re-entrant per thread; another thread waits like another process)."""
+
+
+def _held_locks() -> set[str]:
+    held = getattr(_HELD, "locks", None)
+    if held is None:
+        held = _HELD.locks = set()
+    return held
 
 
 def _host_tag() -> str:
@@ -253,7 +429,7 @@ def _host_tag() -> str:
     entries of its own host (a pid means nothing on another machine or container)."""
     import socket
 
-    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
+    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname())[:64] or "host"
 
 
 def _writer_tag() -> str:
@@ -279,15 +455,130 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def lock_path(path: str | Path) -> Path:
+    """``<folder>/.<name>.zarr.lock``: the lock file of the store at ``path``."""
+    path = Path(path)
+    return path.parent / f".{path.name}{LOCK_MARK}"
+
+
+def lock_timeout() -> float:
+    """Seconds a writer waits for another's lock: ``BEVCOMPILE_LOCK_TIMEOUT`` or 600."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{LOCK_TIMEOUT_ENV}={shown(raw)}: expected seconds to wait for another writer's lock (a number >= 0)")
+    return value
+
+
+def _holder_record() -> bytes:
+    import sys
+
+    argv = [Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python", *sys.argv[1:2]]
+    since = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return json.dumps({"pid": os.getpid(), "host": _host_tag(), "command": " ".join(argv)[:80], "since": since}).encode()
+
+
+def describe_holder(lock: str | Path) -> str:
+    """``pid 123 on host (bevcompile matrix, since 2026-05-01 12:00:01 UTC)`` from a lock file."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return "another process"
+    try:
+        return _holder_text(os.pread(fd, 4096, 0))
+    finally:
+        os.close(fd)
+
+
+def _holder_text(raw: bytes) -> str:
+    try:
+        info = json.loads(raw)
+        pid, host, command, since = int(info["pid"]), str(info["host"]), str(info["command"]), str(info["since"])
+    except (ValueError, TypeError, KeyError):
+        return "another process"
+    return printable(f"pid {pid} on {host} ({command}, since {since})", 160)
+
+
+@contextlib.contextmanager
+def store_lock(path: str | Path, *, timeout: float | None = None) -> Iterator[None]:
+    """Hold the exclusive write lock of the store at ``path`` for the block.
+
+    An ``flock`` on :func:`lock_path` (released by the OS when the process dies, so a killed
+    writer never leaves a stale lock); a second writer waits ``timeout`` seconds (default
+    :func:`lock_timeout`), telling :data:`LOCK_WAIT_REPORTERS` once, then raises
+    :class:`StoreLockedError` naming the holder. Re-entrant within a process. The holder removes
+    the file on release (a waiter that locked the removed file retries on the new one).
+    """
+    import fcntl
+
+    path = Path(path)
+    key = os.path.abspath(path)
+    if key in _held_locks():
+        yield
+        return
+    lock = lock_path(path)
+    wait = lock_timeout() if timeout is None else timeout
+    started = time.monotonic()
+    reported = False
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise StoreError(f"{path.parent}: cannot write store ({_os_reason(exc)})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(os.pread(fd, 4096, 0))
+            os.close(fd)
+            waited = time.monotonic() - started
+            if waited >= wait:
+                how_long = f"; waited {waited:.0f} s ({LOCK_TIMEOUT_ENV})" if wait else f" (waiting disabled: {LOCK_TIMEOUT_ENV}=0)"
+                raise StoreLockedError(f"{path}: is being written by {holder}{how_long}; try again when it is done") from None
+            if not reported:
+                reported = True
+                for report in LOCK_WAIT_REPORTERS:
+                    report(f"waiting for {path}: it is being written by {holder} (up to {wait:.0f} s)")
+            time.sleep(LOCK_POLL_S)
+            continue
+        except OSError as exc:  # ENOLCK: a filesystem without locks
+            os.close(fd)
+            raise StoreError(f"{lock}: cannot lock the store for writing ({_os_reason(exc)})") from None
+        try:  # the previous holder may have removed the file we opened: lock the one in place
+            here, ours = os.stat(lock, follow_symlinks=False), os.fstat(fd)
+            current = (here.st_dev, here.st_ino) == (ours.st_dev, ours.st_ino)
+        except OSError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    _held_locks().add(key)
+    try:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _holder_record(), 0)
+        yield
+    finally:
+        _held_locks().discard(key)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+        os.close(fd)
+
+
 def recover_interrupted_writes(path: str | Path) -> list[Path]:
     """Clean up after writers of ``path`` that were killed (SIGKILL, power loss) mid-write.
 
-    A writer builds ``.<name>.tmp-<pid>-<host>-<rand>`` beside the store and swaps it in through
-    ``.<name>.old-<pid>-<host>-<rand>``. For a writer of this host whose process no longer exists:
-    its temporary is deleted; its ``.old-`` copy is renamed back to ``<name>`` if the kill fell
-    between the two renames (no store at ``path``), else deleted. Files of live processes, and of
-    other hosts (a shared folder), are left alone.
-    Returns the paths removed or restored.
+    A writer builds ``.<name>.tmp-<pid>-<host>-<rand>`` beside the store and swaps it in (through
+    ``.<name>.old-<pid>-<host>-<rand>`` where the OS cannot exchange two folders). For a writer of
+    this host whose process no longer exists: its temporary is deleted; its ``.old-`` copy is
+    renamed back to ``<name>`` if the kill fell between the two renames (no store at ``path``),
+    else deleted (a symbolic link, left by versions that moved a store link aside, is unlinked).
+    Files of live processes, and of other hosts (a shared folder), are left alone. Call it holding
+    the store's lock (:func:`store_lock`). Returns the paths removed or restored.
     """
     path = Path(path)
     touched: list[Path] = []
@@ -310,15 +601,27 @@ def recover_interrupted_writes(path: str | Path) -> list[Path]:
         writer = _parse_writer(rest[len(mark) :])
         if writer is None or writer[1] != host or _pid_alive(writer[0]):
             continue
-        if mark == OLD_MARK and not path.exists():
+        if mark == OLD_MARK and not os.path.lexists(path):
             try:
                 os.rename(sibling, path)
             except OSError:
                 continue  # read-only folder: left for a later write; this one reports the folder
+        elif sibling.is_symlink():
+            with contextlib.suppress(OSError):
+                sibling.unlink()
         else:
             shutil.rmtree(sibling, ignore_errors=True)
         touched.append(sibling)
     return touched
+
+
+def _is_consolidated(path: Path) -> bool:
+    """Whether the store's root ``zarr.json`` carries consolidated metadata."""
+    try:
+        meta = json.loads(read_metadata_file(path / "zarr.json"))
+    except (StoreError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("consolidated_metadata") is not None
 
 
 def write_groups(
@@ -334,56 +637,67 @@ def write_groups(
     ``root_attrs`` must hold ``config_sha256``. Groups in ``groups`` and in
     ``replace_groups`` are (re)written/removed; other groups of an existing store with the
     same ``config_sha256`` are kept. An existing store of another config (or an unreadable
-    one) is replaced only with ``force=True``; otherwise :class:`StoreConflictError`.
+    one) is replaced only with ``force=True``; otherwise :class:`StoreConflictError`. The
+    store's lock is held from judging the existing store to the swap (:func:`store_lock`);
+    its output folder is created (one level), a store link is written through, consolidated
+    metadata is rebuilt (see the module docstring).
     """
     import zarr
 
-    path = Path(path)
+    link = Path(path)
     new_sha = root_attrs.get("config_sha256")
     if not isinstance(new_sha, str):
         raise StoreError("root_attrs must include config_sha256")
+    check_out_dir(link.parent)
+    create_out_dir(link.parent)
+    path = resolve_store_link(link)
     parent = path.parent
-    check_out_dir(parent)
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(f"{parent}: cannot create output folder ({exc.strerror or exc})") from None
-    carry_over = check_replaceable(path, new_sha, force=force)  # also recovers killed writers' leftovers
-    existed = path.exists()
-    dropped = () if carry_over or not existed else tuple(g for g in _group_names(path) if g not in groups)
+    with store_lock(path):
+        carry_over = check_replaceable(path, new_sha, force=force)  # also recovers killed writers' leftovers
+        existed = os.path.lexists(path)
+        dropped = () if carry_over or not existed else tuple(g for g in _group_names(path) if g not in groups)
+        consolidate = existed and _is_consolidated(path)
+        tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
+        sizes: dict[str, int] = {}
+        kept: list[str] = []
+        try:
+            if carry_over:
+                shutil.copytree(path, tmp)
+                # the stored per-node metadata, never a consolidated copy of it (which may be stale)
+                root = zarr.open_group(str(tmp), mode="r+", zarr_format=3, use_consolidated=False)
+                for name in sorted(set(groups) | set(replace_groups)):
+                    if name in root:
+                        del root[name]
+                kept = sorted(k for k in root.group_keys())
+                root.attrs.clear()
+                root.attrs.update(_json_safe(dict(root_attrs), "root"))
+            else:
+                root = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
+                root.attrs.update(_json_safe(dict(root_attrs), "root"))
+            for name, data in groups.items():
+                stamped = GroupData(data.arrays, {**data.attrs, GROUP_CONFIG_ATTR: new_sha}, data.chunks, data.dims)
+                sizes.update(_write_group(root, name, stamped))
+            root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
+            del root
+            if consolidate:  # readers of the consolidated metadata (xarray's default) see the new groups
+                import warnings
 
-    tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
-    sizes: dict[str, int] = {}
-    kept: list[str] = []
-    try:
-        if carry_over:
-            shutil.copytree(path, tmp)
-            root = zarr.open_group(str(tmp), mode="r+", zarr_format=3)
-            for name in sorted(set(groups) | set(replace_groups)):
-                if name in root:
-                    del root[name]
-            kept = sorted(k for k in root.group_keys())
-            root.attrs.clear()
-            root.attrs.update(_json_safe(dict(root_attrs), "root"))
-        else:
-            root = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
-            root.attrs.update(_json_safe(dict(root_attrs), "root"))
-        for name, data in groups.items():
-            sizes.update(_write_group(root, name, data))
-        root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
-        del root
-        for key in sizes:
-            sizes[key] = _dir_bytes(tmp / key)
-        _swap_into_place(tmp, path)
-    except BaseException as exc:
-        if getattr(exc, STORE_WRITTEN_ATTR, None):  # interrupted while the old copy was deleted
-            COMPLETED_WRITES.append(str(path))
-        _remove_temporary(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
-            raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
-        raise
-    COMPLETED_WRITES.append(str(path))
-    return WriteReport(path, existed, tuple(kept), sizes, dropped)
+                with warnings.catch_warnings():  # "not part of the v3 specification": the user chose it
+                    warnings.simplefilter("ignore")
+                    zarr.consolidate_metadata(str(tmp))
+            for key in sizes:
+                sizes[key] = _dir_bytes(tmp / key)
+            _swap_into_place(tmp, path)
+        except BaseException as exc:
+            if getattr(exc, STORE_WRITTEN_ATTR, None):  # interrupted while the old copy was deleted
+                setattr(exc, STORE_WRITTEN_ATTR, str(link))
+                COMPLETED_WRITES.append(str(link))
+            _remove_temporary(tmp)
+            if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
+                raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
+            raise
+    COMPLETED_WRITES.append(str(link))
+    return WriteReport(link, existed, tuple(kept), sizes, dropped_groups=dropped, consolidated=consolidate, target=path if path != link else None)
 
 
 def _group_names(path: Path) -> list[str]:
@@ -407,7 +721,7 @@ def staging_folder(path: str | Path) -> Path:
     parent = path.parent
     check_out_dir(parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)  # the fleet's own folder layout (out/<vehicle>/)
         recover_interrupted_writes(path)
         folder = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
         folder.mkdir()
@@ -423,17 +737,18 @@ def install_store(built: str | Path, path: str | Path) -> None:
     and the old one deleted, so ``path`` always holds one whole store. ``StoreError`` if ``path``
     exists and is not a store (a file, or a folder without ``zarr.json``): it is never replaced."""
     built, path = Path(built), Path(path)
-    recover_interrupted_writes(path)
-    if os.path.lexists(path) and not is_store(path):
-        raise StoreError(f"{path}: exists and is not a store; it is not replaced (remove it, or choose another folder)")
-    try:
-        _swap_into_place(built, path)
-    except BaseException as exc:
-        if getattr(exc, STORE_WRITTEN_ATTR, None):
-            COMPLETED_WRITES.append(str(path))
-        if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
-            raise StoreError(f"{path}: cannot put the new store in place ({_os_reason(exc)})") from None
-        raise
+    with store_lock(path):  # one writer per store, as write_groups
+        recover_interrupted_writes(path)
+        if os.path.lexists(path) and not is_store(path):
+            raise StoreError(f"{path}: exists and is not a store; it is not replaced (remove it, or choose another folder)")
+        try:
+            _swap_into_place(built, path)
+        except BaseException as exc:
+            if getattr(exc, STORE_WRITTEN_ATTR, None):
+                COMPLETED_WRITES.append(str(path))
+            if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
+                raise StoreError(f"{path}: cannot put the new store in place ({_os_reason(exc)})") from None
+            raise
     COMPLETED_WRITES.append(str(path))
 
 
@@ -505,22 +820,52 @@ def _remove_temporary(tmp: Path) -> None:
             return
 
 
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Exchange ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``): at every
+    instant each name holds a complete tree. False where the OS or filesystem cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 def _swap_into_place(tmp: Path, path: Path) -> None:
-    """Rename ``tmp`` to ``path``; an existing store goes aside first and is deleted after.
-    Ctrl-C / SIGTERM are held back between the two renames (never a moment without a store at
-    ``path``); one that arrives while the old copy is deleted is re-raised marked
-    :data:`STORE_WRITTEN_ATTR` (the new store is complete; the next write removes the rest)."""
-    if not path.exists():
+    """Put ``tmp`` at ``path``. An existing store is exchanged with it in one step (so a reader
+    always finds a complete store at ``path``), or, where the OS cannot exchange, moved aside
+    first; the old copy is deleted after. Ctrl-C / SIGTERM are held back during the swap; one
+    that arrives while the old copy is deleted is re-raised marked :data:`STORE_WRITTEN_ATTR`
+    (the new store is complete; the next write removes the rest)."""
+    if not os.path.lexists(path):
         os.rename(tmp, path)
         return
     old = path.parent / f".{path.name}{OLD_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
     with _signals_held():
-        os.rename(path, old)
-        try:
-            os.rename(tmp, path)
-        except BaseException:
-            os.rename(old, path)
-            raise
+        if _exchange(tmp, path):  # tmp now holds the previous store: name it as the old copy
+            try:
+                os.rename(tmp, old)
+            except OSError:
+                old = tmp
+        else:
+            os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
     try:
         shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
@@ -581,6 +926,104 @@ def find_stores(folder: str | Path) -> list[Path]:
     return out
 
 
+MAX_METADATA_BYTES = 64 << 20
+"""A ``zarr.json`` larger than this is refused unread (a store's largest, the consolidated root of
+a many-camera rig, is a few MiB)."""
+CHUNK_FILE_SLACK_BYTES = 1 << 16
+"""A chunk file may exceed its chunk's raw size by the codec's worst-case overhead: zstd adds at
+most ~1/128 plus a header; a file beyond ``2 x raw + 64 KiB`` is no chunk of this array."""
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def read_metadata_file(path: str | Path, limit: int = MAX_METADATA_BYTES) -> bytes:
+    """The bytes of a store's metadata file, read only when it is a regular file (links
+    followed) of at most ``limit`` bytes: a FIFO would block the reader forever, a link to
+    ``/dev/zero`` never end. :class:`StoreError` otherwise (``FileNotFoundError`` kept as the
+    cause for a missing file)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing") from FileNotFoundError(str(path))
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read ({_os_reason(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreError(f"{path}: {_file_kind(info.st_mode)}, not a regular file")
+        if info.st_size > limit:
+            raise StoreError(f"{path}: {info.st_size:,} bytes, more than the {limit >> 20} MiB a metadata file may have")
+        chunks = []
+        total = 0
+        while total <= limit:
+            block = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not block:
+                break
+            chunks.append(block)
+            total += len(block)
+        if total > limit:
+            raise StoreError(f"{path}: more than the {limit >> 20} MiB a metadata file may have")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot read ({_os_reason(exc)})") from None
+    finally:
+        os.close(fd)
+
+
+def check_regular_files(folder: str | Path, max_file_bytes: int, *, limit_entries: int = 1_000_000) -> str | None:
+    """Why the files under ``folder`` cannot be read safely, or None: every entry must be a
+    folder or a regular file (links followed) of at most ``max_file_bytes``. Checked before zarr
+    reads a chunk: it would block on a FIFO and read a device without end."""
+    seen = 0
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in [*dirs, *files]:
+            seen += 1
+            if seen > limit_entries:
+                return f"more than {limit_entries:,} entries"
+            full = os.path.join(root, name)
+            try:
+                info = os.stat(full)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ELOOP):
+                    continue  # a dangling or looping link: zarr counts it as a missing chunk
+                return f"{os.path.relpath(full, folder)}: cannot be read ({_os_reason(exc)})"
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                return f"{os.path.relpath(full, folder)}: {_file_kind(info.st_mode)}, not a regular file"
+            if info.st_size > max_file_bytes:
+                return f"{os.path.relpath(full, folder)}: {info.st_size:,} bytes, more than a chunk of this array can be ({max_file_bytes:,})"
+    return None
+
+
+def the_one_store(path: str | Path, command: str) -> Path:
+    """``path`` if it is a store (or named ``*.zarr``); for a folder that holds exactly one
+    ``<name>.zarr`` store, that store (as ``inspect`` accepts folders). :class:`StoreError` for a
+    folder holding none or several, ``-`` (a store is a folder, not a stream)."""
+    path = Path(path)
+    if str(path) == STDIO:
+        raise StoreError(f"-: {command} reads a store, which is a folder; standard input cannot hold one")
+    try:
+        if not path.is_dir() or is_store(path) or path.suffix == STORE_SUFFIX:
+            return path
+    except OSError:
+        return path  # the reader says why
+    found = find_stores(path)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise StoreError(f"{path}: not a store, and holds no <name>{STORE_SUFFIX} store")
+    names = ", ".join(p.name for p in found[:5]) + (", …" if len(found) > 5 else "")
+    raise StoreError(f"{path}: holds {len(found)} stores ({names}); {command} one of them")
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
@@ -600,14 +1043,20 @@ class StoreReader:
                 raise StoreError(f"{self.path}: no such store")
             if not self.path.is_dir():
                 raise StoreError(f"{self.path}: not a store (not a directory)")
-            if not (self.path / "zarr.json").is_file():
-                raise StoreError(f"{self.path}: not a zarr store (no zarr.json at its root)")
+            os.lstat(self.path / "zarr.json")  # EACCES is an error here, not "no zarr.json"
+        except FileNotFoundError:
+            raise StoreError(f"{self.path}: not a zarr store (no zarr.json at its root)") from None
         except StoreError:
             raise
         except OSError as exc:  # Path.is_file() raises EACCES instead of returning False
             raise StoreError(f"{self.path}: cannot read the store ({_os_reason(exc)})") from None
+        try:  # a regular file of sane size, before zarr reads it
+            read_metadata_file(self.path / "zarr.json")
+        except StoreError as exc:
+            raise StoreError(f"{self.path}: root metadata unreadable ({_strip_path(str(exc), self.path / 'zarr.json')})") from None
         try:
-            self._root = zarr.open_group(str(self.path), mode="r", zarr_format=3)
+            # the per-node metadata, never the consolidated copy (stale after a hand edit; inspect compares them)
+            self._root = zarr.open_group(str(self.path), mode="r", zarr_format=3, use_consolidated=False)
             attrs = dict(self._root.attrs)
         except Exception as exc:
             raise StoreError(f"{self.path}: root metadata unreadable ({_one_line(exc)})") from None
@@ -636,7 +1085,8 @@ class StoreReader:
             except StoreError:
                 bad.append(group_dir.name)
                 continue
-            known = set(group.array_keys())
+            del group
+            known = set(self.arrays(group_dir.name))
             for array_dir in sorted(p for p in group_dir.iterdir() if p.is_dir()):
                 if array_dir.name not in known:
                     bad.append(f"{group_dir.name}/{array_dir.name}")
@@ -692,7 +1142,52 @@ class StoreReader:
             return out  # unreadable folders are reported by the read itself
         return out[:10]
 
+    def consolidated_problems(self) -> list[str] | None:
+        """None when the root carries no consolidated metadata; else what in it disagrees with
+        the per-node metadata (nodes it lists that are gone or differ, nodes it misses): the view
+        readers of the consolidated metadata (xarray's default) would get. At most 10 listed."""
+        try:
+            meta = json.loads(read_metadata_file(self.path / "zarr.json"))
+        except (StoreError, ValueError):
+            return None
+        consolidated = meta.get("consolidated_metadata") if isinstance(meta, dict) else None
+        if consolidated is None:
+            return None
+        listed = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        if not isinstance(listed, dict):
+            return ["consolidated_metadata holds no 'metadata' mapping"]
+        actual: dict[str, Any] = {}
+        for group in self.child_dirs():
+            for key in [group, *(f"{group}/{name}" for name in self.child_dirs(group))]:
+                try:
+                    actual[key] = json.loads(read_metadata_file(self.path / key / "zarr.json"))
+                except (StoreError, ValueError):
+                    actual[key] = None
+        problems = [f"{key} is listed but gone" for key in sorted(set(listed) - set(actual))]
+        problems += [f"{key} is not listed" for key in sorted(set(actual) - set(listed))]
+        for key in sorted(set(listed) & set(actual)):
+            entry, node = listed[key], actual[key]
+            if isinstance(entry, dict) and isinstance(node, dict):
+                entry = {k: v for k, v in entry.items() if k != "consolidated_metadata"}
+                node = {k: v for k, v in node.items() if k != "consolidated_metadata"}
+            if entry != node:
+                problems.append(f"{key} differs from its zarr.json")
+        return problems[:10] + ([f"… and {len(problems) - 10} more"] if len(problems) > 10 else [])
+
+    def generation(self) -> tuple[int, int] | None:
+        """``(st_dev, st_ino)`` of the store folder: a writer's swap changes it, so a reader that
+        sees it change while reading has read across two builds (and reads again)."""
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
     def _group(self, group: str) -> Any:
+        try:
+            read_metadata_file(self.path / group / "zarr.json")
+        except StoreError as exc:
+            raise StoreError(f"{self.path}: group {group}/ is missing or unreadable ({_strip_path(str(exc), self.path / group / 'zarr.json')})") from None
         try:
             node = self._root[group]
         except Exception as exc:
@@ -716,11 +1211,19 @@ class StoreReader:
             raise StoreError(f"{self.path}: {group}/ attributes unreadable ({_one_line(exc)})") from None
 
     def arrays(self, group: str) -> list[str]:
-        node = self._group(group)
-        try:
-            return sorted(node.array_keys())
-        except Exception as exc:
-            raise StoreError(f"{self.path}: cannot list arrays of {group}/ ({_one_line(exc)})") from None
+        """The group's arrays: sub-folders whose ``zarr.json`` is a sane regular file describing an
+        array (listed without zarr, which would read every child's metadata unchecked: a FIFO
+        there would block it)."""
+        self._group(group)
+        out = []
+        for name in self.child_dirs(group):
+            try:
+                meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
+            except (StoreError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("node_type") == "array":
+                out.append(name)
+        return out
 
     def has_array(self, group: str, name: str) -> bool:
         try:
@@ -730,6 +1233,10 @@ class StoreReader:
 
     def _array(self, group: str, name: str) -> Any:
         node = self._group(group)
+        try:
+            read_metadata_file(self.path / group / name / "zarr.json")
+        except StoreError as exc:
+            raise StoreError(f"{self.path}: {group}/{name} is missing or unreadable ({_strip_path(str(exc), self.path / group / name / 'zarr.json')})") from None
         try:
             arr = node[name]
         except Exception as exc:
@@ -765,6 +1272,10 @@ class StoreReader:
         :class:`StoreError`."""
         arr = self._array(group, name)
         where = f"{self.path}: {group}/{name}"
+        chunk_bytes = int(np.dtype(arr.dtype).itemsize) * math.prod(int(c) for c in arr.chunks)
+        unsafe = check_regular_files(self.path / group / name, max(2 * chunk_bytes, MAX_METADATA_BYTES) + CHUNK_FILE_SLACK_BYTES)
+        if unsafe is not None:  # before zarr lists or reads a chunk: it would block on a FIFO
+            raise StoreError(f"{where}: {unsafe}")
         try:
             nchunks, initialised = int(arr.nchunks), int(arr.nchunks_initialized)
         except Exception as exc:
@@ -781,7 +1292,8 @@ class StoreReader:
                 raise StoreError(f"{where}: no sha256 attribute")
             actual = array_sha256(data)
             if actual != recorded:
-                raise StoreError(f"{where}: content sha256 {actual[:12]}… does not match recorded {str(recorded)[:12]}…")
+                got, want = hash_pair(actual, recorded)
+                raise StoreError(f"{where}: content sha256 {got} does not match recorded {want}")
         return data
 
     def read_group(self, group: str, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
@@ -802,8 +1314,13 @@ def open_store(path: str | Path) -> StoreReader:
 def read_root_attrs_file(path: str | Path) -> dict[str, Any]:
     """Root attributes straight from ``zarr.json`` (for damaged stores zarr will not open)."""
     try:
-        meta = json.loads((Path(path) / "zarr.json").read_text())
+        meta = json.loads(read_metadata_file(Path(path) / "zarr.json"))
         attrs = meta.get("attributes", {})
         return attrs if isinstance(attrs, dict) else {}
     except Exception as exc:
         raise StoreError(f"{path}: zarr.json unreadable ({_one_line(exc)})") from None
+
+
+def _strip_path(message: str, path: Path) -> str:
+    prefix = f"{path}: "
+    return message[len(prefix) :] if message.startswith(prefix) else message

@@ -315,10 +315,10 @@ def test_export_onnx_out_of_memory_is_one_line_exit_2(store: Path, tmp_path: Pat
     happens — torch raises RuntimeError, not MemoryError — is the one-line out-of-memory error."""
     from bevcompile.deploy import onnx_export
 
-    monkeypatch.setattr(onnx_export, "_physical_memory", lambda: 2**20)
+    monkeypatch.setattr(onnx_export, "_memory_limit", lambda: (2**20, "available memory"))
     result = runner.invoke(app, ["export-onnx", str(store), "--channels", "8", "--out", str(tmp_path / "a.onnx")])
     assert result.exit_code == 2
-    assert re.fullmatch(r"error: .*needs about .*more than this machine's 1 MiB; reduce --channels or --batch\n", result.stderr)
+    assert re.fullmatch(r"error: .*needs about .*more than the 1 MiB available memory allows; reduce --channels or --batch\n", result.stderr)
 
     def allocator_failure(*args: object, **kwargs: object) -> None:
         raise RuntimeError(

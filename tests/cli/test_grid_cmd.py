@@ -115,7 +115,8 @@ def test_help_names_arguments_as_the_readme_does(command: str, usage: str) -> No
     """Arguments carry an upper-case name in the usage line and no internal type (`<list[Path]>`)."""
     result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"})
     assert result.exit_code == 0
-    assert usage in result.stdout and "list[" not in result.stdout
+    # typer 0.16 (the declared floor) writes an optional argument without brackets: CONFIG, PATH...
+    assert (usage in result.stdout or usage.replace("[", "").replace("]", "") in result.stdout) and "list[" not in result.stdout
 
 
 def test_align_corners_clamp_warning_is_on_stderr_even_when_quiet(tmp_path: Path) -> None:
@@ -135,7 +136,7 @@ def test_summary_never_rounds_a_seen_camera_to_zero_coverage() -> None:
     [
         ("name: nuscenes", "name: 2024-13-45", "invalid YAML: line 5, column 7: month must be in 1..12"),
         ("stride: 16", "stride: !!int 16px", "invalid YAML: line 58, column 11: invalid literal for int() with base 10: '16px'"),
-        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: nested too deeply (maximum recursion depth exceeded)"),
+        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: line 5, column 38: nested more than 32 levels deep"),
         ("stride: 16", "stride: 1:30", "invalid YAML: line 58, column 11: integer '1:30' is a YAML 1.1-only spelling (read as 90); write it in plain decimal"),
     ],
     ids=["bad-date", "int-tag", "deep-nesting", "sexagesimal"],

@@ -227,6 +227,9 @@ def test_verify_damaged_store_exit_1(small_copy: Path) -> None:
 def test_render_cli(small_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "pics" / "cov.png"
     result = runner.invoke(app, ["render", str(small_store), "--out", str(out)])
+    assert (result.exit_code, result.stderr) == (2, f"error: --out {out}: its folder {out.parent} does not exist (no folder is created for a file)\n")
+    out.parent.mkdir()
+    result = runner.invoke(app, ["render", str(small_store), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert f"wrote {out} (1500x750 px" in _flat(result.stdout)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -240,7 +243,7 @@ def test_render_cli_errors(small_store: Path, tmp_path: Path) -> None:
     assert result.stderr == f"error: --out {tmp_path / 'x.svg'}: the picture is a PNG, give a .png file name\n"
     result = runner.invoke(app, ["render", str(tmp_path)])
     assert result.exit_code == 2
-    assert result.stderr == f"error: {tmp_path}: not a zarr store (no zarr.json at its root)\n"
+    assert result.stderr == f"error: {tmp_path}: not a store, and holds no <name>.zarr store\n"
 
 
 def test_inspect_json_survives_a_nan_attribute(small_copy: Path) -> None:

@@ -18,9 +18,10 @@ from bevcompile.cli import app, main
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["matrix", "--topk", "abc"], "error: bevcompile matrix: Invalid value for '--topk'"),
-        (["grid", "--no-such-option"], "error: bevcompile grid: No such option: --no-such-option"),
-        (["no-such-command"], "error: bevcompile: No such command 'no-such-command'"),
+        (["matrix", "--topk", "abc"], r"error: bevcompile matrix: Invalid value for '--topk'"),
+        # click's wording moved between versions (typer 0.16 with click 8.3: "No such option '--x'.")
+        (["grid", "--no-such-option"], r"error: bevcompile grid: No such option:? '?--no-such-option"),
+        (["no-such-command"], r"error: bevcompile: No such command 'no-such-command'"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
@@ -28,7 +29,7 @@ def test_usage_errors_are_one_line_exit_2(capsys: pytest.CaptureFixture[str], ar
         main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith(expected), err
+    assert re.match(expected, err), err
     assert err.count("\n") == 1
 
 
@@ -95,13 +96,13 @@ def test_a_grid_larger_than_the_machine_is_refused_before_any_work(
     """Within the config's 10^8-cell limit but beyond this machine's memory: one line, exit 2,
     before the build (the kernel's OOM killer would leave no message and no cleanup)."""
 
-    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 64 * 2**20)  # a 64 MiB machine
+    monkeypatch.setattr(memory, "memory_limit", lambda: memory.MemoryLimit(64 * 2**20, "available memory"))  # a 64 MiB machine
     with pytest.raises(SystemExit) as info:
         main(["grid", "--out", str(tmp_path), "--quiet"])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
-    assert "bevcompile grid of 6 cameras x 1 heights x 128 x 128 cells (padded to 130 x 130 by --block 10) = 101,400 samples needs about 89 MiB, more than this machine's 64 MiB" in err
+    assert "bevcompile grid of 6 cameras x 1 heights x 128 x 128 cells (padded to 130 x 130 by --block 10) = 101,400 samples needs about 128 MiB, more than the 64 MiB available memory allows" in err
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit) as info:
         main(["matrix", "--mode", "grid", "--out", str(tmp_path), "--quiet"])

@@ -211,13 +211,13 @@ def test_frustum_grid_too_big_for_this_machine_is_one_line_exit_2(tmp_path: Path
     """--compact-rows does not shrink the per-cell arrays of a frustum build: a BEV grid this
     machine cannot hold is refused before any work, like `bevcompile grid` (exit 2, one line)."""
 
-    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 2**20)
+    monkeypatch.setattr(memory, "memory_limit", lambda: memory.MemoryLimit(2**20, "available memory"))
     config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
     result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "out"), "--topk", "4", "--compact-rows"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {config}: bevcompile matrix --mode frustum of "), lines
-    assert "more than this machine's 1 MiB; use coarser bev steps" in lines[0]
+    assert "more than the 1 MiB available memory allows; use coarser bev steps" in lines[0]
     assert not (tmp_path / "out").exists()
 
 

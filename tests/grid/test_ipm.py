@@ -357,8 +357,8 @@ def test_memory_guard_counts_the_delta_blocks_padding(monkeypatch: pytest.Monkey
     from bevcompile.errors import UsageError
 
     rig = nuscenes_rig()
-    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: 100 * 2**20)  # a 100 MiB machine
-    build_module.check_grid_memory(rig)  # 98,304 samples: about 88 MiB, fits
+    monkeypatch.setattr(memory, "memory_limit", lambda: memory.MemoryLimit(150 * 2**20, "available memory"))  # 150 MiB to use
+    build_module.check_grid_memory(rig)  # 98,304 samples: about 128 MiB, fits
     build_module.check_grid_memory(rig, block=16)  # 128 is a multiple of 16: no padding
-    with pytest.raises(UsageError, match=r"128 x 128 cells \(padded to 200 x 200 by --block 100\) = 240,000 samples needs about 123 MiB, more than this machine's 100 MiB; use coarser bev steps or fewer heights or a smaller --block$"):
+    with pytest.raises(UsageError, match=r"128 x 128 cells \(padded to 200 x 200 by --block 100\) = 240,000 samples needs about 173 MiB, more than the 150 MiB available memory allows; use coarser bev steps or fewer heights or a smaller --block$"):
         build_module.check_grid_memory(rig, block=100)

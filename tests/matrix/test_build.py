@@ -672,16 +672,16 @@ def test_frustum_build_too_big_for_this_machine_is_refused_up_front(monkeypatch:
     rig = parse_config(data)
     options = MatrixOptions(topk=4, compact_rows=True)
     need = matrix_mod.FRUSTUM_BYTES_BASE + (1603 * 1603) * (24 * 8 + 8 * rig.n_cam + 40)  # 8 bins, padded grid
-    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: need - 1)
+    monkeypatch.setattr(memory, "memory_limit", lambda: memory.MemoryLimit(need - 1, "available memory"))
 
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("the build started")
 
     monkeypatch.setattr(matrix_mod, "build_matrix", no_build)
-    with pytest.raises(UsageError, match=r"1600 x 1600 = 2,560,000 BEV cells needs about .* more than this machine's") as info:
+    with pytest.raises(UsageError, match=r"1600 x 1600 = 2,560,000 BEV cells needs about .* more than the .* available memory allows") as info:
         matrix_mod.run_matrix(rig, tmp_path, options)
     assert "\n" not in str(info.value) and not any(tmp_path.iterdir())
-    monkeypatch.setattr(memory, "physical_memory_bytes", lambda: need)
+    monkeypatch.setattr(memory, "memory_limit", lambda: memory.MemoryLimit(need, "available memory"))
     matrix_mod.check_frustum_memory(rig, options)  # fits exactly
     matrix_mod.check_frustum_memory(rig, MatrixOptions(mode="grid"))  # grid mode: check_grid_memory's job
 

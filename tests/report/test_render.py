@@ -23,7 +23,7 @@ from bevcompile.report.render import (
 )
 from bevcompile.rig.config import RigConfig
 from bevcompile.store.root import root_attributes
-from bevcompile.store.zarr_io import GroupData, open_store, write_groups
+from bevcompile.store.zarr_io import open_store, write_groups
 
 from .. import damage, rigs
 
@@ -158,10 +158,10 @@ def test_second_panel_uses_the_matrix_group(nuscenes_store: Path, nuscenes: RigC
     assert render_store(store, tmp_path / "none.png").second_panel == "cameras per cell"
     ny, nx = nuscenes.bev.ny, nuscenes.bev.nx
     rows = np.array([0, 0, 5, ny * nx - 1], dtype=np.int32)
-    write_groups(store, root_attrs=root_attributes(nuscenes), groups={"matrix": GroupData({"coo_row": rows})})
+    write_groups(store, root_attrs=root_attributes(nuscenes), groups={"matrix": rigs.group_data({"coo_row": rows})})
     assert render_store(store, tmp_path / "nnz.png").second_panel == "matrix non-zeros per BEV cell (from coo_row)"
     mass = np.random.default_rng(0).random((nuscenes.n_cam, ny, nx), dtype=np.float32)
-    write_groups(store, root_attrs=root_attributes(nuscenes), groups={"matrix": GroupData({"camera_mass": mass, "coo_row": rows})})
+    write_groups(store, root_attrs=root_attributes(nuscenes), groups={"matrix": rigs.group_data({"camera_mass": mass, "coo_row": rows})})
     result = render_store(store, tmp_path / "mass.png")
     assert result.second_panel == "matrix/camera_mass, summed over cameras"
     assert _png_size(result.path) == EXPECTED_SIZE

@@ -262,7 +262,7 @@ BAD_CASES: list[tuple[str, list[Any], Any, str, str]] = [
     ("fx", ["cameras", 3, "intrinsic", 0, 0], 0.0, "cameras[3].intrinsic[0][0]", "fx must be > 0"),
     ("fy", ["cameras", 3, "intrinsic", 1, 1], -5.0, "cameras[3].intrinsic[1][1]", "fy must be > 0"),
     ("bottom-row", ["cameras", 0, "intrinsic", 2], [0.0, 0.1, 1.0], "cameras[0].intrinsic[2]", "bottom row must be [0, 0, 1]"),
-    ("image-size", ["cameras", 4, "image_size", 1], 0, "cameras[4].image_size[1]", "must be > 0"),
+    ("image-size", ["cameras", 4, "image_size", 1], 0, "cameras[4].image_size[1]", "must be in [1, 32768] pixels"),
     ("crop", ["image_aug", "crop"], [0, 141], "image_aug.crop", "outside the resized image"),
     ("crop-negative", ["image_aug", "crop"], [-1, 0], "image_aug.crop", "outside the resized image"),
     ("pad-negative", ["image_aug", "pad"], [0, -4], "image_aug.pad[1]", "must be >= 0, got -4"),
@@ -448,7 +448,7 @@ NUSCENES_TEXT = NUSCENES_YAML.read_text()
         ("stride: 16", "stride: !!int 16px", "invalid YAML: line 58, column 11: invalid literal for int() with base 10: '16px'"),
         ("resize: 0.44", "resize: !!float 0.44x", "could not convert string to float: '0.44x'"),
         ("stride: 16", "stride: " + "1" * 5000, "invalid YAML: line 58, column 11: Exceeds the limit (4300 digits)"),
-        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: nested too deeply"),
+        ("name: nuscenes", "name: " + "[" * 1000 + "]" * 1000, "invalid YAML: line 5, column 38: nested more than 32 levels deep"),
         ("name: nuscenes", "name: nuscenes\n? [1, 2]\n: x", "invalid YAML: line 6, column 3: found unhashable key"),
     ],
     ids=["bad-date", "int-tag", "float-tag", "int-4300-digits", "deep-nesting", "list-key"],
@@ -482,7 +482,7 @@ def test_yaml_merge_keys_share_fields_and_explicit_keys_override(tmp_path: Path)
         load_config(config)
 
 
-def test_config_must_be_a_regular_file_of_at_most_16_mib(tmp_path: Path) -> None:
+def test_config_must_be_a_regular_file_of_at_most_1_mib(tmp_path: Path) -> None:
     import os
 
     fifo = tmp_path / "rig.fifo"
@@ -493,8 +493,8 @@ def test_config_must_be_a_regular_file_of_at_most_16_mib(tmp_path: Path) -> None
         load_config("/dev/zero")
     big = tmp_path / "big.yaml"
     with open(big, "wb") as fh:
-        fh.truncate(16 * 2**20 + 1)
-    with pytest.raises(ConfigError, match=r"big\.yaml: is 16,777,217 bytes, larger than 16 MiB: not a rig config$"):
+        fh.truncate(2**20 + 1)
+    with pytest.raises(ConfigError, match=r"big\.yaml: is 1,048,577 bytes, larger than 1 MiB: not a rig config$"):
         load_config(big)
 
 

@@ -19,7 +19,7 @@ from bevcompile.rig.config import RigConfig, config_sha256, parse_config
 from bevcompile.store import plugins as checks_api
 from bevcompile.store.inspection import InspectReport, StoreReport, inspect_paths, inspect_store, resolve_store_paths
 from bevcompile.store.root import root_attributes
-from bevcompile.store.zarr_io import GroupData, open_store, write_groups
+from bevcompile.store.zarr_io import open_store, write_groups
 
 from .. import damage, rigs
 
@@ -273,7 +273,7 @@ def test_renamed_store_passes_with_a_note(stores: dict[str, Path], tmp_path: Pat
 
 def _add_group(store: Path, group: str, arrays: dict[str, np.ndarray] | None = None) -> None:
     rig = parse_config(open_store(store).root_attrs["config"])
-    data = GroupData(arrays if arrays is not None else {"x": np.arange(4, dtype=np.int32)}, {"build_options": {}})
+    data = rigs.group_data(arrays if arrays is not None else {"x": np.arange(4, dtype=np.int32)}, {"build_options": {}})
     write_groups(store, root_attrs=root_attributes(rig), groups={group: data})
 
 
@@ -376,7 +376,7 @@ def test_strict_cannot_rebuild_an_array_no_plugin_owns(small_copy: Path, monkeyp
     arrays = {name: reader.read("grid", name) for name in reader.arrays("grid")}
     arrays["extra"] = np.zeros(3, dtype=np.float32)
     rig = parse_config(reader.root_attrs["config"])
-    write_groups(small_copy, root_attrs=root_attributes(rig), groups={"grid": GroupData(arrays, reader.group_attrs("grid"))})
+    write_groups(small_copy, root_attrs=root_attributes(rig), groups={"grid": rigs.group_data(arrays, reader.group_attrs("grid"))})
     assert _failures(inspect_store(small_copy)) == [("grid/", "contract")]  # arrays not produced by these build_options: extra
     assert _failures(inspect_store(small_copy, strict=True)) == [("grid/", "contract"), ("grid/extra", "cannot_rebuild")]
 
@@ -496,3 +496,74 @@ def test_files_that_are_no_chunk_of_an_array_fail(small_copy: Path) -> None:
         "grid/valid": "file(s) that are no chunk of this array: c/99/",
         "grid/norm": "file(s) that are no chunk of this array: c/junk",
     }
+
+
+def test_plain_inspect_fails_a_group_copied_from_another_rigs_store_and_load_refuses_it(tmp_path: Path) -> None:
+    """Two rigs that differ only in one camera's mounting (same shapes): a ``matrix/`` copied from
+    the other car's store passes every shape and plug-in invariant, but not ``group_config``."""
+    from bevcompile.errors import StoreError
+    from bevcompile.matrix.build import MatrixOptions, run_matrix
+    from bevcompile.store.loader import load
+
+    ours = rigs.small_rig_data()
+    theirs = rigs.small_rig_data()
+    theirs["cameras"][0]["sensor2ego"][0][3] += 0.05  # 5 cm further forward
+    for data, out in ((ours, tmp_path / "ours"), (theirs, tmp_path / "theirs")):
+        run_matrix(parse_config(data), out, MatrixOptions(mode="grid", align=1))
+    store = tmp_path / "ours" / "small.zarr"
+    assert inspect_store(store).passed
+    shutil.rmtree(store / "matrix")
+    shutil.copytree(tmp_path / "theirs" / "small.zarr" / "matrix", store / "matrix")
+    report = inspect_store(store)
+    failed = [c for c in report.checks if not c.passed]
+    assert [(c.name, c.array) for c in failed] == [("group_config", "matrix/")]
+    assert "built from another config (config_sha256 " in failed[0].reason
+    with pytest.raises(StoreError, match=r"group matrix/ was built from another config .*; run `bevcompile matrix` to rebuild it"):
+        load(store)["matrix"]
+
+
+def test_a_group_without_a_recorded_config_is_a_note_not_a_failure(small_copy: Path) -> None:
+    """Stores built before groups recorded their config stay readable (and say what cannot be checked)."""
+    damage.edit_attr(small_copy, "grid", ["config_sha256"], None)
+    meta = json.loads((small_copy / "grid" / "zarr.json").read_text())
+    del meta["attributes"]["config_sha256"]
+    (small_copy / "grid" / "zarr.json").write_text(json.dumps(meta))
+    report = inspect_store(small_copy)
+    assert report.passed
+    assert any(n.startswith("grid/ records no config_sha256") for n in report.notes)
+
+
+NEW_DAMAGE: dict[str, tuple[Callable[[Path, Path], object], str, str]] = {
+    # label: (damage(store, other store), failing array, failing check)
+    "root zarr.json is a FIFO": (lambda s, o: damage.fifo_metadata(s), "/", "root_metadata"),
+    "group zarr.json links to /dev/zero": (lambda s, o: damage.device_metadata(s, "gather"), "gather/", "node_metadata"),
+    "array zarr.json is a FIFO": (lambda s, o: damage.fifo_metadata(s, "grid/valid"), "grid/valid", "node_metadata"),
+    "chunk is a FIFO": (lambda s, o: damage.fifo_chunk(s, "grid/coords"), "grid/coords", "read"),
+    "chunk of 16 GiB": (lambda s, o: damage.huge_chunk(s, "grid/norm"), "grid/norm", "read"),
+    "group copied from another rig": (lambda s, o: damage.foreign_group(s, "delta", o), "delta/", "group_config"),
+    "stale consolidated metadata": (lambda s, o: damage.stale_consolidated(s), "/", "consolidated_metadata"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(NEW_DAMAGE))
+def test_new_damage_kinds_fail_inspect_and_load_without_hanging(label: str, stores: dict[str, Path], tmp_path: Path) -> None:
+    """The damage kinds of issue 21: caught by plain inspect (a named failed check, no hang, no
+    exception) and by ``bevcompile.load`` (a StoreError, never a mixed or endless read)."""
+    from bevcompile.errors import StoreError
+    from bevcompile.store.loader import load
+
+    other = tmp_path / "other"
+    data = rigs.small_rig_data()
+    data["cameras"][0]["sensor2ego"][0][3] += 0.05
+    run_grid(parse_config(data), other)
+    store = damage.copy_store(stores["small"], tmp_path / "small.zarr")
+    harm, array, check = NEW_DAMAGE[label]
+    harm(store, other / "small.zarr")
+    report = inspect_store(store)
+    assert (array, check) in _failures(report), _failures(report)
+    if check != "consolidated_metadata":  # the per-node metadata is intact there: load reads it
+        with pytest.raises(StoreError):
+            loaded = load(store)
+            for group in ("grid", "gather", "delta"):  # every array folder there is, by name
+                for folder in sorted(p for p in (store / group).iterdir() if p.is_dir()):
+                    loaded[group][folder.name]

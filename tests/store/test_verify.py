@@ -15,7 +15,7 @@ from bevcompile.rig.config import parse_config
 from bevcompile.store import plugins as checks_api
 from bevcompile.store.root import root_attributes
 from bevcompile.store.verify import make_features, resolve_target, verify_store
-from bevcompile.store.zarr_io import GroupData, open_store, write_groups
+from bevcompile.store.zarr_io import open_store, write_groups
 
 from .. import damage, rigs
 
@@ -81,7 +81,7 @@ def test_resolve_target_config_store_and_default(small_store: Path, tmp_path: Pa
     with pytest.raises(ConfigError, match="file not found"):
         resolve_target(tmp_path / "nothing.yaml", tmp_path)
     (tmp_path / "plain").mkdir()
-    with pytest.raises(StoreError, match=r"plain: not a zarr store \(no zarr.json at its root\)"):
+    with pytest.raises(StoreError, match=r"plain: not a store, and holds no <name>.zarr store"):
         resolve_target(tmp_path / "plain", tmp_path)
 
 
@@ -127,7 +127,7 @@ def test_plugin_verify_rows_and_exceptions(small_copy: Path, monkeypatch: pytest
     monkeypatch.setitem(checks_api.GROUP_PLUGINS, "boom", ("tests.fake_plugins",))
     rig = parse_config(open_store(small_copy).root_attrs["config"])
     for group in ("fake", "boom"):
-        write_groups(small_copy, root_attrs=root_attributes(rig), groups={group: GroupData({"x": np.arange(4, dtype=np.int32)})})
+        write_groups(small_copy, root_attrs=root_attributes(rig), groups={group: rigs.group_data({"x": np.arange(4, dtype=np.int32)})})
     report = verify_store(small_copy, channels=2)
     fake = [r for r in report.rows if r.product == "fake/x"]
     w_f, h_f = rig.feature_size

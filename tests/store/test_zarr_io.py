@@ -16,7 +16,7 @@ from bevcompile.rig.config import config_sha256, config_to_dict, parse_config
 from bevcompile.store.root import root_attributes
 from bevcompile.store.zarr_io import GroupData, array_sha256, default_chunks, open_store, write_groups
 
-from ..rigs import small_rig, small_rig_data, tree_digest
+from ..rigs import group_data, small_rig, small_rig_data, tree_digest
 
 
 def test_store_contract(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_same_config_keeps_other_groups_and_replaces_its_own(tmp_path: Path) -> 
     rig = small_rig()
     path = tmp_path / "small.zarr"
     run_grid(rig, tmp_path)
-    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": GroupData({"x": np.arange(5)})})
+    write_groups(path, root_attrs=root_attributes(rig), groups={"extra": group_data({"x": np.arange(5)})})
     run_grid(rig, tmp_path, align_corners=True)
     reader = open_store(path)
     assert reader.groups() == ["delta", "extra", "gather", "grid"]
@@ -137,7 +137,7 @@ def test_writer_refuses_non_finite_values(tmp_path: Path) -> None:
     rig = small_rig()
     with pytest.raises(StoreError, match="non-finite"):
         write_groups(
-            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.array([1.0, np.nan])})}
+            tmp_path / "s.zarr", root_attrs=root_attributes(rig), groups={"g": group_data({"x": np.array([1.0, np.nan])})}
         )
     assert not (tmp_path / "s.zarr").exists()
 
@@ -344,7 +344,7 @@ def test_an_out_folder_that_is_or_lies_in_a_store_is_refused(tmp_path: Path, out
     with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):
         run_grid(rig, tmp_path / out)
     with pytest.raises(UsageError, match=f"^--out {tmp_path / out} {phrase}"):  # every writer of a store
-        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": GroupData({"x": np.arange(3)})})
+        write_groups(tmp_path / out / "s.zarr", root_attrs=root_attributes(rig), groups={"g": group_data({"x": np.arange(3)})})
     assert tree_digest(tmp_path / "small.zarr") == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
 
@@ -437,21 +437,23 @@ def test_an_interrupt_after_the_store_is_in_place_says_it_was_written(tmp_path: 
 
 
 def test_a_store_folder_this_user_cannot_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Path.is_file() raises EACCES (not False) in a folder without search permission: inspect
+    """stat raises EACCES (not "no such file") in a folder without search permission: inspect
     fails the store (exit 1), verify says so in one line (exit 2), never a traceback."""
+    import os
+
     from bevcompile.cli import app as cli_app
 
     runner = CliRunner()
     assert runner.invoke(cli_app, ["grid", "--out", str(tmp_path), "--quiet"]).exit_code == 0
     store = tmp_path / "nuscenes.zarr"
-    real_is_file = Path.is_file
+    real_lstat = os.lstat
 
-    def is_file(self: Path) -> bool:
-        if self.parent == store:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_is_file(self)
+    def lstat(path: str | Path, *args: object, **kwargs: object) -> os.stat_result:
+        if Path(path).parent == store:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Path, "is_file", is_file)
+    monkeypatch.setattr(store_module.os, "lstat", lstat)
     result = runner.invoke(cli_app, ["inspect", str(store), "--quiet"])
     assert (result.exit_code == 1 and result.exception is None) or isinstance(result.exception, SystemExit)
     assert f"{store}: /: root_metadata: " in result.stderr and "Permission denied" in result.stderr
@@ -507,3 +509,325 @@ def test_a_killed_builders_staging_folder_is_removed_by_the_next_one(tmp_path: P
     (dead / "small.zarr").mkdir(parents=True)
     alive = store_module.staging_folder(tmp_path / "small.zarr")
     assert not dead.exists() and alive.is_dir()
+
+# --------------------------------------------------------------------------------------
+# one writer per store, the swap readers never see half done, links, consolidated metadata
+# --------------------------------------------------------------------------------------
+
+
+def _tiny(path: Path, group: str, value: int, *, force: bool = False) -> store_module.WriteReport:
+    rig = small_rig()
+    data = GroupData(arrays={"a": np.full((3, 4), value, dtype=np.int32)}, attrs={"v": value}, dims={"a": ("i", "j")})
+    return write_groups(path, root_attrs=root_attributes(rig), groups={group: data}, force=force)
+
+
+def test_a_second_writer_waits_for_the_lock_then_keeps_the_first_writers_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer that finds the store locked says so once, waits, and then builds on the store
+    the first writer left: both groups are there (no lost write), each with its own content."""
+    import threading
+    import time
+
+    path = tmp_path / "small.zarr"
+    messages: list[str] = []
+    monkeypatch.setattr(store_module, "LOCK_WAIT_REPORTERS", [messages.append])
+    holding, release = threading.Event(), threading.Event()
+
+    def first_writer() -> None:
+        with store_module.store_lock(path):
+            holding.set()
+            release.wait(10)
+            _tiny(path, "one", 1)  # re-entrant: the write takes the lock this thread holds
+
+    thread = threading.Thread(target=first_writer)
+    thread.start()
+    assert holding.wait(10)
+    threading.Timer(0.4, release.set).start()
+    t0 = time.monotonic()
+    _tiny(path, "two", 2)
+    thread.join(10)
+    assert time.monotonic() - t0 >= 0.3
+    assert len(messages) == 1 and messages[0].startswith(f"waiting for {path}: it is being written by pid ")
+    reader = open_store(path)
+    assert reader.groups() == ["one", "two"]
+    assert int(reader.read("one", "a")[0, 0]) == 1 and int(reader.read("two", "a")[0, 0]) == 2
+    assert not store_module.lock_path(path).exists()  # the holder removes the lock file on release
+
+
+def test_a_locked_store_with_waiting_disabled_is_one_line_naming_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import threading
+
+    path = tmp_path / "small.zarr"
+    monkeypatch.setenv(store_module.LOCK_TIMEOUT_ENV, "0")
+    holding, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store_module.store_lock(path):
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        with pytest.raises(store_module.StoreLockedError) as info:
+            _tiny(path, "one", 1)
+    finally:
+        release.set()
+        thread.join(10)
+    message = str(info.value)
+    assert message.startswith(f"{path}: is being written by pid {os.getpid()} on ")
+    assert "waiting disabled: BEVCOMPILE_LOCK_TIMEOUT=0" in message and "\n" not in message
+    assert not path.exists() and [p.name for p in tmp_path.iterdir()] == []  # nothing written, no temporary
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "nan"])
+def test_a_bad_lock_timeout_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from bevcompile.errors import UsageError
+
+    monkeypatch.setenv(store_module.LOCK_TIMEOUT_ENV, value)
+    with pytest.raises(UsageError, match=r"BEVCOMPILE_LOCK_TIMEOUT='.*': expected seconds"):
+        _tiny(tmp_path / "small.zarr", "one", 1)
+
+
+def test_the_lock_of_a_killed_writer_is_released_by_the_os(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL while it holds the lock never blocks the next one."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "small.zarr"
+    code = (
+        "import os, signal, sys; from bevcompile.store.zarr_io import store_lock\n"
+        f"with store_lock({str(path)!r}):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120, check=False)
+    assert result.returncode == -9
+    assert store_module.lock_path(path).exists()  # left behind by the kill, but not locked
+    store_module.os.environ[store_module.LOCK_TIMEOUT_ENV] = "0"
+    try:
+        _tiny(path, "one", 1)
+    finally:
+        del store_module.os.environ[store_module.LOCK_TIMEOUT_ENV]
+    assert open_store(path).groups() == ["one"] and not store_module.lock_path(path).exists()
+
+
+def test_the_swap_exchanges_the_folders_so_the_store_path_never_goes_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    seen: list[bool] = []
+    real_rename, real_exchange = store_module.os.rename, store_module._exchange
+
+    def rename(src: str | Path, dst: str | Path) -> None:
+        seen.append(path.exists())
+        real_rename(src, dst)
+        seen.append(path.exists())
+
+    def exchange(a: Path, b: Path) -> bool:
+        seen.append(path.exists())
+        done = real_exchange(a, b)
+        seen.append(path.exists())
+        return done
+
+    monkeypatch.setattr(store_module.os, "rename", rename)
+    monkeypatch.setattr(store_module, "_exchange", exchange)
+    _tiny(path, "two", 2)
+    assert seen and all(seen)
+    assert open_store(path).groups() == ["one", "two"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_a_store_link_is_written_through_and_kept(tmp_path: Path) -> None:
+    """A store path that is a symbolic link: the store is rebuilt at its target, the link stays,
+    nothing is left beside either."""
+    real = tmp_path / "ssd"
+    real.mkdir()
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    link = out / "small.zarr"
+    link.symlink_to(real / "small.zarr")  # dangling: the first write creates the target
+    report = _tiny(link, "one", 1)
+    assert report.path == link and report.target == real / "small.zarr"
+    _tiny(link, "two", 2)
+    assert link.is_symlink() and (real / "small.zarr").is_dir() and not (real / "small.zarr").is_symlink()
+    assert open_store(link).groups() == ["one", "two"]
+    assert sorted(p.name for p in out.iterdir()) == ["small.zarr"]
+    assert sorted(p.name for p in real.iterdir()) == ["small.zarr"]
+
+
+def test_a_store_link_into_a_missing_folder_and_a_looping_link_are_one_line_errors(tmp_path: Path) -> None:
+    link = tmp_path / "small.zarr"
+    link.symlink_to(tmp_path / "nowhere" / "small.zarr")
+    with pytest.raises(StoreError, match=r"a symbolic link to .*nowhere/small.zarr, whose folder .*nowhere does not exist"):
+        _tiny(link, "one", 1)
+    link.unlink()
+    link.symlink_to(link)
+    with pytest.raises(StoreError, match="a symbolic link that cannot be followed"):
+        _tiny(link, "one", 1)
+
+
+def test_a_dangling_out_link_and_a_missing_parent_are_refused_creating_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "gone")
+    with pytest.raises(StoreError, match=r"out: a symbolic link to .*gone, which is not a folder"):
+        _tiny(out / "small.zarr", "one", 1)
+    with pytest.raises(StoreError, match=r"cannot create the output folder: its parent .*/missing does not exist"):
+        _tiny(tmp_path / "missing" / "out" / "small.zarr", "one", 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    _tiny(tmp_path / "new" / "small.zarr", "one", 1)  # the one folder --out names is created
+    assert (tmp_path / "new" / "small.zarr").is_dir()
+
+
+def test_an_old_link_a_previous_version_moved_aside_is_removed(tmp_path: Path) -> None:
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    stale = tmp_path / f".small.zarr{store_module.OLD_MARK}999999999-{store_module._host_tag()}-deadbeef"
+    stale.symlink_to(tmp_path / "elsewhere")
+    _tiny(path, "two", 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
+
+
+def test_writes_into_a_consolidated_store_rebuild_its_consolidated_metadata(tmp_path: Path) -> None:
+    """After ``zarr.consolidate_metadata`` a later write keeps the store consistent for both
+    kinds of reader: the per-node metadata and the consolidated copy both list the new group."""
+    import zarr
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    with pytest.warns(UserWarning, match="Consolidated metadata"):
+        zarr.consolidate_metadata(str(path))
+    report = _tiny(path, "two", 2)
+    assert report.consolidated
+    consolidated = zarr.open_consolidated(str(path), zarr_format=3)
+    assert sorted(consolidated.group_keys()) == ["one", "two"]
+    assert int(consolidated["two"]["a"][0, 0]) == 2
+    assert open_store(path).groups() == ["one", "two"]
+    plain = tmp_path / "plain.zarr"
+    assert not _tiny(plain, "one", 1).consolidated
+    assert "consolidated_metadata" not in (plain / "zarr.json").read_text() or '"consolidated_metadata": null' in (plain / "zarr.json").read_text()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
+def test_a_metadata_file_that_is_no_regular_file_is_refused_unread(tmp_path: Path, kind: str) -> None:
+    import os
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    meta = path / "one" / "a" / "zarr.json"
+    meta.unlink()
+    if kind == "fifo":
+        os.mkfifo(meta)
+    elif kind == "dev_zero":
+        meta.symlink_to("/dev/zero")
+    else:
+        with open(meta, "wb") as fh:
+            fh.truncate(store_module.MAX_METADATA_BYTES + 1)
+    reason = {"fifo": "a FIFO, not a regular file", "dev_zero": "a character device, not a regular file", "huge": "more than the 64 MiB"}[kind]
+    with pytest.raises(StoreError, match=reason):
+        open_store(path).read("one", "a")
+
+
+def test_a_chunk_that_is_a_fifo_is_refused_before_zarr_reads_it(tmp_path: Path) -> None:
+    import os
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    chunk = next(p for p in (path / "one" / "a" / "c").rglob("*") if p.is_file())
+    chunk.unlink()
+    os.mkfifo(chunk)
+    with pytest.raises(StoreError, match=r"one/a: c/0/0: a FIFO, not a regular file"):
+        open_store(path).read("one", "a")
+
+
+def test_inspect_fails_stale_consolidated_metadata_and_passes_fresh(tmp_path: Path) -> None:
+    import warnings
+
+    import zarr
+
+    from bevcompile.store.inspection import inspect_store
+
+    path = tmp_path / "small.zarr"
+    _tiny(path, "one", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(path))
+    check = next(c for c in inspect_store(path).checks if c.name == "consolidated_metadata")
+    assert check.passed
+    # a write by a tool that does not re-consolidate (here: by hand) leaves the copy stale
+    root = zarr.open_group(str(path), mode="r+", zarr_format=3, use_consolidated=False)
+    root["one"].attrs["v"] = 5
+    check = next(c for c in inspect_store(path).checks if c.name == "consolidated_metadata")
+    assert not check.passed and "one differs from its zarr.json" in check.reason
+
+
+@pytest.fixture(scope="module")
+def every_group_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small store holding every group and every optional array the commands write."""
+    from bevcompile.cli import app as cli_app
+
+    from ..rigs import write_yaml
+
+    out = tmp_path_factory.mktemp("every_group")
+    config = write_yaml(out / "small.yaml", small_rig_data(heights=(0.0, 1.0)))
+    runner = CliRunner()
+    for args in (
+        ["grid", str(config), "--out", str(out), "--align", "30", "--order", "cache",
+         *(a for f in ("opencv", "pixel_q", "norm_q16", "uq12") for a in ("--format", f))],
+        ["matrix", str(config), "--out", str(out), "--topk", "8", "--tile-rows", "16", "--quantize", "int8", "--compact-rows"],
+        ["export-interop", str(out / "small.zarr"), "--to", "bevpoolv2", "--to", "fastbev-lut"],
+    ):
+        result = runner.invoke(cli_app, [*args, "--quiet"])
+        assert result.exit_code == 0, result.output
+    return out / "small.zarr"
+
+
+def test_xarray_opens_every_group_and_reads_what_zarr_reads(every_group_store: Path) -> None:
+    """Other people's readers: every array carries ``dimension_names``, so xarray opens every
+    group as a Dataset (one length per dimension name) and reads the same dtype and bytes."""
+    import xarray as xr
+    import zarr
+
+    root = zarr.open_group(str(every_group_store), mode="r", zarr_format=3, use_consolidated=False)
+    groups = sorted(root.group_keys())
+    assert groups == ["delta", "gather", "grid", "interop", "matrix"]
+    n_arrays = 0
+    for group in groups:
+        dataset = xr.open_zarr(str(every_group_store), group=group, consolidated=False)
+        names = sorted(root[group].array_keys())  # type: ignore[union-attr]
+        assert sorted(dataset.data_vars) == names, group
+        for name in names:
+            stored = root[group][name]  # type: ignore[index]
+            assert tuple(dataset[name].dims) == tuple(stored.metadata.dimension_names), f"{group}/{name}"
+            values = dataset[name].values
+            expected = stored[...]
+            assert values.dtype == expected.dtype and np.array_equal(values, expected), f"{group}/{name}"
+            n_arrays += 1
+    assert n_arrays == 45
+    assert tuple(root["grid"]["coords"].metadata.dimension_names) == ("camera", "height", "y", "x", "uv")  # type: ignore[index]
+
+
+def test_every_metadata_file_is_strict_json_and_every_group_names_its_config(every_group_store: Path) -> None:
+    """tensorstore-style strictness: no NaN/Infinity anywhere in the metadata; every group
+    records the root's config_sha256."""
+    import json
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    files = sorted(every_group_store.rglob("zarr.json"))
+    assert len(files) == 1 + 5 + 45
+    for meta in files:
+        json.loads(meta.read_text(), parse_constant=refuse)
+    root_sha = open_store(every_group_store).root_attrs["config_sha256"]
+    reader = open_store(every_group_store)
+    assert {g: reader.group_attrs(g)["config_sha256"] for g in reader.groups()} == dict.fromkeys(reader.groups(), root_sha)
+
+
+def test_dimension_names_must_name_every_axis_once_per_length(tmp_path: Path) -> None:
+    rig = small_rig()
+    bad = GroupData(arrays={"a": np.zeros((2, 3)), "b": np.zeros(4)}, dims={"a": ("row", "col"), "b": ("row",)})
+    with pytest.raises(StoreError, match=r"one/b: dimension 'row' has length 4, 2 in one/a"):
+        write_groups(tmp_path / "small.zarr", root_attrs=root_attributes(rig), groups={"one": bad})
+    missing = GroupData(arrays={"a": np.zeros((2, 3))})
+    with pytest.raises(StoreError, match=r"one/a: dimension names None do not name its 2 axes"):
+        write_groups(tmp_path / "small.zarr", root_attrs=root_attributes(rig), groups={"one": missing})
+    assert not (tmp_path / "small.zarr").exists()

@@ -78,7 +78,7 @@ def rig_data(
 
 def check_name(name: str, source: str, what: str = "--name") -> str:
     """A store name (file-name safe), as ``parse_config`` requires of ``name``."""
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise ConfigError(source, what, f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
     return name
 

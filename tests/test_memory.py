@@ -1,0 +1,73 @@
+"""The memory guard compares with what this process may really use: available memory, the
+address-space limit (``ulimit -v``) and the cgroup's limit, whichever is smallest (issue 21:
+a rig estimated at 19 GiB was accepted under a 4 GiB limit and died later)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bevcompile import memory
+from bevcompile.errors import UsageError
+
+from .rigs import NUSCENES_YAML
+
+GIB = 2**30
+
+
+def _fake_files(monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    monkeypatch.setattr(memory, "_read", lambda path: files.get(str(path)))
+
+
+def test_the_smallest_bound_wins_and_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_files(monkeypatch, {
+        "/proc/self/status": "VmRSS:\t102400 kB\nVmSize:\t1048576 kB\n",
+        "/proc/meminfo": f"MemTotal: {24 * GIB // 1024} kB\nMemAvailable: {20 * GIB // 1024} kB\n",
+        "/proc/self/cgroup": "0::/ci.slice/job\n",
+        "/sys/fs/cgroup/ci.slice/job/memory.max": f"{4 * GIB}\n",
+        "/sys/fs/cgroup/ci.slice/job/memory.current": f"{GIB}\n",
+    })
+    limit = memory.memory_limit()
+    assert limit is not None and limit.what == "the cgroup memory limit"
+    assert limit.bytes == 3 * GIB + 100 * 2**20  # the room left in the cgroup, plus what this process holds
+    with pytest.raises(UsageError, match=r"^rig needs about 19\.0 GiB, more than the 3\.1 GiB the cgroup memory limit allows; smaller$"):
+        memory.refuse_beyond_memory(19 * GIB, "rig", "smaller")
+    memory.refuse_beyond_memory(3 * GIB, "rig", "smaller")  # fits: no error
+
+
+def test_cgroup_v1_and_an_unlimited_v2(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_files(monkeypatch, {
+        "/proc/self/status": "VmRSS:\t0 kB\n",
+        "/proc/meminfo": "MemAvailable: 1048576 kB\n",
+        "/proc/self/cgroup": "5:memory:/docker/abc\n0::/\n",
+        "/sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes": "536870912\n",
+        "/sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes": "268435456\n",
+        "/sys/fs/cgroup/memory.max": "max\n",
+    })
+    assert memory.memory_limit() == memory.MemoryLimit(256 * 2**20, "the cgroup memory limit")
+
+
+def test_an_address_space_limit_refuses_a_big_rig_before_any_work(tmp_path: Path) -> None:
+    """Under ``ulimit -v 4 GiB`` a 1600 x 1600 nuScenes grid (estimated above 4 GiB, within
+    this machine's memory) is one line, exit 2, and nothing is written."""
+    text = NUSCENES_YAML.read_text()
+    text = re.sub(r"x: \[[^\]]*\]", "x: [-51.2, 51.2, 0.064]", text, count=1)
+    text = re.sub(r"y: \[[^\]]*\]", "y: [-51.2, 51.2, 0.064]", text, count=1)
+    (tmp_path / "big.yaml").write_text(text)
+    bevcompile = Path(sys.executable).parent / "bevcompile"
+    result = subprocess.run(
+        ["bash", "-c", f"ulimit -v {4 * GIB // 1024} && {bevcompile} grid big.yaml --out out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ),
+    )
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(
+        r"error: big\.yaml: bevcompile grid of 6 cameras x 1 heights x 1600 x 1600 cells = 15,360,000 samples needs about "
+        r"[0-9.]+ GiB, more than the [0-9.]+ GiB the address-space limit \(RLIMIT_AS, ulimit -v\) allows; use coarser bev steps or fewer heights\n",
+        result.stderr,
+    ), result.stderr
+    assert not (tmp_path / "out").exists()
