@@ -10,7 +10,7 @@ import typer
 
 from ..errors import CheckFailed, UsageError
 from ._app import cli_command
-from ._options import JsonOption, QuietOption, canonical_choice
+from ._options import JobsOption, JsonOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False, metavar="STORE")]
@@ -183,6 +183,7 @@ def export_interop_command(
     overlap: Annotated[
         str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
+    jobs: JobsOption = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -190,6 +191,7 @@ def export_interop_command(
     from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, ROUNDINGS, BevPoolOptions, frustum_shape
     from ..interop.export import INTEROP_TARGETS, run_export_interop
     from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
+    from ..parallel import resolve_jobs
     from ..store.loader import load
 
     requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
@@ -215,14 +217,15 @@ def export_interop_command(
             lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
             lut_options.validate()
             targets[name] = lut_options.to_dict()
+    n_jobs = resolve_jobs(jobs)
     loaded = load(store, verify=False)
     total = 0
     if "bevpoolv2" in targets:
-        total += int(math.prod(frustum_shape(loaded.rig)))
+        total += 2 * int(math.prod(frustum_shape(loaded.rig)))  # two streamed passes
     if "fastbev-lut" in targets:
         total += int(math.prod(loaded.bev_shape))
     with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
-        result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance)
+        result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance, jobs=n_jobs)
     if json_output:
         print_json(result.to_json())
         return
