@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"rig", "errors", "conventions"},
     "grid": {"rig", "store", "errors", "conventions", "memory"},
     "matrix": {"grid", "rig", "store", "errors", "memory", "parallel"},
-    "interop": {"grid", "matrix", "rig", "store", "errors", "parallel"},
+    "interop": {"grid", "matrix", "rig", "store", "errors", "parallel", "memory"},
     "report": {"store", "grid", "rig", "errors"},
     "deploy": {"store", "grid", "matrix", "errors", "memory"},
     "memory": {"errors"},

@@ -48,11 +48,15 @@ from ..matrix.entries import (
     CameraRays,
     block_columns,
     block_coordinates,
+    block_pieces,
     camera_rays,
+    own_plan,
     plan_blocks,
     plan_camera,
+    plan_jobs,
 )
 from ..matrix.topk import local_rows
+from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
 from ..rig.config import FeatureSpec, RigConfig
 
@@ -272,12 +276,12 @@ def build_bevpoolv2(
 
     A counting sort in two streamed passes over the frustum blocks of the ``matrix/`` build
     (:func:`bevcompile.matrix.entries.plan_blocks`: per camera the rays culled to the voxel box,
-    ~131 k live points per block): pass 1 counts the kept points of every voxel per block; the
-    voxel counts give ``interval_starts`` / ``interval_lengths`` and, summed in block order, each
-    block's first slot per voxel; pass 2 recomputes the points and writes each block's
-    ``ranks_depth`` / ``ranks_feat`` straight into their final slots (stable: blocks are in
-    ``ranks_depth`` order, and inside a block a voxel's points are placed by increasing
-    ``ranks_depth``). So the only large arrays are the outputs. ``progress(n)`` is called with the
+    ~131 k live points or one depth bin per block, computed in pieces of at most ~131 k points):
+    pass 1 counts the kept points of every voxel per block; the voxel counts give
+    ``interval_starts`` / ``interval_lengths`` and, summed in block order, each block's first slot
+    per voxel; pass 2 recomputes the points and writes each block's ``ranks_depth`` /
+    ``ranks_feat`` straight into their final slots (stable: blocks are in ``ranks_depth`` order,
+    and inside a block a voxel's points are placed by increasing ``ranks_depth``). So the only large arrays are the outputs. ``progress(n)`` is called with the
     frustum points of each block in each pass (total ``2 * n_cam * D * H_f * W_f``: the geometry is
     computed once and repeated for every batch item).
     """
@@ -316,6 +320,7 @@ def build_bevpoolv2(
         first_slot.append(cursor[touched])
         cursor[touched] += counts
     del per_block, cursor
+    release_free_memory()
     # pass 2: every kept point into its slot (the batch copies follow)
     ranks_depth = np.empty(batch * n_kept, dtype=np.int32)
     ranks_feat = np.empty(batch * n_kept, dtype=np.int32)
@@ -357,7 +362,8 @@ def _fill_runs(out: npt.NDArray[np.int32], values: np.ndarray, starts: np.ndarra
 
 
 class _Voxelizer:
-    """The kept frustum points of a voxel grid, block by block (the ``matrix/`` build's blocks)."""
+    """The kept frustum points of a voxel grid, block by block (the ``matrix/`` build's blocks,
+    computed piece by piece so that the geometry's temporaries stay bounded)."""
 
     def __init__(self, frig: RigConfig, grid: VoxelGrid, rounding: str, jobs: int) -> None:
         (x_lo, y_lo, z_lo), (dx, dy, dz), (nx, ny, nz) = grid.lower, grid.step, grid.size
@@ -372,40 +378,47 @@ class _Voxelizer:
         def plan(cam: int) -> CameraPlan:
             return plan_camera(self.box, self.trunc, cam, camera_rays(frig, cam), self.depths)
 
-        self.blocks = plan_blocks(self.n_depth_bins, list(ordered_map(plan, range(frig.n_cam), jobs)))
+        plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(frig.n_cam), plan_jobs(frig, jobs))]
+        release_free_memory()
+        self.blocks = plan_blocks(self.n_depth_bins, plans)
 
     def work_units(self, block: tuple[CameraPlan, int, int]) -> int:
         return (block[2] - block[1]) * self.plane
 
-    def _kept(self, block: tuple[CameraPlan, int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(voxel, q)``: the voxel rank ``(z * Y + y) * X + x`` of each kept point and its
-        position in the block's grid (increasing)."""
-        fx, fy, fz, sel = block_coordinates(self.box, self.trunc, self.depths, block)
-        q = np.arange(fx.size) if sel is None else sel
-        if sel is not None:
-            fx, fy, fz = fx[sel], fy[sel], fz[sel]
+    def _kept(self, block: tuple[CameraPlan, int, int], ranks: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(voxel, ranks_depth)``: the voxel rank ``(z * Y + y) * X + x`` of each kept point of
+        the block (and its ``ranks_depth`` with ``ranks``), piece after piece."""
         x_size, y_size, _ = self.grid.size
-        voxel = fz.astype(np.int64)  # kept: f > -1 (trunc) or f >= 0 (floor), so the cast is the rounding
-        voxel *= y_size
-        voxel += fy.astype(np.int64)
-        voxel *= x_size
-        voxel += fx.astype(np.int64)
-        return voxel, q
+        voxels, depth_ranks = [], []
+        for piece in block_pieces(block):
+            fx, fy, fz, sel = block_coordinates(self.box, self.trunc, self.depths, piece)
+            if sel is not None:
+                fx, fy, fz = fx[sel], fy[sel], fz[sel]
+            voxel = fz.astype(np.int64)  # kept: f > -1 (trunc) or f >= 0 (floor), so the cast is the rounding
+            voxel *= y_size
+            voxel += fy.astype(np.int64)
+            voxel *= x_size
+            voxel += fx.astype(np.int64)
+            voxels.append(voxel)
+            if ranks:
+                depth_ranks.append(block_columns(piece, np.arange(fx.size) if sel is None else sel, self.n_depth_bins, self.plane))
+        voxel = voxels[0] if len(voxels) == 1 else np.concatenate(voxels)
+        return voxel, (None if not ranks else depth_ranks[0] if len(depth_ranks) == 1 else np.concatenate(depth_ranks))
 
     def count(self, block: tuple[CameraPlan, int, int]) -> tuple[np.ndarray, np.ndarray]:
         """Pass 1: the voxels the block's kept points fall in and how many in each."""
-        voxel, _q = self._kept(block)
+        voxel, _ranks = self._kept(block, ranks=False)
         touched, local = local_rows(voxel, self.grid.n_voxels)
         return touched, np.bincount(local, minlength=touched.size)
 
     def place(self, block: tuple[CameraPlan, int, int], first: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray) -> None:
         """Pass 2: ``ranks_depth`` / ``ranks_feat`` of the block's kept points into their slots:
         voxel ``touched[i]``'s points from ``first[i]`` on, by increasing ``ranks_depth``."""
-        voxel, q = self._kept(block)
-        if not voxel.size:
+        voxel, depth_rank = self._kept(block, ranks=True)
+        if not voxel.size or depth_rank is None:
             return
         _touched, local = local_rows(voxel, self.grid.n_voxels)
-        depth_rank = block_columns(block, q, self.n_depth_bins, self.plane)
+        del voxel
         base = int(depth_rank.min())
         bits = int(depth_rank.max() - base).bit_length()
         key = local << bits

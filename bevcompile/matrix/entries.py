@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
+from ..memory import release_free_memory
 from ..parallel import ordered_map
 from ..rig.config import RigConfig
 from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
@@ -49,6 +50,7 @@ HIST_MAX_ENTRIES = 1 << 23
 bins wins above 2^20 cells, so the histogram is 64 B per (padded) cell there and grows with the
 grid (``bevcompile.matrix.build.check_frustum_memory`` refuses a grid this machine cannot hold)."""
 CHUNK_POINTS = 1 << 17  # frustum points per streamed block (bounded buffers; fixes the row-mass sums)
+PIECE_POINTS = 1 << 17  # at most this many points are computed at once (a block of one depth bin is cut)
 MAX_INDEX = np.iinfo(np.int32).max
 PREFILTER_MARGIN = 1e-9
 """Slack of the pass-2 point pre-filter's weight bound (far above its float error, ~1e-15)."""
@@ -229,6 +231,28 @@ def _tie_groups(plan: CameraPlan, k: int, n_depths: int) -> TieGroups | None:
     return TieGroups(group, rank, members, start, n_groups, max_size)
 
 
+PLAN_BYTES_PER_PIXEL = 200
+PLAN_MEMORY = 128 << 20
+"""Cameras are planned in parallel only while their temporaries (~200 B per feature pixel:
+unprojection, culling, tie groups; measured) fit in 128 MiB together."""
+
+
+def plan_jobs(rig: RigConfig, jobs: int) -> int:
+    """How many cameras to plan at once with ``jobs`` threads (bounded by ``PLAN_MEMORY``)."""
+    w_f, h_f = rig.feature_size
+    return max(1, min(jobs, PLAN_MEMORY // max(1, PLAN_BYTES_PER_PIXEL * w_f * h_f)))
+
+
+def own_plan(plan: CameraPlan) -> CameraPlan:
+    """``plan`` with its arrays copied by the calling thread: a plan computed by a worker thread
+    lives in that thread's malloc arena, where it would keep the worker's freed temporaries
+    around it from being reused or returned (the process's peak memory)."""
+    ties = plan.ties
+    if ties is not None:
+        ties = TieGroups(ties.group.copy(), ties.rank.copy(), ties.members.copy(), ties.start.copy(), ties.n_groups, ties.max_size)
+    return CameraPlan(plan.cam_index, plan.origin_ego.copy(), plan.ray_ego.copy(), plan.pixel_index.copy(), plan.n_alive.copy(), ties)
+
+
 def plan_blocks(n_bins: int, plans: list[CameraPlan]) -> list[tuple[CameraPlan, int, int]]:
     """(camera plan, first depth bin, end depth bin) per streamed block: cameras in order, depth
     bins in order, about ``CHUNK_POINTS`` live points (at least one depth bin) per block. Fixed by
@@ -244,19 +268,34 @@ def plan_blocks(n_bins: int, plans: list[CameraPlan]) -> list[tuple[CameraPlan, 
     return out
 
 
-def block_coordinates(box: BevBox, trunc: bool, depths: F64, block: tuple[CameraPlan, int, int]) -> tuple[F64, F64, F64, I64 | None]:
-    """``(f_x, f_y, f_z, in_range)`` of a block's points: cell coordinates ``f = (p - min) / step``
-    flat over its ``(depth bin, live ray)`` grid, and the grid positions in range (``None``: all).
+Piece = tuple[CameraPlan, int, int, int, int]
+"""``(plan, d0, d1, r0, r1)``: depth bins ``[d0, d1)`` x live rays ``[r0, r1)`` of a block."""
+
+
+def block_pieces(block: tuple[CameraPlan, int, int]) -> list[Piece]:
+    """A block cut into pieces of at most ``PIECE_POINTS`` points, in the block's point order
+    (depth bin, then ray): a block is at least one depth bin, so with many rays per camera (a
+    stride-1 feature map has ~1 M) one depth bin is cut into ray ranges. The pieces bound every
+    temporary of the passes whatever the feature map; the block stays the unit of the row-mass sums."""
+    plan, d0, d1 = block
+    alive = int(plan.n_alive[d0])
+    if d1 - d0 > 1 or alive <= PIECE_POINTS:
+        return [(plan, d0, d1, 0, alive)]
+    return [(plan, d0, d1, r0, min(alive, r0 + PIECE_POINTS)) for r0 in range(0, alive, PIECE_POINTS)]
+
+
+def block_coordinates(box: BevBox, trunc: bool, depths: F64, piece: Piece) -> tuple[F64, F64, F64, I64 | None]:
+    """``(f_x, f_y, f_z, in_range)`` of a piece's points: cell coordinates ``f = (p - min) / step``
+    flat over its ``(depth bin, ray)`` grid, and the grid positions in range (``None``: all).
 
     Points are ``t_a + d * ray_a`` per axis (the canonical formula), tested exactly (floor:
     ``0 <= f < n``; trunc: ``-1 < f < n``) on the three axes of ``box``; culled rays are provably
     out of range."""
-    plan, d0, d1 = block
-    alive = int(plan.n_alive[d0])
+    plan, d0, d1, r0, r1 = piece
     d = depths[d0:d1, None]
     out = []
     for axis, lo, step in ((0, box.x_min, box.dx), (1, box.y_min, box.dy), (2, box.z_min, box.dz)):
-        f = d * plan.ray_ego[axis, :alive]
+        f = d * plan.ray_ego[axis, r0:r1]
         f += plan.origin_ego[axis]
         f -= lo
         f /= step
@@ -271,13 +310,45 @@ def block_coordinates(box: BevBox, trunc: bool, depths: F64, block: tuple[Camera
     return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
 
 
-def block_columns(block: tuple[CameraPlan, int, int], q: I64, n_depth_bins: int, plane: int) -> I64:
-    """Frustum column of each grid position ``q`` of ``block``: ``((cam * D + d) * H_f + v) * W_f + u``
+def block_columns(piece: Piece, q: I64, n_depth_bins: int, plane: int) -> I64:
+    """Frustum column of each grid position ``q`` of ``piece``: ``((cam * D + d) * H_f + v) * W_f + u``
     (``plane = H_f * W_f``; BEVPoolv2's ``ranks_depth`` of batch item 0)."""
-    plan, d0, _d1 = block
-    alive = max(1, int(plan.n_alive[d0]))
-    d_local = q // alive
-    return (plan.cam_index * n_depth_bins + d0 + d_local) * plane + plan.pixel_index[q - d_local * alive]
+    plan, d0, _d1, r0, r1 = piece
+    width = max(1, r1 - r0)
+    d_local = q // width
+    return (plan.cam_index * n_depth_bins + d0 + d_local) * plane + plan.pixel_index[r0 + q - d_local * width]
+
+
+def _first_k_per_run(keys: I64, run_size: int, k: int) -> I64:
+    """Of sorted ``keys``, the first ``k`` of every run of equal ``keys // run_size``."""
+    run = keys // run_size
+    starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    position = np.arange(keys.size) - np.repeat(starts, np.diff(np.r_[starts, keys.size]))
+    return keys[position < k]
+
+
+class _OrderedSums:
+    """Per-row float sums of a block accumulated piece after piece, element by element in order:
+    the same bits as one ``bincount`` over the whole block (``np.add.at`` adds in order), over the
+    rows the block touches so far (the row set grows piece by piece)."""
+
+    def __init__(self, n: int) -> None:
+        self.rows: I64 = np.zeros(0, np.int64)
+        self.sums = np.zeros((n, 0))
+
+    def add(self, rows: I64, local: I64, values: list[F64]) -> None:
+        """Add ``values[c][i]`` to sum ``c`` of row ``rows[local[i]]``, in order of ``i``."""
+        if not self.rows.size:
+            self.rows = rows
+            self.sums = np.stack([np.bincount(local, weights=v, minlength=rows.size) for v in values])
+            return
+        union = np.union1d(self.rows, rows)
+        sums = np.zeros((len(values), union.size))
+        sums[:, np.searchsorted(union, self.rows)] = self.sums
+        where = np.searchsorted(union, rows)[local]
+        for c, v in enumerate(values):
+            np.add.at(sums[c], where, v)
+        self.rows, self.sums = union, sums
 
 
 # --------------------------------------------------------------------------------------
@@ -324,7 +395,8 @@ class FrustumStream:
             ties = _tie_groups(p, k, rig.depth.n_bins)
             return p if ties is None else CameraPlan(p.cam_index, p.origin_ego, p.ray_ego, p.pixel_index, p.n_alive, ties)
 
-        self.plans = list(ordered_map(plan, range(rig.n_cam), jobs))
+        self.plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs))]
+        release_free_memory()
         self.n_valid = sum(p.pixel_index.size for p in self.plans) * rig.depth.n_bins
         self._blocks = plan_blocks(rig.depth.n_bins, self.plans)
         self._thr: I64 = np.zeros(0, np.int64)
@@ -338,12 +410,12 @@ class FrustumStream:
     def work_units(self, block: Block) -> int:
         return (block[2] - block[1]) * self.plane
 
-    def _points(self, block: Block) -> tuple[F64, F64, I64 | None]:
-        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, block)
+    def _points(self, piece: Piece) -> tuple[F64, F64, I64 | None]:
+        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, piece)
         return fx, fy, sel
 
-    def _cols(self, block: Block, q: I64) -> I64:
-        return block_columns(block, q, self.rig.depth.n_bins, self.plane)
+    def _cols(self, piece: Piece, q: I64) -> I64:
+        return block_columns(piece, q, self.rig.depth.n_bins, self.plane)
 
     def _corner_frame(self, fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64, I64]:
         """``(g_x, g_y, i0_x, i0_y, a_x, a_y, padded frame index)`` of points ``f_x, f_y``."""
@@ -378,47 +450,56 @@ class FrustumStream:
 
     # ---- pass 1 -----------------------------------------------------------------------
 
-    def count(self, block: Block, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, list[F64]]:
+    def count(self, block: Block, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
         """Pass 1 of one block: every entry counted at its frame row and score bin (K > 0) or
-        row (K = 0), in a local histogram of the rows the block touches; returns (points in
-        range, those rows, per-corner row masses of the points whose corner (0, 0) is each row)."""
-        fx, fy, sel = self._points(block)
-        if sel is not None:
-            fx, fy = fx[sel], fy[sel]
-        if not self.bilinear:
-            row, dist2 = self._nearest(fx, fy)
-            rows, keys = local_rows(row, self.n_cells)
-            if k > 0:
-                keys *= n_bins
-                keys += self._score_bin(dist2, clip=True)
-            hist.add_local(rows, keys)
-            return fx.size, rows, []
-        _gx, _gy, _ix0, _iy0, ax, ay, frame = self._corner_frame(fx, fy)
-        del fx, fy, _gx, _gy, _ix0, _iy0
-        bx = 1.0 - ax
-        by = 1.0 - ay
-        rows, local = local_rows(frame, self.n_pad)  # the point's padded cell among the block's; corner c's row is rows + off
-        base = local * n_bins if k > 0 else local
-        masses: list[F64] = []
-        for (ox, oy), off in zip(_CORNERS, self.offsets, strict=True):
-            wgt = (ax if ox else bx) * (ay if oy else by)
-            if k > 0:
-                score = 1.0 - wgt
-                score *= self.scale
-                keys = score.astype(np.int64)  # truncation: the score bin
-                del score
-                keys += base
-                hist.add_local(rows + off, keys)
-                masses.append(np.bincount(local, weights=wgt, minlength=rows.size).astype(np.float64, copy=False))
-            else:
-                hist.add_local(rows + off, base[wgt > 0.0])
-        return frame.size, rows, masses
+        row (K = 0), in a local histogram of the rows each piece touches; returns (points in
+        range, the rows the block's points fall in, per corner the row masses of its points
+        (``(4, rows)``, summed in point order))."""
+        n_in = 0
+        sums = _OrderedSums(len(_CORNERS))
+        for piece in block_pieces(block):
+            fx, fy, sel = self._points(piece)
+            if sel is not None:
+                fx, fy = fx[sel], fy[sel]
+            n_in += fx.size
+            if not self.bilinear:
+                row, dist2 = self._nearest(fx, fy)
+                rows, keys = local_rows(row, self.n_cells)
+                if k > 0:
+                    keys *= n_bins
+                    keys += self._score_bin(dist2, clip=True)
+                hist.add_local(rows, keys)
+                continue
+            _gx, _gy, _ix0, _iy0, ax, ay, frame = self._corner_frame(fx, fy)
+            del fx, fy, _gx, _gy, _ix0, _iy0
+            bx = 1.0 - ax
+            by = 1.0 - ay
+            rows, local = local_rows(frame, self.n_pad)  # the point's padded cell among the piece's; corner c's row is rows + off
+            del frame
+            base = local * n_bins if k > 0 else local
+            weights: list[F64] = []
+            for (ox, oy), off in zip(_CORNERS, self.offsets, strict=True):
+                wgt = (ax if ox else bx) * (ay if oy else by)
+                if k > 0:
+                    score = 1.0 - wgt
+                    score *= self.scale
+                    keys = score.astype(np.int64)  # truncation: the score bin
+                    del score
+                    keys += base
+                    hist.add_local(rows + off, keys)
+                    weights.append(wgt)
+                else:
+                    hist.add_local(rows + off, base[wgt > 0.0])
+            if weights:
+                sums.add(rows, local, weights)
+        return n_in, sums.rows, sums.sums
 
-    def fold(self, partial: tuple[int, I64, list[F64]]) -> None:
+    def fold(self, partial: tuple[int, I64, F64]) -> None:
         n_in, rows, masses = partial
         self.in_range += n_in
-        for acc, part in zip(self._mass, masses, strict=False):
-            acc[rows] += part
+        if rows.size:
+            for acc, part in zip(self._mass, masses, strict=True):
+                acc[rows] += part
 
     def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if not self.bilinear:
@@ -454,68 +535,104 @@ class FrustumStream:
             need = np.r_[need, np.full(self.pad_w + 1, 2.0)]
             self._wmin = [need[off : off + self.n_pad] for off in self.offsets]
 
-    def _dedup(self, block: Block, sel: I64 | None, hit: I64) -> I64:
-        """``hit`` (indices of candidate points among the block's points in range ``sel``) without
-        the tied points K others beat: of a tie group's candidates at one depth bin, only the K of
-        smallest pixel index stay.
+    def _tie_keys(self, piece: Piece, sel: I64 | None, hit: I64) -> I64 | None:
+        """Per candidate point ``hit`` (indices among the piece's points in range ``sel``) its key
+        ``(d_local * n_groups + group) * max_size + rank`` in its tie group, -1 if not tied
+        (``None``: the camera has no tie groups)."""
+        plan, _d0, _d1, r0, r1 = piece
+        ties = plan.ties
+        if ties is None:
+            return None
+        q = hit if sel is None else sel[hit]
+        width = max(1, r1 - r0)
+        d_local = q // width
+        ray = q - d_local * width
+        ray += r0
+        group = ties.group[ray]
+        key = d_local * ties.n_groups
+        key += group
+        key *= ties.max_size
+        key += ties.rank[ray]
+        key[group < 0] = -1
+        return key
+
+    def _dedup(self, piece: Piece, sel: I64 | None, hit: I64) -> tuple[I64, I64 | None]:
+        """``hit`` (indices of candidate points among the piece's points in range ``sel``) without
+        the tied points K others beat: of a tie group's candidates at one depth bin (in this
+        piece), only the K of smallest pixel index stay; and their tie keys (:meth:`_tie_keys`).
 
         Exact: a group's points at a depth have the same BEV x/y, hence identical entries (weight,
         distance, row) and the same pass/fail of every threshold, so its candidates there are
         exactly its members in range, and each dropped entry ties with K kept ones of smaller
         column in the same row."""
-        plan, d0, _d1 = block
-        ties = plan.ties
-        if ties is None or not hit.size:
-            return hit
-        q = hit if sel is None else sel[hit]
-        alive = int(plan.n_alive[d0])
-        d_local = q // alive
-        ray = q - d_local * alive
-        group = ties.group[ray]
-        tied = group >= 0
+        keys = self._tie_keys(piece, sel, hit)
+        if keys is None or not hit.size:
+            return hit, keys
+        tied = keys >= 0
         if not tied.any():
-            return hit
-        key = (d_local[tied] * ties.n_groups + group[tied]) * ties.max_size + ties.rank[ray[tied]]
-        key.sort()
-        run = key // ties.max_size
-        starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
-        position = np.arange(key.size) - np.repeat(starts, np.diff(np.r_[starts, key.size]))
-        key = key[position < self.k]
-        run = key // ties.max_size
+            return hit, keys
+        plan, _d0, _d1, r0, r1 = piece
+        ties = plan.ties
+        assert ties is not None
+        kept = _first_k_per_run(np.sort(keys[tied]), ties.max_size, self.k)
+        run = kept // ties.max_size
         d_kept = run // ties.n_groups
-        member = ties.members[ties.start[run - d_kept * ties.n_groups] + (key - run * ties.max_size)]
-        q_kept = d_kept * alive + member
-        kept = q_kept if sel is None else np.searchsorted(sel, q_kept)
-        return np.concatenate([hit[~tied], kept])
+        member = ties.members[ties.start[run - d_kept * ties.n_groups] + (kept - run * ties.max_size)]
+        q_kept = d_kept * max(1, r1 - r0) + (member - r0)
+        index = q_kept if sel is None else np.searchsorted(sel, q_kept)
+        return np.concatenate([hit[~tied], index]), np.concatenate([keys[~tied], kept])
 
     def collect(self, block: Block) -> tuple[Entries, int]:
-        fx, fy, sel = self._points(block)
+        n_in = 0
+        per_corner: list[list[Entries]] = [[] for _ in _CORNERS]
+        tie_keys: list[list[I64]] = [[] for _ in _CORNERS]
+        pieces = block_pieces(block)
+        for piece in pieces:
+            n_in += self._collect_piece(piece, per_corner, tie_keys)
+        if len(pieces) > 1 and block[0].ties is not None:  # a tie group may straddle pieces: K per group and depth bin in the block
+            for c in range(len(_CORNERS)):
+                keys = np.concatenate(tie_keys[c]) if tie_keys[c] else np.zeros(0, np.int64)
+                tied = keys >= 0
+                if tied.any():
+                    kept = _first_k_per_run(np.sort(keys[tied]), block[0].ties.max_size, self.k)
+                    keep = ~tied
+                    keep[tied] = np.isin(keys[tied], kept, assume_unique=True)
+                    per_corner[c] = [Entries.concat(per_corner[c]).take(keep)]
+        # corner by corner, piece after piece: with K = 0 the block's entries in point order per corner
+        return Entries.concat([e for corner in per_corner for e in corner]), n_in
+
+    def _collect_piece(self, piece: Piece, out: list[list[Entries]], tie_keys: list[list[I64]]) -> int:
+        fx, fy, sel = self._points(piece)
         n_in = fx.size if sel is None else sel.size
         if sel is not None:
             fx, fy = fx[sel], fy[sel]
         k = self.k
         if not self.bilinear:
             row, dist2 = self._nearest(fx, fy)
+            keys = None
             if k == 0:  # every entry, in point order
                 hit = np.arange(n_in)
             else:
-                hit = self._dedup(block, sel, np.flatnonzero(self._score_bin(dist2, clip=True) <= self._thr[row]))
+                hit, keys = self._dedup(piece, sel, np.flatnonzero(self._score_bin(dist2, clip=True) <= self._thr[row]))
             q = hit if sel is None else sel[hit]
-            return Entries(row[hit], self._cols(block, q), np.ones(hit.size), dist2[hit]), n_in
+            out[0].append(Entries(row[hit], self._cols(piece, q), np.ones(hit.size), dist2[hit]))
+            if keys is not None:
+                tie_keys[0].append(keys)
+            return n_in
         gx, gy, ix0, iy0, ax, ay, frame = self._corner_frame(fx, fy)
         del fx, fy
         bx = 1.0 - ax
         by = 1.0 - ay
         bev = self.bev
-        parts = []
         for c, ((ox, oy), off) in enumerate(zip(_CORNERS, self.offsets, strict=True)):
             wgt = (ax if ox else bx) * (ay if oy else by)
+            keys = None
             if k > 0:  # a cheap float bound first, then the exact bin test on what passes it
                 hit = np.flatnonzero(wgt >= self._wmin[c][frame])
                 w = wgt[hit]
                 exact = ((1.0 - w) * self.scale).astype(np.int64) <= self._thr[frame[hit] + off]
                 exact &= w > 0.0
-                hit = self._dedup(block, sel, hit[exact])
+                hit, keys = self._dedup(piece, sel, hit[exact])
             else:  # every entry of a grid cell, in point order
                 passing = self._thr[frame + off] >= 0
                 passing &= wgt > 0.0
@@ -524,9 +641,11 @@ class FrustumStream:
             iyf = iy0[hit] + oy
             ex = (gx[hit] - ixf) * bev.dx
             ey = (gy[hit] - iyf) * bev.dy
-            cols = self._cols(block, hit if sel is None else sel[hit])
-            parts.append(Entries((iyf * bev.nx + ixf).astype(np.int64), cols, wgt[hit], ex * ex + ey * ey))
-        return Entries.concat(parts), n_in
+            cols = self._cols(piece, hit if sel is None else sel[hit])
+            out[c].append(Entries((iyf * bev.nx + ixf).astype(np.int64), cols, wgt[hit], ex * ex + ey * ey))
+            if keys is not None:
+                tie_keys[c].append(keys)
+        return n_in
 
     def end_collect(self) -> None:
         """Pass 2 is over: drop the rays and tables (before the final sort)."""

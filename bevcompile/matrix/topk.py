@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ..memory import release_free_memory
 from ..parallel import ordered_map
 
 ProgressFn = Callable[[int], None]
@@ -101,18 +102,25 @@ def _rank_order(e: Entries) -> I64:
     """The permutation sorting ``e`` by (row, -weight, dist2, col), exactly.
 
     One argsort of a float key ``row * span + (primary - min)`` (``primary = -weight``, or
-    ``dist2`` when every weight is equal) separates the rows exactly and is monotone in the
-    primary key; runs of equal keys (equal primaries, or primaries that rounded together) are
-    then put in the exact order: runs whose entries share primary and dist2 by column (one int64
-    argsort), the others by (primary, dist2, col) (``lexsort``).
+    ``dist2`` when every weight is equal; any key monotone in the primary within a row would do)
+    separates the rows exactly; runs of equal keys (equal primaries, or primaries that rounded
+    together) are then put in the exact order: runs whose entries share primary and dist2 by
+    column (one int64 argsort), the others by (primary, dist2, col) (``lexsort``). About 40 bytes
+    of temporaries per entry.
     """
     equal_weights = bool(np.all(e.weight == e.weight[0]))
-    primary = e.dist2 if equal_weights else -e.weight
-    low = float(primary.min())
-    span = float(math.floor(float(primary.max()) - low) + 2)
+    sign = 1.0 if equal_weights else -1.0
+    values = e.dist2 if equal_weights else e.weight
+    low = float(values.min()) if equal_weights else -float(values.max())
+    span = float(math.floor(float(values.max()) - float(values.min())) + 2)
     if int(e.row.max()) * span >= 2.0**52:  # pragma: no cover - beyond any BEV grid
-        return np.lexsort((e.col, e.dist2, primary, e.row))
-    key = e.row * span + (primary - low)
+        return np.lexsort((e.col, e.dist2, sign * values, e.row))
+    key = e.row * span
+    key -= low
+    if equal_weights:
+        key += values
+    else:
+        key -= values
     order = np.argsort(key)  # not stable: every run of equal keys is re-sorted exactly below
     key = key[order]
     tie = key[1:] == key[:-1]
@@ -123,22 +131,25 @@ def _rank_order(e: Entries) -> I64:
     in_run[1:] |= tie
     in_run[:-1] |= tie
     pos = np.flatnonzero(in_run)
+    del in_run
     run_id = np.cumsum(np.r_[True, ~tie])[pos]
+    del tie
     sub = order[pos]
+    primary = sign * values[sub]
+    dist2 = e.dist2[sub]
     starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
-    first = np.repeat(sub[starts], np.diff(np.r_[starts, sub.size]))
-    same = (primary[sub] == primary[first]) & (e.dist2[sub] == e.dist2[first])
-    uniform = np.repeat(np.logical_and.reduceat(same, starts), np.diff(np.r_[starts, sub.size]))
+    lengths = np.diff(np.r_[starts, sub.size])
+    same = (primary == np.repeat(primary[starts], lengths)) & (dist2 == np.repeat(dist2[starts], lengths))
+    uniform = np.repeat(np.logical_and.reduceat(same, starts), lengths)
+    cols = e.col[sub]
     n_cols = int(e.col.max()) + 1
     rest = np.arange(sub.size)
     if int(run_id[-1]) * n_cols < 2**62:  # runs of exact ties: by column alone
         fast = np.flatnonzero(uniform)
-        members = sub[fast]
-        sub[fast] = members[np.argsort(run_id[fast] * n_cols + e.col[members])]
+        sub[fast] = sub[fast][np.argsort(run_id[fast] * n_cols + cols[fast])]
         rest = np.flatnonzero(~uniform)
     if rest.size:  # runs of primaries that rounded together: the full exact order
-        members = sub[rest]
-        sub[rest] = members[np.lexsort((e.col[members], e.dist2[members], primary[members], run_id[rest]))]
+        sub[rest] = sub[rest][np.lexsort((cols[rest], dist2[rest], primary[rest], run_id[rest]))]
     order[pos] = sub
     return order
 
@@ -147,17 +158,14 @@ def _topk_ranked(e: Entries, k: int) -> tuple[I64, I64]:
     """``(index, rank)``: the entries of ``e`` kept by the Top-K rule, row by row best first, and
     their rank in their row (0 = best)."""
     order = _rank_order(e)
-    row_sorted = e.row[order]
-    starts = np.flatnonzero(np.r_[True, row_sorted[1:] != row_sorted[:-1]])
-    rank = np.arange(row_sorted.size) - np.repeat(starts, np.diff(np.r_[starts, row_sorted.size]))
-    keep = rank < k
+    counts = np.bincount(e.row)
+    first = np.cumsum(counts) - counts  # the first sorted position of each row
+    del counts
+    rank = first[e.row[order]]
+    del first
+    np.subtract(np.arange(order.size), rank, out=rank)
+    keep = np.flatnonzero(rank < k)
     return order[keep], rank[keep]
-
-
-def _row_col_order(e: Entries) -> I64:
-    if len(e) and int(e.row.max()) < MAX_INDEX and int(e.col.max()) < MAX_INDEX:
-        return np.argsort(e.row * (int(e.col.max()) + 1) + e.col)
-    return np.lexsort((e.col, e.row))
 
 
 def _split_rows(e: Entries, parts: int) -> list[Entries]:
@@ -181,10 +189,20 @@ def select_topk(entries: Entries, k: int, jobs: int = 1) -> Entries:
     """
     if jobs > 1 and len(entries) >= SELECT_SPLIT_MIN:
         pieces = _split_rows(entries, jobs)
+        del entries  # the caller may have handed over its only reference
         return Entries.concat(list(ordered_map(lambda p: select_topk(p, k), [p for p in pieces if len(p)], jobs)))
-    if k > 0 and len(entries):
-        entries = entries.take(_topk_ranked(entries, k)[0])
-    return entries.take(_row_col_order(entries))
+    index = _topk_ranked(entries, k)[0] if k > 0 and len(entries) else None
+    row = entries.row if index is None else entries.row[index]
+    col = entries.col if index is None else entries.col[index]
+    if len(row) and int(row.max()) < MAX_INDEX and int(col.max()) < MAX_INDEX:
+        key = row * (int(col.max()) + 1)
+        key += col
+        order = np.argsort(key)
+        del key
+    else:
+        order = np.lexsort((col, row))
+    del row, col
+    return entries.take(order if index is None else index[order])
 
 
 # --------------------------------------------------------------------------------------
@@ -305,6 +323,7 @@ class CandidateBuffer:
         self._tau: tuple[F64, F64, I64] | None = None  # K-th best (weight, dist2, col) per row
 
     def add(self, entries: Entries) -> None:
+        """Add one block's candidates (copied when other threads made them: see :meth:`_own`)."""
         if self._tau is not None and len(entries):
             w_t, d_t, c_t = (a[entries.row] for a in self._tau)
             w, d = entries.weight, entries.dist2
@@ -312,16 +331,23 @@ class CandidateBuffer:
             entries = entries.take(better)
         if not len(entries):
             return
-        self.parts.append(entries)
+        self.parts.append(self._own(entries) if self.jobs > 1 else entries)
         self.size += len(entries)
         self.accepted += len(entries)
         if self.k and self.size > max(self.budget, 2 * self._kept):  # at least half of it new: linear total work
             self._compact()
 
+    @staticmethod
+    def _own(entries: Entries) -> Entries:
+        """A copy made by the calling thread: arrays a worker thread allocated live in its malloc
+        arena, where a long-lived candidate would pin the worker's freed temporaries around it."""
+        return Entries(entries.row.copy(), entries.col.copy(), entries.weight.copy(), entries.dist2.copy())
+
     def _compact(self) -> None:
-        every = Entries.concat(self.parts)
-        self.largest = max(self.largest, len(every))
+        self.largest = max(self.largest, self.size)
+        every = self._pop()
         pieces = _split_rows(every, self.jobs) if self.jobs > 1 and len(every) >= SELECT_SPLIT_MIN else [every]
+        del every
         ranked = list(ordered_map(lambda p: (p, *_topk_ranked(p, self.k)), [p for p in pieces if len(p)], self.jobs))
         kept = Entries.concat([p.take(index) for p, index, _rank in ranked])
         rank = np.concatenate([r for _p, _i, r in ranked])
@@ -340,10 +366,13 @@ class CandidateBuffer:
 
     def select(self) -> Entries:
         """The Top-K of everything added, sorted by ``(row, col)`` (empties the buffer)."""
+        self.largest = max(self.largest, self.size)
+        return select_topk(self._pop(), self.k, self.jobs)
+
+    def _pop(self) -> Entries:
         every = self.entries()
         self.parts, self.size = [], 0
-        self.largest = max(self.largest, len(every))
-        return select_topk(every, self.k, self.jobs)
+        return every
 
 
 # --------------------------------------------------------------------------------------
@@ -445,6 +474,7 @@ def stream_topk(
         if progress is not None:
             progress(stream.work_units(block))
     counts = stream.cells_of_frame(hist.total)
+    release_free_memory()
     if k > 0:
         threshold = thresholds(counts, k, bins)
         total_mass = stream.total_mass(counts)
@@ -463,7 +493,10 @@ def stream_topk(
         in_range += n_in_range
         if progress is not None:
             progress(stream.work_units(block))
+        del block, entries
+    del blocks  # the blocks hold the mode's per-block state (its rays): not needed for the sort
     stream.end_collect()
+    release_free_memory()
     phase("pass2_candidates")
     if points_in_range is not None and points_in_range() != in_range:  # pragma: no cover - the passes see the same points
         raise RuntimeError("matrix build: the two passes disagree on the points in range")

@@ -370,6 +370,19 @@ def test_every_jobs_count_writes_the_same_bytes(monkeypatch: pytest.MonkeyPatch,
             assert _store_bytes(build_matrix(rig, options, jobs=jobs), rig) == want, (rig.name, jobs)
 
 
+@pytest.mark.parametrize("options", [MatrixOptions(topk=24), MatrixOptions(topk=0, splat="nearest"), MatrixOptions(topk=0)], ids=["k24", "nearest-k0", "k0"])
+def test_cutting_blocks_into_pieces_changes_no_bit(monkeypatch: pytest.MonkeyPatch, options: MatrixOptions) -> None:
+    """A depth bin with more live rays than PIECE_POINTS is computed in ray ranges; the row masses
+    continue in point order across pieces (np.add.at), so every array and attribute (the
+    kept-weight fractions are sums of them) is the same as with whole blocks."""
+    monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 300)  # blocks of one depth bin (704 live rays)
+    want = _store_bytes(build_matrix(NUSCENES, options, jobs=1), NUSCENES)
+    monkeypatch.setattr(entries_mod, "PIECE_POINTS", 97)
+    assert len(entries_mod.block_pieces(entries_mod.plan_blocks(NUSCENES.depth.n_bins, entries_mod.FrustumStream(
+        NUSCENES, splat="bilinear", rounding="floor", k=1).plans)[0])) > 3
+    assert _store_bytes(build_matrix(NUSCENES, options, jobs=2), NUSCENES) == want
+
+
 def test_shipped_ring_config_is_the_regular_rig_of_the_benchmark() -> None:
     """configs/ring-6cam.yaml: six identical level pinholes on a 1 m ring, dense-6cam's network;
     each camera's 640 pixel columns are tie groups of 360 rays."""

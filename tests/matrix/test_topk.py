@@ -196,7 +196,7 @@ def test_stream_topk_is_exact_and_bounded_for_any_distribution(
     """Heavy exact ties (1 to 3 weights, 2 distances), blocks in any order of goodness, a tiny
     buffer budget: the result is the rule's, whatever ``jobs``; no exact sort sees more than the
     budget (or twice rows x K, when that is more) plus one block; the row masses are summed in
-    block order."""
+    block order (K = 0: over the candidates, in block order)."""
     e = _random_entries(seed, n, 20, weight_levels, 2)
     if seed % 3 == 0:  # adversarial arrival: worst entries first
         e = e.take(np.lexsort((-e.col, -e.dist2, e.weight)))
@@ -210,9 +210,11 @@ def test_stream_topk_is_exact_and_bounded_for_any_distribution(
     assert _pairs(result.kept) == _brute_force(e, k)
     assert result.largest_sort <= (max(budget, 2 * 20 * k) + chunk if k else n)
     assert result.n_candidates >= len(result.kept)
-    mass = np.zeros(20)
+    mass = np.zeros(20)  # K > 0: the mode's pass-1 block sums, folded in block order
     for lo, hi in stream.blocks():
         mass += np.bincount(e.row[lo:hi], weights=e.weight[lo:hi], minlength=20)
+    if k == 0:  # every entry kept: one sum over the candidates in block order
+        mass = np.bincount(e.row, weights=e.weight, minlength=20)
     assert np.array_equal(result.total_mass, mass)
 
 
