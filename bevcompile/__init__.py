@@ -10,7 +10,8 @@ The package, by product (each subpackage's ``__init__`` says what lives there an
     report/   diff of two calibrations, the coverage picture                    (bevcompile diff / render)
     deploy/   PyTorch modules and ONNX export                                   (bevcompile export-onnx)
     cli/      the command line, one module per command
-    errors.py the typed error tree; conventions.py the conventions, stated once; memory.py the memory guard
+    errors.py the typed error tree; conventions.py the conventions, stated once; memory.py the memory guard;
+    parallel.py --jobs (the ordered thread map every parallel build uses)
 
 Library entry points, importable from here (numpy only; imported on first use):
 

@@ -128,3 +128,17 @@ def refuse_beyond_memory(need: int, what: str, remedy: str) -> None:
 
 def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.0f} MiB"
+
+
+def release_free_memory() -> None:
+    """Hand the memory the allocator holds free back to the OS (glibc ``malloc_trim``; a no-op
+    elsewhere). Called between the phases of a streamed build: the peak of one phase's
+    temporaries (in several threads' arenas) would otherwise stay resident through the next."""
+    import contextlib
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):  # pragma: no cover - glibc only
+        return
+    with contextlib.suppress(OSError, AttributeError):  # musl, or no libc.so.6
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -131,3 +131,43 @@ def group_data(arrays: dict[str, Any], attrs: dict[str, Any] | None = None) -> A
 
     dims = {name: tuple(f"{name}_{axis}" for axis in range(np.ndim(a))) for name, a in arrays.items()}
     return GroupData(arrays, dict(attrs or {}), dims=dims)
+
+
+RING_YAWS_DEG = (0.0, -55.0, 55.0, 180.0, 110.0, -110.0)
+
+
+def ring_rig_data(*, yaws_deg: tuple[float, ...] = RING_YAWS_DEG, radius_m: float = 1.0, stride: int = 4) -> dict[str, Any]:
+    """A regular, tie-heavy rig (the small version of ``configs/ring-6cam.yaml``): identical level
+    pinhole cameras on a ring ``radius_m`` from the ego origin, 1.55 m up, looking outwards at the
+    given yaws; 96x64 input, ``stride`` 4 -> 24x16 feature map; BEV +-12 m at 1 m, depth 1..17 m.
+
+    Level cameras: a pixel column's rays share their ego x and y components bitwise (``R[0, 1] =
+    R[1, 1] = 0``), so the points of its 16 pixels at one depth have the same BEV x/y and their
+    matrix entries tie exactly on weight and distance (only the column breaks the tie)."""
+    import math
+
+    cameras = []
+    for i, yaw in enumerate(yaws_deg):
+        c, s = (1.0, 0.0) if yaw == 0 else (-1.0, 0.0) if yaw == 180 else (math.cos(math.radians(yaw)), math.sin(math.radians(yaw)))
+        x, y = radius_m * c, radius_m * s
+        sensor2ego = [[s, 0.0, c, x], [-c, 0.0, s, y], [0.0, -1.0, 0.0, 1.55], [0.0, 0.0, 0.0, 1.0]]
+        cameras.append(
+            {
+                "name": f"CAM_{i}",
+                "image_size": [192, 128],
+                "intrinsic": [[110.0, 0.0, 95.3], [0.0, 110.0, 61.5], [0.0, 0.0, 1.0]],
+                "sensor2ego": sensor2ego,
+            }
+        )
+    return {
+        "name": "ring",
+        "cameras": cameras,
+        "image_aug": {"resize": 0.5, "crop": [0, 0], "input_size": [96, 64]},
+        "feature": {"stride": stride, "pixel_mapping": "stride"},
+        "bev": {"x": [-12.0, 12.0, 1.0], "y": [-12.0, 12.0, 1.0], "z": [-3.0, 5.0], "heights": [0.0]},
+        "depth": {"bins": [1.0, 17.0, 1.0]},
+    }
+
+
+def ring_rig(**kwargs: Any) -> RigConfig:
+    return parse_config(ring_rig_data(**kwargs), source="<ring rig>")

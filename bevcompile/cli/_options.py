@@ -27,6 +27,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary table.")]
 FeatureSeedOption = Annotated[int, typer.Option("--seed", help="Seed (>= 0) of the random features (verify and diff draw the same ones).")]
 FeatureChannelsOption = Annotated[int, typer.Option("--channels", help="Feature channels C of the random features, 1 to 512.")]
+JobsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        help="Threads of the build (default: the cores this process may use); the output is the same bytes for every value.",
+        show_default=False,
+    ),
+]
 DEFAULT_OUT = Path("artifacts")
 
 

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import CheckFailed, UsageError
 from ._app import cli_command
-from ._options import JsonOption, QuietOption, canonical_choice
+from ._options import JobsOption, JsonOption, QuietOption, canonical_choice
 from ._output import human_bytes, new_table, print_json, print_table, progress_bar, stdout_console
 
 StoreArg = Annotated[Path, typer.Argument(help="A bevcompile store (artifacts/<name>.zarr).", show_default=False, metavar="STORE")]
@@ -187,25 +187,28 @@ def export_interop_command(
     overlap: Annotated[
         str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
+    jobs: JobsOption = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
     from ..interop.bevpoolv2 import frustum_shape
     from ..interop.export import interop_command_targets, run_export_interop
+    from ..parallel import resolve_jobs
     from ..store.loader import load
 
     targets = interop_command_targets(
         to, frustum_mapping=frustum_mapping, rounding=rounding, z_bins=z_bins, batch=batch, overlap=overlap
     )
+    n_jobs = resolve_jobs(jobs)
     loaded = load(store, verify=False)
     total = 0
     if "bevpoolv2" in targets:
-        total += int(math.prod(frustum_shape(loaded.rig)))
+        total += 2 * int(math.prod(frustum_shape(loaded.rig)))  # two streamed passes
     if "fastbev-lut" in targets:
         total += int(math.prod(loaded.bev_shape))
     with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
-        result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance)
+        result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance, jobs=n_jobs)
     if json_output:
         print_json(result.to_json())
         return

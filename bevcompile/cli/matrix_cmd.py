@@ -7,9 +7,10 @@ from typing import Annotated
 import typer
 
 from ..matrix.build import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
+from ..parallel import resolve_jobs
 from ..rig.config import load_config
 from ._app import cli_command
-from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JsonOption, OutOption, QuietOption
+from ._options import DEFAULT_OUT, ConfigArg, ForceOption, JobsOption, JsonOption, OutOption, QuietOption
 from ._output import (
     human_bytes,
     new_table,
@@ -73,6 +74,7 @@ def matrix(
         ),
     ] = "floor",
     force: ForceOption = False,
+    jobs: JobsOption = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
@@ -82,10 +84,11 @@ def matrix(
         mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
         compact_rows=compact_rows, rounding=rounding,
     )
+    n_jobs = resolve_jobs(jobs)
     rig = load_config(config)
     label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
     with progress_bar(label, matrix_work_units(rig, options), enabled=not (quiet or json_output)) as advance:
-        result = run_matrix(rig, out, options, force=force, progress=advance)
+        result = run_matrix(rig, out, options, force=force, progress=advance, jobs=n_jobs)
     if not result.products.figures.nnz:  # on stderr, also under --quiet/--json
         stderr_console.print(
             "[yellow]warning:[/yellow] the matrix is empty: no frustum point / grid sample of any camera lands in the "
@@ -136,7 +139,7 @@ def _print_summary(result: MatrixRunResult) -> None:
         )
     if f.int8_max_rel_error is not None:
         table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
-    table.add_row("build time", f"{result.build_seconds:.2f} s")
+    table.add_row("build time", f"{result.build_seconds:.2f} s ({p.extra.get('jobs', 1)} threads)")
     table.add_row("peak memory (ru_maxrss)", human_bytes(result.peak_rss_bytes))
     print_table(table)
     sizes = new_table("bytes per product", "product", "in memory", right=("in memory",))

@@ -6,7 +6,8 @@
 * :mod:`.checks` — the ``inspect`` / ``verify`` / ``--strict`` plug-in of ``interop/``.
 
 May import: :mod:`bevcompile.grid`, :mod:`bevcompile.matrix` (frustum rays), :mod:`bevcompile.rig`,
-:mod:`bevcompile.store`, :mod:`bevcompile.errors`.
+:mod:`bevcompile.store`, :mod:`bevcompile.errors`, :mod:`bevcompile.parallel` (``--jobs``),
+:mod:`bevcompile.memory`.
 
 ``bevcompile.interop.<name>`` also serves the names of the 0.2 module ``bevcompile.interop``.
 """

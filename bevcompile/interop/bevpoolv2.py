@@ -42,7 +42,22 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
-from ..matrix.entries import CameraRays, camera_rays
+from ..matrix.entries import (
+    BevBox,
+    CameraPlan,
+    CameraRays,
+    block_columns,
+    block_coordinates,
+    block_pieces,
+    camera_rays,
+    own_plan,
+    plan_blocks,
+    plan_camera,
+    plan_jobs,
+)
+from ..matrix.topk import local_rows
+from ..memory import release_free_memory
+from ..parallel import ordered_map, resolve_jobs
 from ..rig.config import FeatureSpec, RigConfig
 
 ProgressFn = Callable[[int], None]
@@ -53,7 +68,6 @@ BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "
 BEVPOOL_PREFIX = "bevpoolv2_"
 INT32_MAX = np.iinfo(np.int32).max
 MAX_BATCH = 256
-_POINTS_PER_STEP = 1 << 21  # frustum points unprojected per step (bounds peak memory)
 
 
 # --------------------------------------------------------------------------------------
@@ -254,15 +268,26 @@ class BevPoolV2Arrays:
         return {name: getattr(self, name) for name in BEVPOOL_ARRAYS}
 
 
-def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progress: ProgressFn | None = None) -> BevPoolV2Arrays:
-    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch ``options.batch``), with a stable sort.
+def build_bevpoolv2(
+    rig: RigConfig, options: BevPoolOptions | None = None, progress: ProgressFn | None = None, *, jobs: int | None = None
+) -> BevPoolV2Arrays:
+    """BEVDet ``voxel_pooling_prepare_v2`` for ``rig`` (batch ``options.batch``), with a stable sort,
+    by ``jobs`` threads (default: the cores this process may use; the arrays do not depend on it).
 
-    Streams the frustum in steps of at most ~2 M points; ``progress(n)`` is called with the
-    number of frustum points processed (total ``n_cam * D * H_f * W_f``: the geometry is
+    A counting sort in two streamed passes over the frustum blocks of the ``matrix/`` build
+    (:func:`bevcompile.matrix.entries.plan_blocks`: per camera the rays culled to the voxel box,
+    ~131 k live points or one depth bin per block, computed in pieces of at most ~131 k points):
+    pass 1 counts the kept points of every voxel per block; the voxel counts give
+    ``interval_starts`` / ``interval_lengths`` and, summed in block order, each block's first slot
+    per voxel; pass 2 recomputes the points and writes each block's ``ranks_depth`` /
+    ``ranks_feat`` straight into their final slots (stable: blocks are in ``ranks_depth`` order,
+    and inside a block a voxel's points are placed by increasing ``ranks_depth``). So the only large arrays are the outputs. ``progress(n)`` is called with the
+    frustum points of each block in each pass (total ``2 * n_cam * D * H_f * W_f``: the geometry is
     computed once and repeated for every batch item).
     """
     options = options or BevPoolOptions()
     options.validate()
+    jobs = resolve_jobs(jobs)
     frig = frustum_rig(rig, options.frustum_mapping)
     grid = voxel_grid(rig, options.z_bins)
     n_cam, n_d, h_f, w_f = frustum_shape(rig)
@@ -272,52 +297,139 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
         raise UsageError(
             f"batch {batch} x {n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
         )
-    d_step = max(1, _POINTS_PER_STEP // (h_f * w_f))
-    plane = h_f * w_f
-    x_size, y_size, _ = grid.size
-    bev_parts: list[np.ndarray] = []
-    depth_parts: list[np.ndarray] = []
-    feat_parts: list[np.ndarray] = []
-    for cam in range(n_cam):
-        rays = camera_rays(frig, cam)
-        for d0 in range(0, n_d, d_step):
-            d1 = min(n_d, d0 + d_step)
-            points, _ok = frustum_points_ego(frig, cam, slice(d0, d1), rays)  # NaN where not ok
-            scaled, kept = _voxel_scaled(points, grid, options.rounding)
-            flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
-            c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
-            bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
-            depth_parts.append((flat_kept + (cam * n_d + d0) * plane).astype(np.int32))
-            feat_parts.append((flat_kept % plane + cam * plane).astype(np.int32))
-            if progress is not None:
-                progress((d1 - d0) * plane)
-    ranks_bev = np.concatenate(bev_parts) if bev_parts else np.zeros(0, np.int32)
-    ranks_depth = np.concatenate(depth_parts) if depth_parts else np.zeros(0, np.int32)
-    # stable sort; voxel ranks < 2**16 sort as uint16 (numpy's radix sort, ~4x faster)
-    keys = ranks_bev.astype(np.uint16) if grid.n_voxels <= 1 << 16 else ranks_bev
-    order = np.argsort(keys, kind="stable")
-    ranks_bev = ranks_bev[order]
-    ranks_depth = ranks_depth[order]
-    ranks_feat = np.concatenate(feat_parts)[order] if feat_parts else np.zeros(0, np.int32)
-    starts, lengths = intervals_of(ranks_bev)
-    if batch > 1:
-        # batch b: every rank gets b as its most significant digit; still sorted and stable
-        n_kept_one = int(ranks_bev.size)
-        ranks_bev = _repeat_with_offset(ranks_bev, batch, grid.n_voxels)
-        ranks_depth = _repeat_with_offset(ranks_depth, batch, n_points)
-        ranks_feat = _repeat_with_offset(ranks_feat, batch, n_cam * plane)
-        starts = _repeat_with_offset(starts, batch, n_kept_one)
-        lengths = np.tile(lengths, batch)
+    voxels = _Voxelizer(frig, grid, options.rounding, jobs)
+    blocks = voxels.blocks
+    # pass 1: the kept points of every voxel, per block
+    per_block: list[tuple[np.ndarray, np.ndarray]] = []
+    total = np.zeros(grid.n_voxels, dtype=np.int64)
+    for block, (touched, counts) in zip(blocks, ordered_map(voxels.count, blocks, jobs), strict=True):
+        total[touched] += counts
+        per_block.append((touched, counts))
+        if progress is not None:
+            progress(voxels.work_units(block))
+    occupied = np.flatnonzero(total)
+    lengths = total[occupied]
+    del total
+    n_kept = int(lengths.sum())
+    starts = np.zeros(occupied.size, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    cursor = np.zeros(grid.n_voxels, dtype=np.int64)
+    cursor[occupied] = starts
+    first_slot = []
+    for touched, counts in per_block:  # each block's first slot per voxel: the blocks before it, in order
+        first_slot.append(cursor[touched])
+        cursor[touched] += counts
+    del per_block, cursor
+    release_free_memory()
+    # pass 2: every kept point into its slot (the batch copies follow)
+    ranks_depth = np.empty(batch * n_kept, dtype=np.int32)
+    ranks_feat = np.empty(batch * n_kept, dtype=np.int32)
+
+    def place(i: int) -> int:
+        voxels.place(blocks[i], first_slot[i], ranks_depth, ranks_feat)
+        return voxels.work_units(blocks[i])
+
+    for units in ordered_map(place, range(len(blocks)), jobs):
+        if progress is not None:
+            progress(units)
+    ranks_bev = np.empty(batch * n_kept, dtype=np.int32)
+    _fill_runs(ranks_bev[:n_kept], occupied, starts)
+    interval_starts = _repeat_with_offset(starts, batch, n_kept)
+    interval_lengths = np.tile(lengths.astype(np.int32), batch)
+    for b in range(1, batch):  # batch b: b is the most significant digit of every rank; still sorted and stable
+        segment = slice(b * n_kept, (b + 1) * n_kept)
+        np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
+        np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
+        np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
     return BevPoolV2Arrays(
-        ranks_bev=np.ascontiguousarray(ranks_bev, dtype=np.int32),
-        ranks_depth=np.ascontiguousarray(ranks_depth, dtype=np.int32),
-        ranks_feat=np.ascontiguousarray(ranks_feat, dtype=np.int32),
-        interval_starts=np.ascontiguousarray(starts, dtype=np.int32),
-        interval_lengths=np.ascontiguousarray(lengths, dtype=np.int32),
+        ranks_bev=ranks_bev,
+        ranks_depth=ranks_depth,
+        ranks_feat=ranks_feat,
+        interval_starts=interval_starts,
+        interval_lengths=interval_lengths,
         depth_shape=(n_cam, n_d, h_f, w_f),
         grid=grid,
         options=options,
     )
+
+
+def _fill_runs(out: npt.NDArray[np.int32], values: np.ndarray, starts: np.ndarray) -> None:
+    """``out[starts[i]:starts[i + 1]] = values[i]`` (``values`` increasing, ``out`` ends the last run), in place."""
+    out[:] = 0
+    if values.size:
+        out[starts] = np.diff(values, prepend=0).astype(np.int32)
+        np.cumsum(out, out=out, dtype=np.int32)
+
+
+class _Voxelizer:
+    """The kept frustum points of a voxel grid, block by block (the ``matrix/`` build's blocks,
+    computed piece by piece so that the geometry's temporaries stay bounded)."""
+
+    def __init__(self, frig: RigConfig, grid: VoxelGrid, rounding: str, jobs: int) -> None:
+        (x_lo, y_lo, z_lo), (dx, dy, dz), (nx, ny, nz) = grid.lower, grid.step, grid.size
+        self.box = BevBox(x_lo, dx, nx, y_lo, dy, ny, z_lo, dz, nz)
+        self.trunc = rounding == "trunc"
+        self.grid = grid
+        self.depths = np.asarray(frig.depth.values(), dtype=np.float64)
+        self.n_depth_bins = frig.depth.n_bins
+        w_f, h_f = frig.feature_size
+        self.plane = w_f * h_f
+
+        def plan(cam: int) -> CameraPlan:
+            return plan_camera(self.box, self.trunc, cam, camera_rays(frig, cam), self.depths)
+
+        plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(frig.n_cam), plan_jobs(frig, jobs))]
+        release_free_memory()
+        self.blocks = plan_blocks(self.n_depth_bins, plans)
+
+    def work_units(self, block: tuple[CameraPlan, int, int]) -> int:
+        return (block[2] - block[1]) * self.plane
+
+    def _kept(self, block: tuple[CameraPlan, int, int], ranks: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(voxel, ranks_depth)``: the voxel rank ``(z * Y + y) * X + x`` of each kept point of
+        the block (and its ``ranks_depth`` with ``ranks``), piece after piece."""
+        x_size, y_size, _ = self.grid.size
+        voxels, depth_ranks = [], []
+        for piece in block_pieces(block):
+            fx, fy, fz, sel = block_coordinates(self.box, self.trunc, self.depths, piece)
+            if sel is not None:
+                fx, fy, fz = fx[sel], fy[sel], fz[sel]
+            voxel = fz.astype(np.int64)  # kept: f > -1 (trunc) or f >= 0 (floor), so the cast is the rounding
+            voxel *= y_size
+            voxel += fy.astype(np.int64)
+            voxel *= x_size
+            voxel += fx.astype(np.int64)
+            voxels.append(voxel)
+            if ranks:
+                depth_ranks.append(block_columns(piece, np.arange(fx.size) if sel is None else sel, self.n_depth_bins, self.plane))
+        voxel = voxels[0] if len(voxels) == 1 else np.concatenate(voxels)
+        return voxel, (None if not ranks else depth_ranks[0] if len(depth_ranks) == 1 else np.concatenate(depth_ranks))
+
+    def count(self, block: tuple[CameraPlan, int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Pass 1: the voxels the block's kept points fall in and how many in each."""
+        voxel, _ranks = self._kept(block, ranks=False)
+        touched, local = local_rows(voxel, self.grid.n_voxels)
+        return touched, np.bincount(local, minlength=touched.size)
+
+    def place(self, block: tuple[CameraPlan, int, int], first: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray) -> None:
+        """Pass 2: ``ranks_depth`` / ``ranks_feat`` of the block's kept points into their slots:
+        voxel ``touched[i]``'s points from ``first[i]`` on, by increasing ``ranks_depth``."""
+        voxel, depth_rank = self._kept(block, ranks=True)
+        if not voxel.size or depth_rank is None:
+            return
+        _touched, local = local_rows(voxel, self.grid.n_voxels)
+        del voxel
+        base = int(depth_rank.min())
+        bits = int(depth_rank.max() - base).bit_length()
+        key = local << bits
+        key |= depth_rank - base
+        key.sort()
+        local_sorted = key >> bits
+        depth_sorted = (key & ((1 << bits) - 1)) + base
+        run = np.flatnonzero(np.r_[True, local_sorted[1:] != local_sorted[:-1]])
+        slot = first[local_sorted] + np.arange(key.size) - np.repeat(run, np.diff(np.r_[run, key.size]))
+        ranks_depth[slot] = depth_sorted
+        ranks_feat[slot] = (depth_sorted // (self.n_depth_bins * self.plane)) * self.plane + depth_sorted % self.plane
 
 
 def _repeat_with_offset(values: np.ndarray, batch: int, stride: int) -> npt.NDArray[np.int32]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..choices import canonical_choice
 from ..errors import StoreError, UsageError
+from ..parallel import resolve_jobs
 from ..rig.config import RigConfig
 from .bevpoolv2 import (
     BEVPOOL_ARRAYS,
@@ -52,11 +53,12 @@ def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
 
 
 def build_target(
-    rig: RigConfig, target: str, build_options: Any, progress: ProgressFn | None = None
+    rig: RigConfig, target: str, build_options: Any, progress: ProgressFn | None = None, *, jobs: int | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Arrays (named as in ``interop/``) and attributes of one target from its build options."""
+    """Arrays (named as in ``interop/``) and attributes of one target from its build options
+    (``jobs`` threads where the target streams; the arrays do not depend on it)."""
     if target == "bevpoolv2":
-        bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress)
+        bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress, jobs=jobs)
         return {BEVPOOL_PREFIX + k: v for k, v in bev.arrays().items()}, bevpoolv2_attrs(bev)
     if target == "fastbev-lut":
         lut = build_fastbev_lut(rig, FastBevOptions.from_dict(build_options))
@@ -170,6 +172,7 @@ def run_export_interop(
     *,
     npy_dir: Any = None,
     progress: ProgressFn | None = None,
+    jobs: int | None = None,
 ) -> InteropRunResult:
     """Build the requested interop targets for the store at ``store_path`` and write them into
     its ``interop/`` group (atomically, see :func:`bevcompile.store.zarr_io.write_groups`); targets
@@ -178,7 +181,8 @@ def run_export_interop(
     array names) plus ``interop.json`` (the group attributes).
 
     ``targets`` maps target name -> build options (``BevPoolOptions.to_dict()`` /
-    ``FastBevOptions.to_dict()``).
+    ``FastBevOptions.to_dict()``). ``jobs``: threads of the BEVPoolv2 build (default: the cores
+    this process may use; the bytes do not depend on it).
     """
     import json
     import os
@@ -191,6 +195,7 @@ def run_export_interop(
     for target in targets:
         if target not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
+    jobs = resolve_jobs(jobs)
     if npy_dir is not None and Path(npy_dir).exists() and not Path(npy_dir).is_dir():
         raise UsageError(f"--npy {npy_dir}: is a file; give a folder for the .npy files")
     store = load(store_path, verify=False)
@@ -211,7 +216,7 @@ def run_export_interop(
     target_attrs: dict[str, Any] = {}
     for target in [t for t in INTEROP_TARGETS if t in build_options]:
         try:
-            target_arrays_, attrs_ = build_target(rig, target, build_options[target], progress if target in targets else None)
+            target_arrays_, attrs_ = build_target(rig, target, build_options[target], progress if target in targets else None, jobs=jobs)
         except UsageError as exc:
             if target in targets:
                 raise

@@ -42,8 +42,10 @@ Modules: :mod:`bevcompile.matrix.entries` (rays, streamed Top-K build, grid entr
 
 Speed: the frustum build streams over ``(camera, depth-bin chunk)`` blocks in two passes
 (a per-row histogram of the Top-K order key, then the candidates that can still be in the
-Top-K), so it never materialises all points or sorts them all; the result is bit-identical
-to the straightforward build in :mod:`bevcompile.matrix.reference`.
+Top-K, gathered in a bounded buffer), computed by ``jobs`` threads and folded in block order
+(:mod:`bevcompile.matrix.topk`), so it never materialises all points or sorts them all; the result
+is bit-identical to the straightforward build in :mod:`bevcompile.matrix.reference`, for every
+``jobs``.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from ..choices import canonical_choice
 from ..errors import StoreConflictError, StoreError, UsageError, check_int_option
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
+from ..parallel import resolve_jobs
 from ..rig.config import RigConfig, config_sha256
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, is_store, open_store, store_path, write_groups
@@ -394,8 +397,11 @@ def check_frustum_memory(rig: RigConfig, options: MatrixOptions) -> None:
     )
 
 
-def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None) -> MatrixProducts:
-    """Build every product of the sparse aggregation matrix of ``rig`` (see module docstring).
+def build_matrix(
+    rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None, *, jobs: int | None = None
+) -> MatrixProducts:
+    """Build every product of the sparse aggregation matrix of ``rig`` (see module docstring),
+    with ``jobs`` threads (default: the cores this process may use; the bytes do not depend on it).
 
     Convention:
         returns :class:`MatrixProducts`: COO ``coo_row``/``coo_col`` int32 and ``coo_val``
@@ -403,6 +409,7 @@ def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress:
         k_pad)``; optional tiles/int8/row_ids; ``camera_mass`` float32 ``(n_cam, ny, nx)``.
     """
     options = (options or MatrixOptions()).validate()
+    jobs = resolve_jobs(jobs)
     t0 = time.perf_counter()
     ny, nx = rig.bev.ny, rig.bev.nx
     n_cells = ny * nx
@@ -422,19 +429,24 @@ def build_matrix(rig: RigConfig, options: MatrixOptions | None = None, progress:
             topk=options.topk,
             progress=progress,
             check_row_nnz=check_ell,
+            jobs=jobs,
         )
         kept, total_mass = res.kept, res.total_mass
         counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)
         phases = res.phase_seconds
+        selection = {"candidates": res.n_candidates, "largest_sort": res.largest_sort, "compactions": res.compactions}
     else:
-        entries, total_mass, n_valid = grid_entries(rig, splat=options.splat, progress=progress)
-        kept = select_topk(entries, options.topk)
+        entries, total_mass, n_valid = grid_entries(rig, splat=options.splat, progress=progress, jobs=jobs)
+        kept = select_topk(entries, options.topk, jobs)
         n_samples = rig.n_cam * len(rig.bev.heights) * n_cells
         counts = (n_samples, n_valid, n_valid, len(entries))
         phases = {"grid_entries_topk": time.perf_counter() - t0}
+        selection = {"candidates": len(entries), "largest_sort": len(entries), "compactions": 0}
     t1 = time.perf_counter()
     products = assemble_products(rig, options, kept, total_mass, counts, t0)
     products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
+    products.extra["selection"] = selection
+    products.extra["jobs"] = jobs
     return products
 
 
@@ -907,6 +919,8 @@ class MatrixRunResult:
             "bytes_total": self.write.total_bytes,
             "build_seconds": round(self.build_seconds, 3),
             "phase_seconds": {k: round(v, 3) for k, v in p.extra.get("phase_seconds", {}).items()},
+            "selection": dict(p.extra.get("selection", {})),
+            "jobs": p.extra.get("jobs"),
             "peak_rss_bytes": self.peak_rss_bytes,
         }
 
@@ -918,11 +932,13 @@ def run_matrix(
     *,
     force: bool = False,
     progress: ProgressFn | None = None,
+    jobs: int | None = None,
 ) -> MatrixRunResult:
-    """Build the matrix of ``rig`` and write the ``matrix/`` group into ``<out_dir>/<name>.zarr``
-    (atomically; creates the store if needed, keeps the other groups of a same-config store,
-    refuses another config's store unless ``force``)."""
+    """Build the matrix of ``rig`` with ``jobs`` threads and write the ``matrix/`` group into
+    ``<out_dir>/<name>.zarr`` (atomically; creates the store if needed, keeps the other groups of
+    a same-config store, refuses another config's store unless ``force``)."""
     options = (options or MatrixOptions()).validate()
+    jobs = resolve_jobs(jobs)
     if options.mode == "grid":
         check_grid_memory(rig, "bevcompile matrix --mode grid")
     check_frustum_memory(rig, options)
@@ -931,7 +947,7 @@ def run_matrix(
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
     check_not_learned(path, force)
     t0 = time.perf_counter()
-    products = build_matrix(rig, options, progress=progress)
+    products = build_matrix(rig, options, progress=progress, jobs=jobs)
     seconds = time.perf_counter() - t0
     report = write_groups(
         path,

@@ -1,13 +1,28 @@
-"""Entries of the sparse aggregation matrix: frustum rays, the streamed two-pass Top-K build,
-grid-mode entries and the Top-K rule. Pure numpy; used by :mod:`bevcompile.matrix.build` (which states
-the conventions and re-exports the public names).
+"""Entries of the sparse aggregation matrix: frustum rays, the frustum mode as a streamed
+:class:`~bevcompile.matrix.topk.EntryStream`, and grid-mode entries. Pure numpy; used by
+:mod:`bevcompile.matrix.build` (which states the conventions and re-exports the public names).
+
+The frustum mode streams over **blocks** ``(camera, depth bins [d0, d1))`` of about
+``CHUNK_POINTS`` live points (:func:`plan_blocks`; fixed by the rig, never by ``--jobs``):
+
+* per camera, once (:class:`CameraPlan`): the feature-pixel rays in ego, reordered so that the
+  rays that can still be in the BEV box at depth bin ``j`` are a prefix (conservative slab culling),
+  and the camera's **tie groups** (:func:`_tie_groups`): rays whose ego x and y components are
+  bitwise equal (a level camera's pixel columns, identical cameras) put their points on the same
+  BEV x/y at every depth, so their entries tie exactly on weight and distance and only the K of
+  smallest column can ever be kept;
+* pass 1 (:meth:`FrustumStream.count`): every point in range, every entry counted into the Top-K
+  histogram in a grid padded by two cells (the four bilinear corners need no bounds test), the row
+  masses summed per block (folded in block order: the same bits for every ``--jobs``);
+* pass 2 (:meth:`FrustumStream.collect`): per corner, a float bound of the row's threshold (one
+  table look-up per entry) drops most entries, the exact bin test decides the rest, and of each tie
+  group's candidates at a depth bin only the K of smallest column are kept.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +31,17 @@ import numpy.typing as npt
 
 from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
+from ..memory import release_free_memory
+from ..parallel import ordered_map
 from ..rig.config import RigConfig
 from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
+from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
+
+__all__ = ["CameraRays", "Entries", "FrustumResult", "FrustumStream", "camera_rays", "frustum_entries", "grid_entries", "select_topk"]
 
 ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
+I32 = npt.NDArray[np.int32]
 F64 = npt.NDArray[np.float64]
 
 HIST_BINS_MAX = 64
@@ -28,9 +49,11 @@ HIST_MAX_ENTRIES = 1 << 23
 """Target of ``n_cells * hist bins`` (int64 counters, 64 MiB) for the bin count; the floor of 8
 bins wins above 2^20 cells, so the histogram is 64 B per (padded) cell there and grows with the
 grid (``bevcompile.matrix.build.check_frustum_memory`` refuses a grid this machine cannot hold)."""
-CHUNK_POINTS = 1 << 17  # frustum points per streamed block (bounded buffers)
-HIST_FLUSH = 1 << 22  # histogram indices buffered between bincounts
+CHUNK_POINTS = 1 << 17  # frustum points per streamed block (bounded buffers; fixes the row-mass sums)
+PIECE_POINTS = 1 << 17  # at most this many points are computed at once (a block of one depth bin is cut)
 MAX_INDEX = np.iinfo(np.int32).max
+PREFILTER_MARGIN = 1e-9
+"""Slack of the pass-2 point pre-filter's weight bound (far above its float error, ~1e-15)."""
 
 
 # --------------------------------------------------------------------------------------
@@ -66,11 +89,14 @@ def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
     w_f, h_f = rig.feature_size
     v, u = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")
     uv_feature_px = np.stack([u.ravel(), v.ravel()], axis=-1)
+    del u, v
     points_cam_unit, ok = unproject_image_to_cam(camera, feature_px_to_image_px(rig, camera, uv_feature_px), 1.0)
+    del uv_feature_px
     ego_from_cam = ego_from_cam_matrix(camera)
     pixel_index = np.flatnonzero(ok).astype(np.int64)
     x_n = points_cam_unit[pixel_index, 0]
     y_n = points_cam_unit[pixel_index, 1]
+    del points_cam_unit
     ray = np.empty((3, pixel_index.size), dtype=np.float64)
     for i in range(3):
         ray[i] = ego_from_cam[i, 0] * x_n + ego_from_cam[i, 1] * y_n + ego_from_cam[i, 2]
@@ -78,7 +104,7 @@ def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
 
 
 @dataclass(frozen=True)
-class _Bev:
+class BevBox:
     x_min: float
     dx: float
     nx: int
@@ -90,7 +116,7 @@ class _Bev:
     nz: int
 
     @classmethod
-    def of(cls, rig: RigConfig) -> _Bev:
+    def of(cls, rig: RigConfig) -> BevBox:
         b = rig.bev
         return cls(b.x.min, b.x.step, b.x.n, b.y.min, b.y.step, b.y.n, b.z.min, b.z.step, b.z.n)
 
@@ -99,34 +125,47 @@ class _Bev:
         return self.nx * self.ny
 
 
-@dataclass
-class _Block:
-    """The in-range points of one streamed block: columns and cell coordinates ``f_x, f_y``."""
-
-    col: I64
-    fx: F64
-    fy: F64
-
-
 CULL_MARGIN_M = 1e-6
 """The per-ray depth culling tests a box this much larger than the BEV box (far more than any
 float error of a point), so it never drops a point the exact in-range test would keep."""
 
 
 @dataclass(frozen=True)
-class _CameraPlan:
+class TieGroups:
+    """One camera's rays that share their ego x and y components bitwise, in groups larger than K.
+
+    Their points at one depth bin have the same BEV x/y (``t + d * ray`` per axis), so each of
+    their entries ties exactly (weight and distance) with the same entry of every other member in
+    range: of a group's members in range at a depth, only the K of smallest column (smallest pixel
+    index) can be kept. Convention (arrays over plan positions ``p`` of the camera's rays):
+    ``group[p]`` int32 group (-1: not in a large group), ``rank[p]`` int32 rank of the ray's pixel
+    index in its group; ``members`` int32 plan positions grouped, pixel index ascending, group
+    ``g`` at ``members[start[g]:start[g] + size[g]]``.
+    """
+
+    group: I32
+    rank: I32
+    members: I32
+    start: I64
+    n_groups: int
+    max_size: int
+
+
+@dataclass(frozen=True)
+class CameraPlan:
     """One camera's rays reordered by decreasing ``j_hi`` (the first depth bin past which the ray
     has certainly left the BEV box), so the rays that can still be in range at depth bin ``j`` are
-    the prefix ``[:n_alive[j]]``."""
+    the prefix ``[:n_alive[j]]``; and its tie groups (K > 0)."""
 
     cam_index: int
     origin_ego: F64
     ray_ego: F64  # (3, P), reordered
-    pixel_index: I64  # (P,), reordered
+    pixel_index: I32  # (P,), reordered
     n_alive: I64  # (D,)
+    ties: TieGroups | None = None
 
 
-def _plan_camera(bev: _Bev, trunc: bool, cam_index: int, rays: CameraRays, depths: F64) -> _CameraPlan:
+def plan_camera(bev: BevBox, trunc: bool, cam_index: int, rays: CameraRays, depths: F64) -> CameraPlan:
     """Conservative per-ray culling: the depth where ``origin + d * ray`` leaves the BEV box
     enlarged by ``CULL_MARGIN_M`` (slab intersection), as a depth-bin index."""
     lo_pad = 1.0 if trunc else 0.0  # trunc keeps f in (-1, 0): one more cell below each axis
@@ -146,177 +185,472 @@ def _plan_camera(bev: _Bev, trunc: bool, cam_index: int, rays: CameraRays, depth
     j_hi = np.searchsorted(depths, d_max, side="right").astype(np.int64)
     order = np.argsort(-j_hi, kind="stable")
     n_alive = np.array([int(np.count_nonzero(j_hi > j)) for j in range(depths.size)], dtype=np.int64)
-    return _CameraPlan(
-        cam_index, rays.origin_ego, np.ascontiguousarray(rays.ray_ego[:, order]), rays.pixel_index[order], n_alive
+    return CameraPlan(
+        cam_index, rays.origin_ego, np.ascontiguousarray(rays.ray_ego[:, order]), rays.pixel_index[order].astype(np.int32), n_alive
     )
 
 
-def _iter_blocks(rig: RigConfig, plans: list[_CameraPlan]) -> Iterator[tuple[_CameraPlan, int, int]]:
+def _tie_groups(plan: CameraPlan, k: int, n_depths: int) -> TieGroups | None:
+    """The camera's groups of more than ``k`` rays with bitwise-equal ego x and y (None if none)."""
+    rx, ry = plan.ray_ego[0], plan.ray_ego[1]
+    n = rx.size
+    if k <= 0 or n <= k:
+        return None
+    sorted_x = np.sort(rx)
+    if not np.any(sorted_x[1:] == sorted_x[:-1]):  # every x distinct: no two rays share x and y
+        return None
+    del sorted_x
+    _, x_rank = np.unique(rx, return_inverse=True)
+    y_values, y_rank = np.unique(ry, return_inverse=True)
+    pair = x_rank.astype(np.int64) * y_values.size + y_rank
+    pixel = plan.pixel_index.astype(np.int64)
+    span = int(pixel.max()) + 1
+    # (pixel columns of a feature map far beyond any camera's would overflow the int64 key)
+    order = np.argsort(pair * span + pixel) if int(pair.max()) * span < 2**62 else np.lexsort((pixel, pair))
+    pair_sorted = pair[order]
+    new = np.r_[True, pair_sorted[1:] != pair_sorted[:-1]]
+    starts = np.flatnonzero(new)
+    sizes = np.diff(np.r_[starts, n])
+    big = sizes > k
+    if not big.any():
+        return None
+    group_of_sorted = np.cumsum(new) - 1
+    in_big = big[group_of_sorted]
+    members = order[in_big].astype(np.int32)
+    big_index = np.cumsum(big) - 1
+    member_group = big_index[group_of_sorted[in_big]]
+    big_sizes = sizes[big]
+    start = np.r_[0, np.cumsum(big_sizes)[:-1]].astype(np.int64)
+    group = np.full(n, -1, dtype=np.int32)
+    rank = np.zeros(n, dtype=np.int32)
+    group[members] = member_group
+    rank[members] = np.arange(members.size) - start[member_group]
+    n_groups, max_size = int(big.sum()), int(big_sizes.max())
+    if n_depths * n_groups * max_size >= 2**62:  # pragma: no cover - the sort key would overflow
+        return None
+    return TieGroups(group, rank, members, start, n_groups, max_size)
+
+
+PLAN_BYTES_PER_PIXEL = 200
+PLAN_MEMORY = 128 << 20
+"""Cameras are planned in parallel only while their temporaries (~200 B per feature pixel:
+unprojection, culling, tie groups; measured) fit in 128 MiB together."""
+
+
+def plan_jobs(rig: RigConfig, jobs: int) -> int:
+    """How many cameras to plan at once with ``jobs`` threads (bounded by ``PLAN_MEMORY``)."""
+    w_f, h_f = rig.feature_size
+    return max(1, min(jobs, PLAN_MEMORY // max(1, PLAN_BYTES_PER_PIXEL * w_f * h_f)))
+
+
+def own_plan(plan: CameraPlan) -> CameraPlan:
+    """``plan`` with its arrays copied by the calling thread: a plan computed by a worker thread
+    lives in that thread's malloc arena, where it would keep the worker's freed temporaries
+    around it from being reused or returned (the process's peak memory)."""
+    ties = plan.ties
+    if ties is not None:
+        ties = TieGroups(ties.group.copy(), ties.rank.copy(), ties.members.copy(), ties.start.copy(), ties.n_groups, ties.max_size)
+    return CameraPlan(plan.cam_index, plan.origin_ego.copy(), plan.ray_ego.copy(), plan.pixel_index.copy(), plan.n_alive.copy(), ties)
+
+
+def plan_blocks(n_bins: int, plans: list[CameraPlan]) -> list[tuple[CameraPlan, int, int]]:
     """(camera plan, first depth bin, end depth bin) per streamed block: cameras in order, depth
-    bins in order, about ``CHUNK_POINTS`` live points (at least one depth bin) per block."""
-    n_bins = rig.depth.n_bins
+    bins in order, about ``CHUNK_POINTS`` live points (at least one depth bin) per block. Fixed by
+    the rig (never by ``--jobs``): the per-block row-mass sums, folded in this order, give its bits."""
+    out = []
     for plan in plans:
         d0 = 0
         while d0 < n_bins:
             alive = int(plan.n_alive[d0])
             d1 = min(n_bins, d0 + max(1, CHUNK_POINTS // max(1, alive)))
-            yield plan, d0, d1
+            out.append((plan, d0, d1))
             d0 = d1
+    return out
 
 
-def _block_in_range(rig: RigConfig, bev: _Bev, trunc: bool, plan: _CameraPlan, d0: int, d1: int, depths: F64) -> _Block:
-    """The in-range points of depth bins ``[d0, d1)`` x the rays alive at ``d0``.
+Piece = tuple[CameraPlan, int, int, int, int]
+"""``(plan, d0, d1, r0, r1)``: depth bins ``[d0, d1)`` x live rays ``[r0, r1)`` of a block."""
+
+
+def block_pieces(block: tuple[CameraPlan, int, int]) -> list[Piece]:
+    """A block cut into pieces of at most ``PIECE_POINTS`` points, in the block's point order
+    (depth bin, then ray): a block is at least one depth bin, so with many rays per camera (a
+    stride-1 feature map has ~1 M) one depth bin is cut into ray ranges. The pieces bound every
+    temporary of the passes whatever the feature map; the block stays the unit of the row-mass sums."""
+    plan, d0, d1 = block
+    alive = int(plan.n_alive[d0])
+    if d1 - d0 > 1 or alive <= PIECE_POINTS:
+        return [(plan, d0, d1, 0, alive)]
+    return [(plan, d0, d1, r0, min(alive, r0 + PIECE_POINTS)) for r0 in range(0, alive, PIECE_POINTS)]
+
+
+def block_coordinates(box: BevBox, trunc: bool, depths: F64, piece: Piece) -> tuple[F64, F64, F64, I64 | None]:
+    """``(f_x, f_y, f_z, in_range)`` of a piece's points: cell coordinates ``f = (p - min) / step``
+    flat over its ``(depth bin, ray)`` grid, and the grid positions in range (``None``: all).
 
     Points are ``t_a + d * ray_a`` per axis (the canonical formula), tested exactly (floor:
-    ``0 <= f < n``; trunc: ``-1 < f < n``); culled rays are provably out of range."""
-    alive = int(plan.n_alive[d0])
+    ``0 <= f < n``; trunc: ``-1 < f < n``) on the three axes of ``box``; culled rays are provably
+    out of range."""
+    plan, d0, d1, r0, r1 = piece
     d = depths[d0:d1, None]
-    origin, ray = plan.origin_ego, plan.ray_ego[:, :alive]
-    fz = (origin[2] + d * ray[2] - bev.z_min) / bev.dz
-    fx = (origin[0] + d * ray[0] - bev.x_min) / bev.dx
-    fy = (origin[1] + d * ray[1] - bev.y_min) / bev.dy
-    if trunc:
-        inside = (fz > -1.0) & (fz < bev.nz) & (fx > -1.0) & (fx < bev.nx) & (fy > -1.0) & (fy < bev.ny)
-    else:
-        inside = (fz >= 0.0) & (fz < bev.nz) & (fx >= 0.0) & (fx < bev.nx) & (fy >= 0.0) & (fy < bev.ny)
-    sel = np.flatnonzero(inside)
-    w_f, h_f = rig.feature_size
-    d_local = sel // max(1, alive)
-    pix = plan.pixel_index[sel - d_local * alive]
-    col = (plan.cam_index * rig.depth.n_bins + d0 + d_local) * (h_f * w_f) + pix
-    return _Block(col, fx.ravel()[sel], fy.ravel()[sel])
+    out = []
+    for axis, lo, step in ((0, box.x_min, box.dx), (1, box.y_min, box.dy), (2, box.z_min, box.dz)):
+        f = d * plan.ray_ego[axis, r0:r1]
+        f += plan.origin_ego[axis]
+        f -= lo
+        f /= step
+        out.append(f.ravel())
+    fx, fy, fz = out
+    low = -1.0 if trunc else 0.0
+    inside = fz < box.nz
+    for f, n in ((fz, 0), (fx, box.nx), (fy, box.ny)):
+        inside &= (f > low) if trunc else (f >= low)
+        if n:
+            inside &= f < n
+    return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
+
+
+def block_columns(piece: Piece, q: I64, n_depth_bins: int, plane: int) -> I64:
+    """Frustum column of each grid position ``q`` of ``piece``: ``((cam * D + d) * H_f + v) * W_f + u``
+    (``plane = H_f * W_f``; BEVPoolv2's ``ranks_depth`` of batch item 0)."""
+    plan, d0, _d1, r0, r1 = piece
+    width = max(1, r1 - r0)
+    d_local = q // width
+    return (plan.cam_index * n_depth_bins + d0 + d_local) * plane + plan.pixel_index[r0 + q - d_local * width]
+
+
+def _first_k_per_run(keys: I64, run_size: int, k: int) -> I64:
+    """Of sorted ``keys``, the first ``k`` of every run of equal ``keys // run_size``."""
+    run = keys // run_size
+    starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    position = np.arange(keys.size) - np.repeat(starts, np.diff(np.r_[starts, keys.size]))
+    return keys[position < k]
+
+
+class _OrderedSums:
+    """Per-row float sums of a block accumulated piece after piece, element by element in order:
+    the same bits as one ``bincount`` over the whole block (``np.add.at`` adds in order), over the
+    rows the block touches so far (the row set grows piece by piece)."""
+
+    def __init__(self, n: int) -> None:
+        self.rows: I64 = np.zeros(0, np.int64)
+        self.sums = np.zeros((n, 0))
+
+    def add(self, rows: I64, local: I64, values: list[F64]) -> None:
+        """Add ``values[c][i]`` to sum ``c`` of row ``rows[local[i]]``, in order of ``i``."""
+        if not self.rows.size:
+            self.rows = rows
+            self.sums = np.stack([np.bincount(local, weights=v, minlength=rows.size) for v in values])
+            return
+        union = np.union1d(self.rows, rows)
+        sums = np.zeros((len(values), union.size))
+        sums[:, np.searchsorted(union, self.rows)] = self.sums
+        where = np.searchsorted(union, rows)[local]
+        for c, v in enumerate(values):
+            np.add.at(sums[c], where, v)
+        self.rows, self.sums = union, sums
 
 
 # --------------------------------------------------------------------------------------
-# entries and Top-K
+# the frustum mode as a stream of blocks
 # --------------------------------------------------------------------------------------
 
+Block = tuple[CameraPlan, int, int]
+_CORNERS = ((0, 0), (1, 0), (0, 1), (1, 1))  # (ox, oy): cell (i0_y + oy, i0_x + ox)
 
-@dataclass
-class Entries:
-    """Matrix entries before normalisation.
 
-    Convention: ``row`` int64 BEV cell ``iy * nx + ix``; ``col`` int64 column; ``weight``
-    float64 raw weight (> 0); ``dist2`` float64 tie-break distance (see module docstring).
+class FrustumStream:
+    """The ``mode="frustum"`` entries as an :class:`~bevcompile.matrix.topk.EntryStream`.
+
+    Counting frame: bilinear, the BEV grid padded by two cells below and one above on each axis
+    (padded cell ``(iy + 2, ix + 2)``, ``(ny + 3) x (nx + 3)``; padding rows never keep anything);
+    nearest, the BEV cells. Order scores: bilinear ``1 - w``, nearest ``dist2``.
     """
 
-    row: I64
-    col: I64
-    weight: F64
-    dist2: F64
+    def __init__(self, rig: RigConfig, *, splat: str, rounding: str, k: int, jobs: int = 1) -> None:
+        self.rig = rig
+        self.bev = bev = BevBox.of(rig)
+        self.trunc = rounding == "trunc"
+        self.bilinear = splat == "bilinear"
+        self.k = k
+        self.n_cells = bev.n_cells
+        self.depths = np.asarray(rig.depth.values(), dtype=np.float64)
+        w_f, h_f = rig.feature_size
+        self.plane = w_f * h_f
+        self.n_bins = hist_bins(self.n_cells, HIST_BINS_MAX, HIST_MAX_ENTRIES)
+        # score scale: bilinear score = 1 - w in [0, 1] (bins never exceed n_bins - 1, no clip);
+        # nearest score = dist2 in [0, h2] for floor rounding (clipped: trunc can exceed h2)
+        h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
+        self.scale = self.n_bins * (1.0 - 2.0**-20) if self.bilinear else self.n_bins / h2
+        self.pad_h, self.pad_w = bev.ny + 3, bev.nx + 3
+        self.n_pad = self.pad_h * self.pad_w
+        self.n_frame = self.n_pad if self.bilinear else self.n_cells
+        self.offsets = tuple(ox + oy * self.pad_w for ox, oy in _CORNERS)
+        self.in_range = 0
+        self.n_valid = 0
+        self._mass = [np.zeros(self.n_pad) for _ in _CORNERS] if self.bilinear else []
 
-    @classmethod
-    def empty(cls) -> Entries:
-        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        def plan(cam: int) -> CameraPlan:
+            p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
+            ties = _tie_groups(p, k, rig.depth.n_bins)
+            return p if ties is None else CameraPlan(p.cam_index, p.origin_ego, p.ray_ego, p.pixel_index, p.n_alive, ties)
 
-    @classmethod
-    def concat(cls, parts: list[Entries]) -> Entries:
-        if not parts:
-            return cls.empty()
-        return cls(
-            np.concatenate([p.row for p in parts]),
-            np.concatenate([p.col for p in parts]),
-            np.concatenate([p.weight for p in parts]),
-            np.concatenate([p.dist2 for p in parts]),
-        )
+        self.plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs))]
+        release_free_memory()
+        self.n_valid = sum(p.pixel_index.size for p in self.plans) * rig.depth.n_bins
+        self._blocks = plan_blocks(rig.depth.n_bins, self.plans)
+        self._thr: I64 = np.zeros(0, np.int64)
+        self._wmin: list[F64] = []
 
-    def take(self, index: npt.NDArray[np.integer[Any]] | npt.NDArray[np.bool_]) -> Entries:
-        return Entries(self.row[index], self.col[index], self.weight[index], self.dist2[index])
+    # ---- geometry shared by both passes ------------------------------------------------
 
-    def __len__(self) -> int:
-        return int(self.row.size)
+    def blocks(self) -> list[Block]:
+        return self._blocks
 
+    def work_units(self, block: Block) -> int:
+        return (block[2] - block[1]) * self.plane
 
-def select_topk(entries: Entries, k: int) -> Entries:
-    """The Top-K rule on distinct ``(row, col)`` entries; returns the kept entries sorted by
-    ``(row, col)``. ``k = 0`` keeps everything.
+    def _points(self, piece: Piece) -> tuple[F64, F64, I64 | None]:
+        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, piece)
+        return fx, fy, sel
 
-    Convention: :class:`Entries` in (any order) -> :class:`Entries` out, sorted by (row, col).
+    def _cols(self, piece: Piece, q: I64) -> I64:
+        return block_columns(piece, q, self.rig.depth.n_bins, self.plane)
 
-    Order within a row: larger weight, then smaller ``dist2``, then smaller column. One stable
-    argsort of a float key ``row * span + (primary - min)`` (exactly separating rows, monotone in
-    the primary key: ``-weight``, or ``dist2`` when every weight is equal) orders the entries;
-    runs of equal keys (equal primaries, or primaries that rounded together) are then re-sorted
-    exactly by (primary, dist2, col).
-    """
-    if k > 0 and len(entries):
-        equal_weights = bool(np.all(entries.weight == entries.weight[0]))
-        primary = entries.dist2 if equal_weights else -entries.weight
-        low = float(primary.min())
-        span = float(math.floor(float(primary.max()) - low) + 2)
-        if entries.row.max() * span >= 2.0**52:  # pragma: no cover - beyond any BEV grid
-            order = np.lexsort((entries.col, entries.dist2, primary, entries.row))
-        else:
-            key = entries.row * span + (primary - low)
-            order = np.argsort(key, kind="stable")
-            key_sorted = key[order]
-            tie = key_sorted[1:] == key_sorted[:-1]
-            if tie.any():
-                in_run = np.zeros(order.size, dtype=bool)
-                in_run[1:] |= tie
-                in_run[:-1] |= tie
-                pos = np.flatnonzero(in_run)
-                run_id = np.cumsum(np.r_[True, ~tie])[pos]
-                sub = order[pos]
-                order[pos] = sub[np.lexsort((entries.col[sub], entries.dist2[sub], primary[sub], run_id))]
-        row_sorted = entries.row[order]
-        starts = np.flatnonzero(np.r_[True, row_sorted[1:] != row_sorted[:-1]])
-        counts = np.diff(np.r_[starts, row_sorted.size])
-        rank = np.arange(row_sorted.size) - np.repeat(starts, counts)
-        entries = entries.take(order[rank < k])
-    if len(entries) and int(entries.row.max()) < MAX_INDEX and int(entries.col.max()) < MAX_INDEX:
-        order = np.argsort(entries.row * (int(entries.col.max()) + 1) + entries.col)
-    else:
-        order = np.lexsort((entries.col, entries.row))
-    return entries.take(order)
+    def _corner_frame(self, fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64, I64]:
+        """``(g_x, g_y, i0_x, i0_y, a_x, a_y, padded frame index)`` of points ``f_x, f_y``."""
+        gx = fx - 0.5
+        gy = fy - 0.5
+        ix0 = np.floor(gx)
+        iy0 = np.floor(gy)
+        ax = gx - ix0
+        ay = gy - iy0
+        frame = iy0 + 2.0
+        frame *= self.pad_w
+        frame += ix0
+        frame += 2.0
+        return gx, gy, ix0, iy0, ax, ay, frame.astype(np.int64)
 
+    def _nearest(self, fx: F64, fy: F64) -> tuple[I64, F64]:
+        """BEV cell (the in-range cell index) and ``dist2`` of points ``f_x, f_y``."""
+        bev = self.bev
+        ix = np.trunc(fx) if self.trunc else np.floor(fx)
+        iy = np.trunc(fy) if self.trunc else np.floor(fy)
+        ex = (fx - 0.5 - ix) * bev.dx
+        ey = (fy - 0.5 - iy) * bev.dy
+        return (iy * bev.nx + ix).astype(np.int64), ex * ex + ey * ey
 
-def _hist_bins(n_cells: int) -> int:
-    return int(max(8, min(HIST_BINS_MAX, HIST_MAX_ENTRIES // max(1, n_cells))))
+    def _score_bin(self, score: F64, clip: bool) -> I64:
+        """Histogram bin of a Top-K order score (smaller = better): ``min(floor(score * scale), n - 1)``.
+        Monotone non-decreasing in ``score``: a smaller bin means a strictly better entry."""
+        out = (score * self.scale).astype(np.int64)
+        if clip:
+            np.minimum(out, self.n_bins - 1, out=out)
+        return out
 
+    # ---- pass 1 -----------------------------------------------------------------------
 
-def _score_bin(score: F64, scale: float, n_bins: int, clip: bool = True) -> I64:
-    """Histogram bin of a Top-K order score (smaller = better): ``min(floor(score * scale), n - 1)``.
-    Monotone non-decreasing in ``score``: a smaller bin means a strictly better entry.
-    ``clip=False`` when ``score * scale < n_bins`` is guaranteed."""
-    out = (score * scale).astype(np.int64)
-    if clip:
-        np.minimum(out, n_bins - 1, out=out)
-    return out
+    def count(self, block: Block, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
+        """Pass 1 of one block: every entry counted at its frame row and score bin (K > 0) or
+        row (K = 0), in a local histogram of the rows each piece touches; returns (points in
+        range, the rows the block's points fall in, per corner the row masses of its points
+        (``(4, rows)``, summed in point order))."""
+        n_in = 0
+        sums = _OrderedSums(len(_CORNERS))
+        for piece in block_pieces(block):
+            fx, fy, sel = self._points(piece)
+            if sel is not None:
+                fx, fy = fx[sel], fy[sel]
+            n_in += fx.size
+            if not self.bilinear:
+                row, dist2 = self._nearest(fx, fy)
+                rows, keys = local_rows(row, self.n_cells)
+                if k > 0:
+                    keys *= n_bins
+                    keys += self._score_bin(dist2, clip=True)
+                hist.add_local(rows, keys)
+                continue
+            _gx, _gy, _ix0, _iy0, ax, ay, frame = self._corner_frame(fx, fy)
+            del fx, fy, _gx, _gy, _ix0, _iy0
+            bx = 1.0 - ax
+            by = 1.0 - ay
+            rows, local = local_rows(frame, self.n_pad)  # the point's padded cell among the piece's; corner c's row is rows + off
+            del frame
+            base = local * n_bins if k > 0 else local
+            weights: list[F64] = []
+            for (ox, oy), off in zip(_CORNERS, self.offsets, strict=True):
+                wgt = (ax if ox else bx) * (ay if oy else by)
+                if k > 0:
+                    score = 1.0 - wgt
+                    score *= self.scale
+                    keys = score.astype(np.int64)  # truncation: the score bin
+                    del score
+                    keys += base
+                    hist.add_local(rows + off, keys)
+                    weights.append(wgt)
+                else:
+                    hist.add_local(rows + off, base[wgt > 0.0])
+            if weights:
+                sums.add(rows, local, weights)
+        return n_in, sums.rows, sums.sums
 
+    def fold(self, partial: tuple[int, I64, F64]) -> None:
+        n_in, rows, masses = partial
+        self.in_range += n_in
+        if rows.size:
+            for acc, part in zip(self._mass, masses, strict=True):
+                acc[rows] += part
 
-class _Counter:
-    """``bincount`` accumulator that buffers indices, so that the (large) histogram is added to
-    once per ~``HIST_FLUSH`` indices instead of once per block."""
+    def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        if not self.bilinear:
+            return per_frame
+        bev = self.bev
+        inner = per_frame.reshape(self.pad_h, self.pad_w, -1)[2 : bev.ny + 2, 2 : bev.nx + 2]
+        return inner.reshape(self.n_cells, -1)
 
-    def __init__(self, size: int) -> None:
-        self.total: I64 = np.zeros(size, dtype=np.int64)
-        self._index: list[I64] = []
-        self._pending = 0
+    def total_mass(self, hist_cells: I64) -> F64:
+        if not self.bilinear:  # nearest: every entry weighs 1
+            return hist_cells.sum(axis=1).astype(np.float64)
+        mass_pad = np.zeros(self.n_pad)
+        for off, mass in zip(self.offsets, self._mass, strict=True):
+            mass_pad[off:] += mass[: self.n_pad - off]
+        self._mass = []
+        return np.asarray(self.cells_of_frame(mass_pad), dtype=np.float64).ravel()
 
-    def add(self, index: I64) -> None:
-        self._index.append(index)
-        self._pending += index.size
-        if self._pending >= HIST_FLUSH:
-            self.flush()
+    # ---- pass 2 -----------------------------------------------------------------------
 
-    def flush(self) -> I64:
-        if self._index:
-            self.total += np.bincount(np.concatenate(self._index), minlength=self.total.size)
-        self._index, self._pending = [], 0
-        return self.total
+    def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
+        """The per-frame thresholds (padding rows: -1, nothing passes) and, for the bilinear
+        pre-filter, per corner and padded cell the least weight that can pass its row's threshold."""
+        bev = self.bev
+        if not self.bilinear:
+            self._thr = threshold
+            return
+        thr = np.full((self.pad_h, self.pad_w), -1, dtype=np.int64)
+        thr[2 : bev.ny + 2, 2 : bev.nx + 2] = threshold.reshape(bev.ny, bev.nx)
+        self._thr = thr.ravel()
+        if k > 0:
+            # bin(w) = int((1 - w) * scale) <= t  =>  w > 1 - (t + 1) / scale (up to float error)
+            need = np.where(self._thr >= 0, 1.0 - (self._thr + 1) / self.scale, 2.0) - PREFILTER_MARGIN
+            need = np.r_[need, np.full(self.pad_w + 1, 2.0)]
+            self._wmin = [need[off : off + self.n_pad] for off in self.offsets]
 
+    def _tie_keys(self, piece: Piece, sel: I64 | None, hit: I64) -> I64 | None:
+        """Per candidate point ``hit`` (indices among the piece's points in range ``sel``) its key
+        ``(d_local * n_groups + group) * max_size + rank`` in its tie group, -1 if not tied
+        (``None``: the camera has no tie groups)."""
+        plan, _d0, _d1, r0, r1 = piece
+        ties = plan.ties
+        if ties is None:
+            return None
+        q = hit if sel is None else sel[hit]
+        width = max(1, r1 - r0)
+        d_local = q // width
+        ray = q - d_local * width
+        ray += r0
+        group = ties.group[ray]
+        key = d_local * ties.n_groups
+        key += group
+        key *= ties.max_size
+        key += ties.rank[ray]
+        key[group < 0] = -1
+        return key
 
-def _thresholds(hist: I64, k: int, n_bins: int) -> I64:
-    """Per row the bin holding its k-th best counted entry (every entry in a later bin is strictly
-    worse than k entries); ``n_bins - 1`` (keep all) for rows with fewer than k entries.
+    def _dedup(self, piece: Piece, sel: I64 | None, hit: I64) -> tuple[I64, I64 | None]:
+        """``hit`` (indices of candidate points among the piece's points in range ``sel``) without
+        the tied points K others beat: of a tie group's candidates at one depth bin (in this
+        piece), only the K of smallest pixel index stay; and their tie keys (:meth:`_tie_keys`).
 
-    Convention: hist ``(n_rows, n_bins)`` int64 counts -> ``(n_rows,)`` int64 bins."""
-    cum = np.cumsum(hist, axis=1)
-    enough = cum >= k
-    out = np.argmax(enough, axis=1).astype(np.int64)
-    out[~enough[:, -1]] = n_bins - 1
-    return out
+        Exact: a group's points at a depth have the same BEV x/y, hence identical entries (weight,
+        distance, row) and the same pass/fail of every threshold, so its candidates there are
+        exactly its members in range, and each dropped entry ties with K kept ones of smaller
+        column in the same row."""
+        keys = self._tie_keys(piece, sel, hit)
+        if keys is None or not hit.size:
+            return hit, keys
+        tied = keys >= 0
+        if not tied.any():
+            return hit, keys
+        plan, _d0, _d1, r0, r1 = piece
+        ties = plan.ties
+        assert ties is not None
+        kept = _first_k_per_run(np.sort(keys[tied]), ties.max_size, self.k)
+        run = kept // ties.max_size
+        d_kept = run // ties.n_groups
+        member = ties.members[ties.start[run - d_kept * ties.n_groups] + (kept - run * ties.max_size)]
+        q_kept = d_kept * max(1, r1 - r0) + (member - r0)
+        index = q_kept if sel is None else np.searchsorted(sel, q_kept)
+        return np.concatenate([hit[~tied], index]), np.concatenate([keys[~tied], kept])
+
+    def collect(self, block: Block) -> tuple[Entries, int]:
+        n_in = 0
+        per_corner: list[list[Entries]] = [[] for _ in _CORNERS]
+        tie_keys: list[list[I64]] = [[] for _ in _CORNERS]
+        pieces = block_pieces(block)
+        for piece in pieces:
+            n_in += self._collect_piece(piece, per_corner, tie_keys)
+        if len(pieces) > 1 and block[0].ties is not None:  # a tie group may straddle pieces: K per group and depth bin in the block
+            for c in range(len(_CORNERS)):
+                keys = np.concatenate(tie_keys[c]) if tie_keys[c] else np.zeros(0, np.int64)
+                tied = keys >= 0
+                if tied.any():
+                    kept = _first_k_per_run(np.sort(keys[tied]), block[0].ties.max_size, self.k)
+                    keep = ~tied
+                    keep[tied] = np.isin(keys[tied], kept, assume_unique=True)
+                    per_corner[c] = [Entries.concat(per_corner[c]).take(keep)]
+        # corner by corner, piece after piece: with K = 0 the block's entries in point order per corner
+        return Entries.concat([e for corner in per_corner for e in corner]), n_in
+
+    def _collect_piece(self, piece: Piece, out: list[list[Entries]], tie_keys: list[list[I64]]) -> int:
+        fx, fy, sel = self._points(piece)
+        n_in = fx.size if sel is None else sel.size
+        if sel is not None:
+            fx, fy = fx[sel], fy[sel]
+        k = self.k
+        if not self.bilinear:
+            row, dist2 = self._nearest(fx, fy)
+            keys = None
+            if k == 0:  # every entry, in point order
+                hit = np.arange(n_in)
+            else:
+                hit, keys = self._dedup(piece, sel, np.flatnonzero(self._score_bin(dist2, clip=True) <= self._thr[row]))
+            q = hit if sel is None else sel[hit]
+            out[0].append(Entries(row[hit], self._cols(piece, q), np.ones(hit.size), dist2[hit]))
+            if keys is not None:
+                tie_keys[0].append(keys)
+            return n_in
+        gx, gy, ix0, iy0, ax, ay, frame = self._corner_frame(fx, fy)
+        del fx, fy
+        bx = 1.0 - ax
+        by = 1.0 - ay
+        bev = self.bev
+        for c, ((ox, oy), off) in enumerate(zip(_CORNERS, self.offsets, strict=True)):
+            wgt = (ax if ox else bx) * (ay if oy else by)
+            keys = None
+            if k > 0:  # a cheap float bound first, then the exact bin test on what passes it
+                hit = np.flatnonzero(wgt >= self._wmin[c][frame])
+                w = wgt[hit]
+                exact = ((1.0 - w) * self.scale).astype(np.int64) <= self._thr[frame[hit] + off]
+                exact &= w > 0.0
+                hit, keys = self._dedup(piece, sel, hit[exact])
+            else:  # every entry of a grid cell, in point order
+                passing = self._thr[frame + off] >= 0
+                passing &= wgt > 0.0
+                hit = np.flatnonzero(passing)
+            ixf = ix0[hit] + ox
+            iyf = iy0[hit] + oy
+            ex = (gx[hit] - ixf) * bev.dx
+            ey = (gy[hit] - iyf) * bev.dy
+            cols = self._cols(piece, hit if sel is None else sel[hit])
+            out[c].append(Entries((iyf * bev.nx + ixf).astype(np.int64), cols, wgt[hit], ex * ex + ey * ey))
+            if keys is not None:
+                tie_keys[c].append(keys)
+        return n_in
+
+    def end_collect(self) -> None:
+        """Pass 2 is over: drop the rays and tables (before the final sort)."""
+        self.plans, self._blocks = [], []
+        self._thr, self._wmin = np.zeros(0, np.int64), []
 
 
 @dataclass
@@ -328,6 +662,8 @@ class FrustumResult:
     n_points_in_range: int
     n_candidates: int
     phase_seconds: dict[str, float]
+    largest_sort: int = 0
+    compactions: int = 0
 
 
 def frustum_entries(
@@ -338,179 +674,53 @@ def frustum_entries(
     topk: int,
     progress: ProgressFn | None = None,
     check_row_nnz: Callable[[I64], None] | None = None,
+    jobs: int = 1,
 ) -> FrustumResult:
-    """Frustum-mode entries that survive the Top-K rule, streamed in two passes.
+    """Frustum-mode entries that survive the Top-K rule, streamed in two passes by ``jobs``
+    threads (:func:`bevcompile.matrix.topk.stream_topk` over :class:`FrustumStream`).
 
     K = 0 keeps every entry, so pass 1 only counts the entries of each row (no histogram) and
     hands the counts (``(ny * nx,)`` int64, exactly the final row nnz) to ``check_row_nnz``,
-    which may refuse (raise) before pass 2 collects and sorts them all.
-
-    Pass 1 (only when K > 0) counts every entry of every row into a histogram of its order score
-    (bilinear: ``1 - w``; nearest: ``dist2``) and sums the row mass. The per-row threshold bin
-    ``b[r]`` is the bin of its K-th best entry: an entry in a later bin is strictly worse than K
-    others and can never be kept. Pass 2 recomputes the points block by block and keeps only
-    entries with ``bin <= b[row]``; one exact sort of those candidates applies the rule. The
-    bins are a pure function of the float64 weights, so the result is exactly the reference's.
+    which may refuse (raise) before pass 2 collects them all. The result is exactly the
+    straightforward build's (:func:`bevcompile.matrix.reference.reference_matrix`), the same
+    bytes for every ``jobs``.
     """
-    bev = _Bev.of(rig)
-    trunc = rounding == "trunc"
-    bilinear = splat == "bilinear"
-    k = topk
-    n_cells = bev.n_cells
-    nx = bev.nx
+    t0 = time.perf_counter()
+    stream = FrustumStream(rig, splat=splat, rounding=rounding, k=topk, jobs=jobs)
+    rays_seconds = time.perf_counter() - t0
     w_f, h_f = rig.feature_size
-    clock = time.perf_counter()
-    phases: dict[str, float] = {}
-
-    def phase(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        phases[name] = now - clock
-        clock = now
-
-    def report(n: int) -> None:
-        if progress is not None:
-            progress(n)
-
-    depths_all = np.asarray(rig.depth.values(), dtype=np.float64)
-    rays_all = [camera_rays(rig, c) for c in range(rig.n_cam)]
-    plans = [_plan_camera(bev, trunc, c, rays, depths_all) for c, rays in enumerate(rays_all)]
-    phase("rays")
-    n_bins = _hist_bins(n_cells)
-    # score scale: bilinear score = 1 - w in [0, 1] (bins never exceed n_bins - 1, no clip);
-    # nearest score = dist2 in [0, h2] for floor rounding (clipped: trunc can exceed h2)
-    h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
-    scale = n_bins * (1.0 - 2.0**-20) if bilinear else n_bins / h2
-    n_points = rig.n_cam * rig.depth.n_bins * w_f * h_f
-    n_valid = sum(r.pixel_index.size for r in rays_all) * rig.depth.n_bins
-    # bilinear works on a padded grid: padded cell (iy + 2, ix + 2) for iy in [-2, ny], so the
-    # four corners of a point need no bounds test (padding rows never keep anything).
-    pad_h, pad_w = bev.ny + 3, bev.nx + 3
-    n_pad = pad_h * pad_w
-    offsets = ((0, 0, 0), (1, 0, 1), (0, 1, pad_w), (1, 1, pad_w + 1))  # (ox, oy, padded offset)
-    interior = (slice(2, bev.ny + 2), slice(2, bev.nx + 2))
-
-    def corner_frame(blk: _Block) -> tuple[F64, F64, F64, F64, F64, F64, F64, F64, I64]:
-        gx = blk.fx - 0.5
-        gy = blk.fy - 0.5
-        ix0 = np.floor(gx)
-        iy0 = np.floor(gy)
-        ax = gx - ix0
-        ay = gy - iy0
-        bidx = ((iy0 + 2.0) * pad_w + (ix0 + 2.0)).astype(np.int64)
-        return gx, gy, ix0, iy0, ax, ay, 1.0 - ax, 1.0 - ay, bidx
-
-    def nearest_frame(blk: _Block) -> tuple[I64, F64]:
-        ix = np.trunc(blk.fx) if trunc else np.floor(blk.fx)
-        iy = np.trunc(blk.fy) if trunc else np.floor(blk.fy)
-        ex = (blk.fx - 0.5 - ix) * bev.dx
-        ey = (blk.fy - 0.5 - iy) * bev.dy
-        return (iy * nx + ix).astype(np.int64), ex * ex + ey * ey
-
-    in_range = [0, 0]
-    total_mass = np.zeros(n_cells)
-    threshold = np.full(n_cells, n_bins, dtype=np.int64)  # K = 0: every bin passes
-    if k > 0:
-        hist_counter = _Counter((n_pad if bilinear else n_cells) * n_bins)
-        mass_by_corner = [np.zeros(n_pad) for _ in offsets]
-        for plan, d0, d1 in _iter_blocks(rig, plans):
-            blk = _block_in_range(rig, bev, trunc, plan, d0, d1, depths_all)
-            in_range[0] += blk.col.size
-            if bilinear:
-                _gx, _gy, _ix0, _iy0, ax, ay, bx, by, bidx = corner_frame(blk)
-                base = bidx * n_bins
-                for (ox, oy, off), mass in zip(offsets, mass_by_corner, strict=True):
-                    wgt = (ax if ox else bx) * (ay if oy else by)
-                    key = ((1.0 - wgt) * scale).astype(np.int64)
-                    key += base + off * n_bins
-                    hist_counter.add(key)
-                    mass += np.bincount(bidx, weights=wgt, minlength=n_pad)
-            else:
-                row, dist2 = nearest_frame(blk)
-                hist_counter.add(row * n_bins + _score_bin(dist2, scale, n_bins))
-            report((d1 - d0) * w_f * h_f)
-        hist = hist_counter.flush()
-        if bilinear:
-            mass_pad = np.zeros(n_pad)
-            for (_ox, _oy, off), mass in zip(offsets, mass_by_corner, strict=True):
-                mass_pad[off:] += mass[: n_pad - off]
-            total_mass = mass_pad.reshape(pad_h, pad_w)[interior].ravel()
-            hist2 = hist.reshape(pad_h, pad_w, n_bins)[interior].reshape(n_cells, n_bins)
-        else:
-            hist2 = hist.reshape(n_cells, n_bins)
-            total_mass = hist2.sum(axis=1).astype(np.float64)
-        threshold = _thresholds(hist2, k, n_bins)
-        del hist, hist2, hist_counter
-        phase("pass1_histogram")
-    else:  # K = 0: count the entries of every row (every one is kept), for a refusal before pass 2
-        row_counter = _Counter(n_pad if bilinear else n_cells)
-        for plan, d0, d1 in _iter_blocks(rig, plans):
-            blk = _block_in_range(rig, bev, trunc, plan, d0, d1, depths_all)
-            in_range[0] += blk.col.size
-            if bilinear:
-                _gx, _gy, _ix0, _iy0, ax, ay, bx, by, bidx = corner_frame(blk)
-                for ox, oy, off in offsets:
-                    wgt = (ax if ox else bx) * (ay if oy else by)
-                    row_counter.add(bidx[wgt > 0.0] + off)
-            else:
-                row_counter.add(nearest_frame(blk)[0])
-            report((d1 - d0) * w_f * h_f)
-        row_nnz = row_counter.flush()
-        if bilinear:  # padding cells never keep anything
-            row_nnz = row_nnz.reshape(pad_h, pad_w)[interior].ravel()
-        del row_counter
-        phase("pass1_row_counts")
-        if check_row_nnz is not None:
-            check_row_nnz(row_nnz)
-        del row_nnz
-    threshold_pad = np.full((pad_h, pad_w), -1, dtype=np.int64)
-    threshold_pad[interior] = threshold.reshape(bev.ny, bev.nx)
-    threshold_pad_flat = threshold_pad.ravel()
-
-    # pass 2 (or the only pass when K = 0): collect every entry that can still be in the Top-K
-    parts: list[Entries] = []
-    for plan, d0, d1 in _iter_blocks(rig, plans):
-        blk = _block_in_range(rig, bev, trunc, plan, d0, d1, depths_all)
-        in_range[1] += blk.col.size
-        if bilinear:
-            gx, gy, ix0, iy0, ax, ay, bx, by, bidx = corner_frame(blk)
-            for ox, oy, off in offsets:
-                wgt = (ax if ox else bx) * (ay if oy else by)
-                score_bin = ((1.0 - wgt) * scale).astype(np.int64)
-                hit = np.flatnonzero(score_bin <= threshold_pad_flat[bidx + off])
-                hit = hit[wgt[hit] > 0.0]
-                ixf = ix0[hit] + ox
-                iyf = iy0[hit] + oy
-                ex = (gx[hit] - ixf) * bev.dx
-                ey = (gy[hit] - iyf) * bev.dy
-                parts.append(
-                    Entries(
-                        (iyf * nx + ixf).astype(np.int64),
-                        blk.col[hit],
-                        wgt[hit],
-                        ex * ex + ey * ey,
-                    )
-                )
-        else:
-            row, dist2 = nearest_frame(blk)
-            hit = np.flatnonzero(_score_bin(dist2, scale, n_bins) <= threshold[row])
-            parts.append(Entries(row[hit], blk.col[hit], np.ones(hit.size), dist2[hit]))
-        report((d1 - d0) * w_f * h_f)
-    candidates = Entries.concat(parts)
-    del parts
-    phase("pass2_candidates")
-    if in_range[0] != in_range[1]:  # pragma: no cover - the passes see the same points
-        raise RuntimeError("matrix build: the two passes disagree on the points in range")
-    if k == 0:
-        total_mass = np.bincount(candidates.row, weights=candidates.weight, minlength=n_cells).astype(np.float64)
-    n_candidates = len(candidates)
-    kept = select_topk(candidates, k)
-    phase("topk_select")
-    return FrustumResult(kept, total_mass, n_points, n_valid, in_range[1], n_candidates, phases)
+    result = stream_topk(
+        stream,
+        k=topk,
+        n_bins=stream.n_bins,
+        jobs=jobs,
+        progress=progress,
+        check_row_nnz=check_row_nnz,
+        points_in_range=lambda: stream.in_range,
+    )
+    return FrustumResult(
+        result.kept,
+        result.total_mass,
+        rig.n_cam * rig.depth.n_bins * w_f * h_f,
+        stream.n_valid,
+        stream.in_range,
+        result.n_candidates,
+        {"rays": rays_seconds, **result.phase_seconds},
+        result.largest_sort,
+        result.compactions,
+    )
 
 
-def grid_entries(rig: RigConfig, *, splat: str, progress: ProgressFn | None = None) -> tuple[Entries, F64, int]:
-    """Grid-mode entries (duplicates over heights merged), before Top-K.
+# --------------------------------------------------------------------------------------
+# grid mode
+# --------------------------------------------------------------------------------------
+
+
+def grid_entries(
+    rig: RigConfig, *, splat: str, progress: ProgressFn | None = None, jobs: int = 1
+) -> tuple[Entries, F64, int]:
+    """Grid-mode entries (duplicates over heights merged), before Top-K; the cameras are
+    computed by ``jobs`` threads and concatenated in camera order (the same bytes for any ``jobs``).
 
     Convention: returns (:class:`Entries` with BEV-cell rows and ``col = (cam * H_f + v) * W_f + u``,
     total raw weight per cell ``(ny * nx,)`` float64, number of valid samples).
@@ -521,8 +731,8 @@ def grid_entries(rig: RigConfig, *, splat: str, progress: ProgressFn | None = No
     n_cells = ny * nx
     n_cols = rig.n_cam * h_f * w_f
     cells = np.arange(n_cells, dtype=np.int64)
-    parts: list[Entries] = []
-    for cam_index in range(rig.n_cam):
+
+    def camera_entries(cam_index: int) -> Entries:
         per_height: list[Entries] = []
         for h in range(len(rig.bev.heights)):
             uv = sampling.coords_feature_px[cam_index, h].reshape(-1, 2)
@@ -542,8 +752,9 @@ def grid_entries(rig: RigConfig, *, splat: str, progress: ProgressFn | None = No
                 du = pu[keep] - u[keep]
                 dv = pv[keep] - v[keep]
                 per_height.append(Entries(cells[keep], col, wgt[keep], du * du + dv * dv))
-        parts.append(_merge_heights(per_height, n_cols))
-    entries = Entries.concat(parts)
+        return _merge_heights(per_height, n_cols)
+
+    entries = Entries.concat(list(ordered_map(camera_entries, range(rig.n_cam), jobs)))
     total_mass = np.bincount(entries.row, weights=entries.weight, minlength=n_cells).astype(np.float64)
     return entries, total_mass, int(sampling.valid.sum())
 
@@ -564,3 +775,9 @@ def _merge_heights(per_height: list[Entries], n_cols: int) -> Entries:
         dist2[idx] = np.minimum(dist2[idx], part.dist2)
         start += len(part)
     return Entries(unique // n_cols, unique % n_cols, weight, dist2)
+
+
+def _hist_bins(n_cells: int) -> int:
+    """Bins per row of the frustum Top-K histogram (used by the memory estimate)."""
+    return hist_bins(n_cells, HIST_BINS_MAX, HIST_MAX_ENTRIES)
+

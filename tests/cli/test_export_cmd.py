@@ -278,6 +278,18 @@ def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
     assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0
 
 
+def test_export_interop_jobs_write_the_same_arrays(store: Path, tmp_path: Path) -> None:
+    """`--jobs N` changes only the wall time: the .npy files are the same bytes for 1 and 3 threads."""
+    for jobs in ("1", "3"):
+        copy = Path(shutil.copytree(store, tmp_path / jobs / store.name))
+        args = ["export-interop", str(copy), "--to", "bevpoolv2", "--batch", "2", "--npy", str(tmp_path / jobs / "npy"), "--jobs", jobs, "-q"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    for name in ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths"):
+        one, three = (np.load(tmp_path / jobs / "npy" / f"{name}.npy") for jobs in ("1", "3"))
+        assert one.dtype == three.dtype == np.int32 and one.size > 0 and one.tobytes() == three.tobytes(), name
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -286,6 +298,7 @@ def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
         (["--to", "bevpoolv2", "--rounding", "round"], "error: --rounding must be one of trunc, floor"),
         (["--to", "bevpoolv2", "--z-bins", "0"], "error: --z-bins must be in [1, 4096], got 0"),
         (["--to", "bevpoolv2", "--batch", "0"], "error: --batch must be an integer in [1, 256], got 0"),
+        (["--to", "bevpoolv2", "--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["--to", "bevpoolv2", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
         (["--to", "fastbev-lut", "--rounding", "floor"], "error: --rounding applies to --to bevpoolv2 only, which is not requested (--to fastbev-lut)"),
         (["--to", "lss", "--overlap", "last"], "error: --to must be one of bevpoolv2, fastbev-lut, got 'lss'"),

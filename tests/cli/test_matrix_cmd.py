@@ -87,6 +87,8 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
         (["--quantize", "int4"], "error: --quantize must be one of none, int8, got 'int4'"),
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
+        (["--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
+        (["-j", "1025"], "error: --jobs must be an integer in [1, 1024], got 1025"),
         (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
         (
             ["--align", "65536"],
@@ -243,3 +245,19 @@ def test_convention_option_values_in_any_case_write_the_same_bytes(tmp_path: Pat
     unknown = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "bad"), "--splat", "Cubic"])
     assert unknown.exit_code == 2
     assert "error: --splat must be one of nearest, bilinear, got 'Cubic'" in unknown.stderr
+
+
+def test_jobs_write_the_same_store_for_every_count(tmp_path: Path) -> None:
+    """`--jobs N` only changes the wall time: the store is the same bytes for 1, 2 and 3 threads;
+    the summary and --json say how many threads ran."""
+    from ..rigs import tree_digest
+
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data(distortion=True, heights=(0.0, 1.0)))
+    for jobs in ("1", "2", "3"):
+        result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / jobs), "--topk", "4", "--tile-rows", "32", "--jobs", jobs])
+        assert result.exit_code == 0, result.output
+        assert f"({jobs} threads)" in _flat(result.stdout)
+    digest = tree_digest(tmp_path / "1" / "small.zarr")
+    assert len(digest) > 10 and tree_digest(tmp_path / "2" / "small.zarr") == digest == tree_digest(tmp_path / "3" / "small.zarr")
+    summary = json.loads(runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "j"), "-j", "2", "--json"]).stdout)
+    assert summary["jobs"] == 2 and summary["selection"]["candidates"] == summary["points"]["candidates_sorted"] > 0

@@ -182,6 +182,28 @@ def test_bevpoolv2_batch_equals_bevdet_transcription(batch: int) -> None:
         assert np.array_equal(got, want), name
 
 
+@pytest.mark.parametrize("options", [BevPoolOptions(), BevPoolOptions("stride", "floor", 3, batch=2)], ids=["bevdet", "floor-z3-batch2"])
+def test_bevpoolv2_is_the_same_for_every_jobs_count_and_block_size(monkeypatch: pytest.MonkeyPatch, options: BevPoolOptions) -> None:
+    """The counting sort places each block's points by the voxel counts of the blocks before it:
+    many tiny blocks computed by 1 to 4 threads give BEVDet's arrays bit for bit (tie-heavy ring:
+    a pixel column's points share their voxel at every depth)."""
+    import bevcompile.matrix.entries as entries_mod
+
+    rig = rigs.ring_rig()
+    ref = bevdet_voxel_pooling_prepare_v2(rig, z_bins=options.z_bins, batch=options.batch) if options.frustum_mapping == "linspace" else None
+    want = build_bevpoolv2(rig, options, jobs=1).arrays()
+    monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 700)
+    monkeypatch.setattr(entries_mod, "PIECE_POINTS", 150)  # a depth bin in ray ranges
+    for jobs in (1, 2, 4):
+        got = build_bevpoolv2(rig, options, jobs=jobs).arrays()
+        for name in NAMES:
+            assert got[name].dtype == np.int32 and np.array_equal(got[name], want[name]), (name, jobs)
+    if ref is not None:
+        for name, array in zip(NAMES, ref, strict=True):
+            assert np.array_equal(want[name], array), name
+    assert want["ranks_bev"].size > 1000 and int(want["interval_lengths"].max()) > 16
+
+
 def test_bevpoolv2_batch_pools_each_item_independently(small_distorted_multi: RigConfig) -> None:
     rig = small_distorted_multi
     arrays = build_bevpoolv2(rig, BevPoolOptions(batch=2))

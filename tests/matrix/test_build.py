@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import bevcompile.matrix.build as matrix_mod
 import bevcompile.matrix.entries as entries_mod
+import bevcompile.matrix.topk as topk_mod
 from bevcompile import memory
 from bevcompile.errors import UsageError
 from bevcompile.grid.build import run_grid
@@ -37,12 +38,13 @@ from bevcompile.rig.config import RigConfig, parse_config
 from bevcompile.rig.geometry import ego_from_cam_matrix, unproject_feature_to_ego
 from bevcompile.store.zarr_io import open_store
 
-from ..rigs import nuscenes_rig, small_rig, small_rig_data
+from ..rigs import ROOT, nuscenes_rig, ring_rig, small_rig, small_rig_data
 
 SMALL = small_rig()
 MULTI = small_rig(distortion=True, heights=(-0.5, 0.0, 1.0), bev_half_m=20.0)
 LINSPACE = small_rig(pixel_mapping="linspace", bev_half_m=8.0, bev_step_m=0.5)
 NUSCENES = nuscenes_rig()
+RING = ring_rig()  # level identical cameras: every entry ties exactly with its pixel column's
 
 
 def _features(rig: RigConfig, channels: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -253,9 +255,8 @@ def test_streamed_build_equals_straightforward_reference(rig_name: str, mode: st
 
 
 def test_streamed_build_equals_reference_on_nuscenes_with_tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Real calibration; many blocks and histogram flushes (streaming machinery exercised)."""
+    """Real calibration; many blocks, each counted into its own local histogram (streaming machinery exercised)."""
     monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 997)
-    monkeypatch.setattr(entries_mod, "HIST_FLUSH", 5000)
     for splat in ("bilinear", "nearest"):
         options = MatrixOptions(topk=7, splat=splat, rounding="trunc", align=1)
         p = build_matrix(NUSCENES, options)
@@ -289,6 +290,113 @@ def test_build_is_deterministic_bytes() -> None:
     assert a.keys() == b.keys()
     for name in a:
         assert a[name].dtype == b[name].dtype and a[name].tobytes() == b[name].tobytes(), name
+
+
+def _assert_equal_to_reference(rig: RigConfig, options: MatrixOptions, p: matrix_mod.MatrixProducts) -> None:
+    ref = reference_matrix(rig, options)
+    assert np.array_equal(p.coo_row, ref.row) and np.array_equal(p.coo_col, ref.col)
+    assert np.array_equal(p.coo_val, ref.value.astype(np.float32))
+
+
+@pytest.mark.parametrize(("splat", "rounding"), [("bilinear", "floor"), ("bilinear", "trunc"), ("nearest", "floor"), ("nearest", "trunc")])
+@pytest.mark.parametrize("k", [1, 3, 8, 24])
+def test_streamed_build_equals_reference_on_a_tie_heavy_ring(splat: str, rounding: str, k: int) -> None:
+    """Identical level cameras on a ring: all of the rig's entries tie exactly in groups of up to
+    16 (a pixel column at one depth), so the rule's last key, the column, decides every cut."""
+    options = MatrixOptions(topk=k, splat=splat, rounding=rounding, align=1, normalize="mean" if k % 2 else "sum")
+    _assert_equal_to_reference(RING, options, build_matrix(RING, options))
+
+
+def test_the_ring_is_tie_heavy_and_tie_groups_only_drop_entries_k_others_beat(monkeypatch: pytest.MonkeyPatch) -> None:
+    e = reference_frustum_entries(RING, "bilinear", "floor")
+    _, counts = np.unique(np.stack([e.row.astype(np.float64), e.weight, e.dist2], axis=1), axis=0, return_counts=True)
+    assert counts[counts > 1].sum() == e.row.size and counts.max() == 16  # every entry in an exact tie
+    options = MatrixOptions(topk=3, align=1)
+    with_groups = build_matrix(RING, options)
+    monkeypatch.setattr(entries_mod, "_tie_groups", lambda *args: None)
+    without = build_matrix(RING, options)
+    for p in (with_groups, without):
+        _assert_equal_to_reference(RING, options, p)
+    # measured: 1,812 vs 8,070 candidates (nnz 1,722): the 64-bin histogram cannot split exact ties
+    assert with_groups.figures.n_candidates <= 1.1 * with_groups.figures.nnz < 0.3 * without.figures.n_candidates
+
+
+@pytest.mark.parametrize("rig_name", ["ring", "nuscenes"])
+def test_compactions_keep_the_build_exact_and_each_sort_bounded(monkeypatch: pytest.MonkeyPatch, rig_name: str) -> None:
+    """A candidate budget far below what the histogram filter passes: the buffer compacts to its
+    exact Top-K many times; the result is still the reference's and no exact sort sees more than
+    the budget (or twice rows x K) plus one block."""
+    rig = {"ring": RING, "nuscenes": NUSCENES}[rig_name]
+    monkeypatch.setattr(topk_mod, "CANDIDATE_BUDGET_PER_SLOT", 0)
+    monkeypatch.setattr(topk_mod, "CANDIDATE_BUDGET_MIN", 500)
+    monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 2000)
+    for splat in ("bilinear", "nearest"):
+        options = MatrixOptions(topk=4, splat=splat, align=1)
+        p = build_matrix(rig, options)
+        _assert_equal_to_reference(rig, options, p)
+        selection = p.extra["selection"]
+        n_cells = rig.bev.nx * rig.bev.ny
+        assert selection["compactions"] >= 2
+        assert selection["largest_sort"] <= max(500, 2 * n_cells * 4) + 4 * 2 * 2000  # 4 corners of a block's points (2 depth bins at most)
+
+
+def _store_bytes(p: matrix_mod.MatrixProducts, rig: RigConfig) -> tuple[dict[str, bytes], str]:
+    import json
+
+    attrs = json.dumps(matrix_mod.matrix_attributes(p, rig), sort_keys=True, allow_nan=False)
+    return {name: a.tobytes() for name, a in p.arrays().items()}, attrs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        MatrixOptions(topk=5, align=8, tile_rows=16, quantize="int8"),
+        MatrixOptions(topk=3, splat="nearest", rounding="trunc", compact_rows=True, normalize="mean"),
+        MatrixOptions(topk=0, align=4),
+        MatrixOptions(topk=0, splat="nearest"),
+        MatrixOptions(mode="grid", topk=4, splat="bilinear"),
+    ],
+    ids=["bilinear-k5-int8", "nearest-trunc-k3", "bilinear-k0", "nearest-k0", "grid-k4"],
+)
+def test_every_jobs_count_writes_the_same_bytes(monkeypatch: pytest.MonkeyPatch, options: MatrixOptions) -> None:
+    """Arrays and attributes (kept-weight fractions and candidate counts included) for jobs 1 to
+    5, with many blocks, the final sort split over threads and compactions forced."""
+    monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 1500)
+    monkeypatch.setattr(topk_mod, "SELECT_SPLIT_MIN", 1)
+    monkeypatch.setattr(topk_mod, "CANDIDATE_BUDGET_MIN", 3000)
+    for rig in (MULTI, RING):
+        want = _store_bytes(build_matrix(rig, options, jobs=1), rig)
+        for jobs in (2, 3, 5):
+            assert _store_bytes(build_matrix(rig, options, jobs=jobs), rig) == want, (rig.name, jobs)
+
+
+@pytest.mark.parametrize("options", [MatrixOptions(topk=24), MatrixOptions(topk=0, splat="nearest"), MatrixOptions(topk=0)], ids=["k24", "nearest-k0", "k0"])
+def test_cutting_blocks_into_pieces_changes_no_bit(monkeypatch: pytest.MonkeyPatch, options: MatrixOptions) -> None:
+    """A depth bin with more live rays than PIECE_POINTS is computed in ray ranges; the row masses
+    continue in point order across pieces (np.add.at), so every array and attribute (the
+    kept-weight fractions are sums of them) is the same as with whole blocks."""
+    monkeypatch.setattr(entries_mod, "CHUNK_POINTS", 300)  # blocks of one depth bin (704 live rays)
+    want = _store_bytes(build_matrix(NUSCENES, options, jobs=1), NUSCENES)
+    monkeypatch.setattr(entries_mod, "PIECE_POINTS", 97)
+    assert len(entries_mod.block_pieces(entries_mod.plan_blocks(NUSCENES.depth.n_bins, entries_mod.FrustumStream(
+        NUSCENES, splat="bilinear", rounding="floor", k=1).plans)[0])) > 3
+    assert _store_bytes(build_matrix(NUSCENES, options, jobs=2), NUSCENES) == want
+
+
+def test_shipped_ring_config_is_the_regular_rig_of_the_benchmark() -> None:
+    """configs/ring-6cam.yaml: six identical level pinholes on a 1 m ring, dense-6cam's network;
+    each camera's 640 pixel columns are tie groups of 360 rays."""
+    from bevcompile.rig.config import load_config
+
+    rig = load_config(ROOT / "configs" / "ring-6cam.yaml")
+    dense = load_config(ROOT / "configs" / "dense-6cam.yaml")
+    assert rig.n_cam == 6 and len({(c.intrinsic, c.image_width, c.image_height, c.distortion) for c in rig.cameras}) == 1
+    assert (rig.feature_size, rig.depth.values(), rig.bev) == (dense.feature_size, dense.depth.values(), dense.bev)
+    bev = entries_mod.BevBox.of(rig)
+    depths = np.asarray(rig.depth.values())
+    plan = entries_mod.plan_camera(bev, False, 1, camera_rays(rig, 1), depths)
+    ties = entries_mod._tie_groups(plan, 24, rig.depth.n_bins)
+    assert ties is not None and (ties.n_groups, ties.max_size) == rig.feature_size
 
 
 # --------------------------------------------------------------------------------------
