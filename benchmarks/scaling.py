@@ -20,6 +20,7 @@ Usage::
     .venv/bin/python benchmarks/scaling.py                 # the full table (~5 min on a quiet 2-core machine)
     .venv/bin/python benchmarks/scaling.py --quick         # 22 M and 88 M points only
     .venv/bin/python benchmarks/scaling.py --jobs 1 2 4 --repeat 3
+    .venv/bin/python benchmarks/scaling.py --table benchmarks/results/scaling.json   # re-print, no builds
 
 Prints the markdown tables (the README's and ``docs/matrix.md``'s) and writes
 ``benchmarks/results/scaling.json``.
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="22 M and 88 M points only, no stride-1 row")
     parser.add_argument("--skip-bevpoolv2", action="store_true")
     parser.add_argument("--out", default=str(RESULTS / "scaling.json"))
+    parser.add_argument("--table", metavar="JSON", help="print the tables of an earlier result file and exit")
     parser.add_argument("--child", choices=("matrix", "bevpoolv2"), help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -188,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         args.jobs = args.jobs[0]
         child(args)
+        return 0
+    if args.table:
+        saved = json.loads(Path(args.table).read_text())
+        print(markdown(saved["matrix"], saved["bevpoolv2"], saved["machine"]))
         return 0
     from run import _machine  # the matrix benchmark's machine record (same folder)
 
@@ -243,14 +249,14 @@ def markdown(rows: list[dict[str, Any]], pool: list[dict[str, Any]], machine: di
     lines = [
         f"`bevcompile matrix --topk 24 --align 16` (bilinear), `benchmarks/scaling.py`; {machine['cpus']}-core {machine['cpu']}, "
         f"load average {', '.join(f'{x:.1f}' for x in machine['load_average_at_start'] or [])} at the start; "
-        "floor = one float32 numpy pass over the same points on one core (cell + z band + bincount), in the build's process right after it.",
+        "floor = one float32 numpy pass over the same points on one core (cell + z band + bincount), in the build's process right after it; CPU = the build's process time (all threads).",
         "",
-        "| rig | points | depth bins | --jobs | build | floor | x floor | peak RSS | candidates sorted | points / s / core |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| rig | points | depth bins | --jobs | build | CPU | floor | x floor | peak RSS | candidates sorted | points / s / core |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['rig']} | {r['points'] / 1e6:.1f} M | {r['depth_bins']} | {r['jobs']} | {r['seconds']:.2f} s | {r['floor_seconds']:.2f} s | {r['ratio_to_floor']:.1f} | "
+            f"| {r['rig']} | {r['points'] / 1e6:.1f} M | {r['depth_bins']} | {r['jobs']} | {r['seconds']:.2f} s | {r['cpu_seconds']:.2f} s | {r['floor_seconds']:.2f} s | {r['ratio_to_floor']:.1f} | "
             f"{r['peak_rss_bytes'] / 2**20:.0f} MiB | {r['candidates'] / 1e6:.2f} M | {r['points_per_second_per_core'] / 1e6:.0f} M |"
         )
     if pool:
