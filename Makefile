@@ -63,6 +63,7 @@ typecheck: $(STAMP_TEST)
 bench: $(STAMP_TEST)
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/bevpoolv2.py
+	$(BIN)/python benchmarks/scaling.py
 
 clean:
 	rm -rf artifacts/*.zarr artifacts/.*.zarr.* artifacts/*_coverage.png .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,8 @@
 """Benchmark of the BEVPoolv2 interop arrays (``bevcompile export-interop --to bevpoolv2``).
 
-Compares the streamed build (:func:`bevcompile.interop.build_bevpoolv2`: ~2 M frustum points per
-step, only the kept points' int32 ranks accumulated) with the straightforward baseline written
+Compares the streamed build (:func:`bevcompile.interop.build_bevpoolv2`: a counting sort in two
+passes over the culled frustum blocks, writing the int32 ranks straight into their final slots;
+``--jobs`` threads, default 1) with the straightforward baseline written
 the way BEVDet's ``voxel_pooling_prepare_v2`` is: every frustum point of every camera at once
 (float64 ego coordinates, int64 voxel coordinates, int64 ranks), then the keep mask, then one
 argsort of all kept ranks. Same arithmetic (the frustum points come from
@@ -81,13 +82,13 @@ def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
     }
 
 
-def child(kind: str, config: str, result_file: str) -> None:
+def child(kind: str, config: str, result_file: str, jobs: int = 1) -> None:
     from bevcompile.interop.bevpoolv2 import build_bevpoolv2
     from bevcompile.rig.config import load_config
 
     rig = load_config(config)
     t0 = time.perf_counter()
-    arrays = build_bevpoolv2(rig).arrays() if kind == "streamed" else baseline_bevpoolv2(rig)
+    arrays = build_bevpoolv2(rig, jobs=jobs).arrays() if kind == "streamed" else baseline_bevpoolv2(rig)
     seconds = time.perf_counter() - t0
     w_f, h_f = rig.feature_size
     Path(result_file).write_text(json.dumps({
@@ -101,12 +102,13 @@ def child(kind: str, config: str, result_file: str) -> None:
     }))
 
 
-def _spawn(kind: str, config: str) -> dict[str, Any]:
+def _spawn(kind: str, config: str, jobs: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        subprocess.run([sys.executable, __file__, "--child", kind, "--config", config, "--result-file", str(result_file)], check=True, env=env)
+        cmd = [sys.executable, __file__, "--child", kind, "--config", config, "--result-file", str(result_file), "--jobs", str(jobs)]
+        subprocess.run(cmd, check=True, env=env)
         return dict(json.loads(result_file.read_text()))
 
 
@@ -114,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--repeat", type=int, default=2, help="streamed builds (the fastest is reported)")
+    parser.add_argument("--jobs", type=int, default=1, help="threads of the streamed build (the baseline has one)")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--child", choices=("streamed", "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.config, args.result_file)
+        child(args.child, args.config, args.result_file, args.jobs)
         return 0
-    runs = [_spawn("streamed", args.config) for _ in range(max(1, args.repeat))]
+    runs = [_spawn("streamed", args.config, args.jobs) for _ in range(max(1, args.repeat))]
     best = min(runs, key=lambda r: r["seconds"])
     base = _spawn("baseline", args.config)
     equal = base["sha256"] == best["sha256"] and len({r["sha256"] for r in runs}) == 1
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory_ratio": base["peak_rss_bytes"] / max(1, streamed_peak),
         "equal_to_baseline": equal,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "threads": 1,
+        "threads": args.jobs,
         "machine": _machine(),
     }
     print(f"{best['points']:,} frustum points, {best['kept']:,} kept, {best['intervals']:,} intervals")
