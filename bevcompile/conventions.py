@@ -22,3 +22,12 @@ CONVENTIONS: dict[str, str] = {
     "grid_sample": "norm follows torch.nn.functional.grid_sample: align_corners=False norm = (2 u + 1) / W_f - 1; align_corners=True norm = 2 u / (W_f - 1) - 1; bilinear, padding_mode zeros.",
     "depth": "LSS depth bins are distances along the camera's optical axis (camera z), d_k = start + k * step for k < ceil((stop - start) / step).",
 }
+
+REGION_CONVENTIONS: dict[str, str] = {
+    "region_keep": "BEV region keep: a fine cell is kept iff its centre is inside a keep polygon (BEV-frame metres, even-odd rule, half-open in y) or the keep mask is non-zero at [iy, ix]; without keep every cell is kept.",
+    "region_rings": "BEV region rings: a cell's distance is max(|x_c|, |y_c|) of its centre from the BEV frame's origin; its factor is that of the last band with beyond_m < distance; an aligned f x f block is one super-cell iff all its fine cells are kept with factor >= f (a block straddling a band or the keep boundary belongs to the finer band).",
+    "region_cells": "BEV region cell table: (iy, ix, size) of each kept (super-)cell, its first fine cell and side in fine cells, sorted by iy * nx + ix; its centre is (x_min + (ix + size / 2) dx, y_min + (iy + size / 2) dy).",
+    "region_expand": "BEV region expand: int32 (ny * nx,); fine cell iy * nx + ix reads compact row expand[iy * nx + ix], the row of its (super-)cell, or n_kept (the zero row after the compact rows) outside the region: dense = concat(rows, 0)[expand].",
+}
+"""The conventions of a BEV region (``bev.region``): recorded in a store's root ``conventions``
+only when its config has a region, so stores without one keep their bytes."""

@@ -187,6 +187,42 @@ class AxisSpec:
 
 
 @dataclass(frozen=True)
+class RingSpec:
+    """One distance band of ``bev.region.rings``: cells whose centre lies more than ``beyond_m``
+    metres (Chebyshev, ``max(|x|, |y|)`` in the BEV frame) from the BEV frame's origin are merged
+    into aligned super-cells of ``factor x factor`` fine cells (a power of two >= 2)."""
+
+    beyond_m: float
+    factor: int
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    """``bev.region``: which BEV cells are computed, and at what resolution
+    (:mod:`bevcompile.rig.region` derives the cell table and the ``expand`` index from it).
+
+    ``polygons``: the ``keep`` polygons, ``(x, y)`` vertices in BEV-frame metres (a cell is kept
+    iff its centre is inside one of them, even-odd rule); or ``mask``: the ``keep`` mask, row-major
+    ``ny * nx`` bytes 0/1 (``[iy, ix]`` like every BEV array), read from ``mask_file`` (a ``.npy``
+    or ``.png``, as given in the config), ``mask_sha256`` the SHA-256 of those bytes (the content,
+    not the file: a ``.npy`` and a ``.png`` of the same cells hash alike). Neither: every cell is
+    kept. ``rings``: the distance bands, ``beyond_m`` strictly increasing, factors strictly
+    increasing.
+    """
+
+    polygons: tuple[tuple[tuple[float, float], ...], ...] | None = None
+    mask: bytes | None = None
+    mask_file: str | None = None
+    mask_sha256: str | None = None
+    rings: tuple[RingSpec, ...] = ()
+    mask_shape: tuple[int, int] = (0, 0)
+
+    @property
+    def max_factor(self) -> int:
+        return self.rings[-1].factor if self.rings else 1
+
+
+@dataclass(frozen=True)
 class BevSpec:
     """The BEV grid: ``x``, ``y`` cells, the ``z`` band and the sampling ``heights``, all in the
     frame ``frame`` names: ``"ego"`` (default) or the name of one of the rig's ``sensors``."""
@@ -196,6 +232,7 @@ class BevSpec:
     z: AxisSpec  # height band; a single bin unless a step is given
     heights: tuple[float, ...]
     frame: str = BEV_FRAME_EGO
+    region: RegionSpec | None = None
 
     @property
     def nx(self) -> int:
@@ -1003,9 +1040,155 @@ def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     return AxisSpec(lo, hi, step, int(n))
 
 
-def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor]) -> BevSpec:
+MAX_REGION_POLYGONS = 256
+MAX_POLYGON_VERTICES = 4096
+MAX_MASK_BYTES = 256 << 20
+"""A ``bev.region.keep`` mask file is at most 256 MiB (a 10^8-cell grid as ``uint8`` ``.npy``)."""
+MASK_SUFFIXES = (".npy", ".png")
+
+
+def _parse_polygons(ctx: _Ctx, items: list[Any], field: str) -> tuple[tuple[tuple[float, float], ...], ...]:
+    if not items:
+        raise ctx.fail(field, "empty region: the list of polygons is empty")
+    if len(items) > MAX_REGION_POLYGONS:
+        raise ctx.fail(field, f"{len(items)} polygons, more than {MAX_REGION_POLYGONS}")
+    polygons = []
+    for i, item in enumerate(items):
+        vertices = _list(ctx, item, f"{field}[{i}]")
+        if not 3 <= len(vertices) <= MAX_POLYGON_VERTICES:
+            raise ctx.fail(f"{field}[{i}]", f"a polygon needs 3 to {MAX_POLYGON_VERTICES} [x, y] vertices (metres, BEV frame), got {len(vertices)}")
+        polygons.append(tuple((lambda v: (v[0], v[1]))(_numbers(ctx, v, f"{field}[{i}][{j}]", 2)) for j, v in enumerate(vertices)))
+    return tuple(polygons)
+
+
+def _read_mask_file(ctx: _Ctx, name: str, field: str, base_dir: Path | None) -> Any:
+    """The keep mask of file ``name`` (relative to ``base_dir``, the config's folder) as a 2-D
+    array (non-zero = kept); one-line ConfigError otherwise."""
+    import io
+
+    import numpy as np
+
+    from .region import decode_png
+
+    suffix = Path(name).suffix.lower()
+    if suffix not in MASK_SUFFIXES:
+        raise ctx.fail(field, f"mask file {shown(name)} must be a .npy or .png file")
+    path = Path(name) if Path(name).is_absolute() or base_dir is None else base_dir / name
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ctx.fail(field, f"mask file {shown(name)} is not a regular file")
+        if info.st_size > MAX_MASK_BYTES:
+            raise ctx.fail(field, f"mask file {shown(name)} is {info.st_size:,} bytes, larger than {MAX_MASK_BYTES >> 20} MiB")
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ctx.fail(field, f"mask file {shown(name)} not found (relative paths are relative to the config's folder)") from None
+    except OSError as exc:
+        raise ctx.fail(field, f"cannot read mask file {shown(name)} ({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        if suffix == ".png":
+            return decode_png(raw)
+        array = np.load(io.BytesIO(raw), allow_pickle=False)
+    except ValueError as exc:
+        raise ctx.fail(field, f"mask file {shown(name)}: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # a damaged .npy: EOFError, OSError, UnpicklingError ...
+        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({exc.__class__.__name__})") from None
+    if not (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer)):
+        raise ctx.fail(field, f"mask file {shown(name)} holds {array.dtype}: expected bool or integer (non-zero = kept)")
+    return array
+
+
+def _parse_mask(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec, base_dir: Path | None) -> tuple[bytes, str, str]:
+    """``(content, file name, sha256)`` of a ``keep`` mask: a file name, or the resolved mapping
+    ``{mask, shape, sha256, runs}`` of :func:`config_to_dict` (checked against its hash)."""
+    from .region import mask_bytes, mask_from_runs, mask_sha256
+
+    if isinstance(value, str):
+        value = {"mask": value}
+    data = _mapping(ctx, value, field)
+    _check_keys(ctx, data, field, ("mask",), ("shape", "sha256", "runs"))
+    name = _string(ctx, data["mask"], f"{field}.mask")
+    if not name.strip():
+        raise ctx.fail(f"{field}.mask", "must name a .npy or .png file")
+    if "runs" in data:
+        for key in ("shape", "sha256"):
+            if key not in data:
+                raise ctx.fail(f"{field}.{key}", "missing required field (with runs)")
+        shape = [_integer(ctx, v, f"{field}.shape[{i}]") for i, v in enumerate(_list(ctx, data["shape"], f"{field}.shape", 2))]
+        if shape != [y.n, x.n]:
+            raise ctx.fail(f"{field}.shape", f"{shape[0]} x {shape[1]} differs from the grid's {y.n} x {x.n} (ny x nx)")
+        runs = [_integer(ctx, v, f"{field}.runs[{i}]") for i, v in enumerate(_list(ctx, data["runs"], f"{field}.runs"))]
+        content = mask_from_runs(runs, y.n * x.n)
+        if content is None:
+            raise ctx.fail(f"{field}.runs", f"run lengths must be >= 0 and sum to {y.n * x.n:,} (ny * nx), got {sum(runs):,}")
+        digest = mask_sha256(content)
+        if _string(ctx, data["sha256"], f"{field}.sha256") != digest:
+            raise ctx.fail(f"{field}.sha256", f"differs from the content of runs ({digest[:12]}…)")
+        return content, name, digest
+    for key in ("shape", "sha256"):
+        if key in data:
+            raise ctx.fail(f"{field}.{key}", "only with runs (the resolved form of a mask)")
+    array = _read_mask_file(ctx, name, field, base_dir)
+    if array.shape != (y.n, x.n):
+        given = " x ".join(str(n) for n in array.shape)
+        raise ctx.fail(field, f"mask file {shown(name)} is {given}, expected ny x nx = {y.n} x {x.n} ([iy, ix], row 0 = y_min)")
+    content = mask_bytes(array)
+    return content, name, mask_sha256(content)
+
+
+def _parse_rings(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec) -> tuple[RingSpec, ...]:
+    items = _list(ctx, value, field)
+    if not items:
+        raise ctx.fail(field, "empty list: give at least one {beyond_m, factor} band, or leave rings out")
+    rings: list[RingSpec] = []
+    for i, item in enumerate(items):
+        where = f"{field}[{i}]"
+        band = _mapping(ctx, item, where)
+        _check_keys(ctx, band, where, ("beyond_m", "factor"), ())
+        beyond = _number(ctx, band["beyond_m"], f"{where}.beyond_m")
+        factor = _integer(ctx, band["factor"], f"{where}.factor")
+        if beyond < 0:
+            raise ctx.fail(f"{where}.beyond_m", f"must be >= 0 metres, got {beyond:g}")
+        if factor < 2 or factor & (factor - 1):
+            raise ctx.fail(f"{where}.factor", f"must be a power of two >= 2, got {factor}")
+        if rings and beyond <= rings[-1].beyond_m:
+            raise ctx.fail(f"{where}.beyond_m", f"{beyond:g} is not beyond the previous band's {rings[-1].beyond_m:g} m (bands are listed outwards)")
+        if rings and factor <= rings[-1].factor:
+            raise ctx.fail(f"{where}.factor", f"{factor} is not coarser than the previous band's {rings[-1].factor} (factors grow outwards)")
+        if y.n % factor or x.n % factor:
+            raise ctx.fail(f"{where}.factor", f"{factor} does not divide the grid {y.n} x {x.n} (ny x nx): super-cells are aligned {factor} x {factor} blocks")
+        rings.append(RingSpec(beyond, factor))
+    return tuple(rings)
+
+
+def _parse_region(ctx: _Ctx, value: Any, x: AxisSpec, y: AxisSpec, base_dir: Path | None) -> RegionSpec:
+    from .region import polygon_mask
+
+    field = "bev.region"
+    data = _mapping(ctx, value, field)
+    _check_keys(ctx, data, field, (), ("keep", "rings"))
+    if not data:
+        raise ctx.fail(field, "empty region: give keep (polygons or a mask file) and/or rings")
+    polygons = mask = mask_file = digest = None
+    if "keep" in data:
+        keep = data["keep"]
+        if isinstance(keep, list | tuple):
+            polygons = _parse_polygons(ctx, list(keep), f"{field}.keep")
+            kept = int(polygon_mask(polygons, x, y).sum())
+        else:
+            if not isinstance(keep, str | Mapping):
+                raise ctx.fail(f"{field}.keep", f"expected a list of polygons or a mask file name, got {_type_name(keep)}")
+            mask, mask_file, digest = _parse_mask(ctx, keep, f"{field}.keep", x, y, base_dir)
+            kept = mask.count(1)
+        if kept == 0:
+            raise ctx.fail(f"{field}.keep", "empty region: no BEV cell centre is inside it")
+    rings = _parse_rings(ctx, data["rings"], f"{field}.rings", x, y) if "rings" in data else ()
+    return RegionSpec(polygons, mask, mask_file, digest, rings, (y.n, x.n) if mask is not None else (0, 0))
+
+
+def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor], base_dir: Path | None = None) -> BevSpec:
     data = _mapping(ctx, data, "bev")
-    _check_keys(ctx, data, "bev", ("x", "y", "z"), ("heights", "frame"))
+    _check_keys(ctx, data, "bev", ("x", "y", "z"), ("heights", "frame", "region"))
     frame = BEV_FRAME_EGO
     if "frame" in data:
         frame = _string(ctx, data["frame"], "bev.frame")
@@ -1029,7 +1212,8 @@ def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor]) -> BevSpec:
         raise ctx.fail(
             "bev", f"grid of {x.n} x {y.n} x {len(heights)} = {cells:,} cells exceeds the limit of {MAX_BEV_CELLS:,}"
         )
-    return BevSpec(x, y, z, heights, frame)
+    region = _parse_region(ctx, data["region"], x, y, base_dir) if "region" in data else None
+    return BevSpec(x, y, z, heights, frame, region)
 
 
 def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
@@ -1065,8 +1249,11 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     return FeatureSpec(stride, mapping)
 
 
-def parse_config(data: Any, source: str = "<config>") -> RigConfig:
+def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | None = None) -> RigConfig:
     """Validate plain data (as read from YAML) into a :class:`RigConfig`.
+
+    ``base_dir``: the folder relative file names in the config (a ``bev.region.keep`` mask) are
+    relative to (default: the folder of ``source`` when it names a file, else the working folder).
 
     Raises:
         ConfigError: ``<source>: <field path>: <problem>`` for the first problem found.
@@ -1116,7 +1303,9 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     if w_f < 2 or h_f < 2:
         raise ctx.fail("feature.stride", f"feature map {w_f}x{h_f} is smaller than 2x2")
     sensors = _parse_sensors(ctx, data["sensors"], seen) if "sensors" in data else ()
-    bev = _parse_bev(ctx, data["bev"], sensors)
+    if base_dir is None and not source.startswith("<"):
+        base_dir = Path(source).parent
+    bev = _parse_bev(ctx, data["bev"], sensors, Path(base_dir) if base_dir is not None else None)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
     return RigConfig(
         name=name,
@@ -1186,7 +1375,29 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
     }
     if bev.frame != BEV_FRAME_EGO:  # only when set: ego-frame configs keep their hash
         out["bev"]["frame"] = bev.frame
+    if bev.region is not None:  # only when set: configs without a region keep their hash
+        out["bev"]["region"] = _region_dict(bev.region, descriptions)
     out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
+    return out
+
+
+def _region_dict(region: RegionSpec, descriptions: bool) -> dict[str, Any]:
+    """``bev.region`` resolved: polygons as given; a mask as its content (run lengths, shape and
+    SHA-256, so the store re-parses without the file); for the hash (``descriptions=False``) a
+    mask is its shape and content hash only (not its file name)."""
+    from .region import mask_runs
+
+    out: dict[str, Any] = {}
+    if region.polygons is not None:
+        out["keep"] = [[list(v) for v in polygon] for polygon in region.polygons]
+    elif region.mask is not None:
+        shape = [region.mask_shape[0], region.mask_shape[1]]
+        keep: dict[str, Any] = {"shape": shape, "sha256": region.mask_sha256}
+        if descriptions:
+            keep = {"mask": region.mask_file, "shape": shape, "sha256": region.mask_sha256, "runs": mask_runs(region.mask)}
+        out["keep"] = keep
+    if region.rings:
+        out["rings"] = [{"beyond_m": ring.beyond_m, "factor": ring.factor} for ring in region.rings]
     return out
 
 

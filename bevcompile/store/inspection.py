@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..conventions import CONVENTIONS
+from ..conventions import CONVENTIONS, REGION_CONVENTIONS
 from ..errors import BevcompileError, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
@@ -606,15 +606,17 @@ def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
             )
         loaded.rig = rig
     conventions = attrs.get("conventions")
-    if conventions == CONVENTIONS:
-        report.add("conventions", ROOT, True, f"all {len(CONVENTIONS)} convention sentences match this tool's")
+    region = loaded.rig is not None and loaded.rig.bev.region is not None
+    expected = dict(CONVENTIONS) | (dict(REGION_CONVENTIONS) if region else {})
+    if conventions == expected:
+        report.add("conventions", ROOT, True, f"all {len(expected)} convention sentences match this tool's")
     elif not isinstance(conventions, Mapping):
         report.add("conventions", ROOT, False, f"no conventions attribute (got {type(conventions).__name__})")
     else:
         # conventions are append-only: a sentence never changes meaning, newer tools may add ones
         # (e.g. a new pixel_mapping); a store that lacks only those is still read correctly
-        differ = sorted(k for k in conventions if conventions.get(k) != CONVENTIONS.get(k))
-        added = sorted(k for k in CONVENTIONS if k not in conventions)
+        differ = sorted(k for k in conventions if conventions.get(k) != expected.get(k))
+        added = sorted(k for k in expected if k not in conventions)
         if differ:
             report.add("conventions", ROOT, False, f"built under other conventions: {', '.join(differ)} differ from this tool's")
         else:

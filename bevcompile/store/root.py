@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from ..conventions import CONVENTIONS
+from ..conventions import CONVENTIONS, REGION_CONVENTIONS
 from ..rig.config import RigConfig, config_sha256, config_to_dict
 from .zarr_io import STORE_FORMAT
 
@@ -20,5 +20,5 @@ def root_attributes(rig: RigConfig) -> dict[str, Any]:
         "name": rig.name,
         "config": config_to_dict(rig),
         "config_sha256": config_sha256(rig),
-        "conventions": dict(CONVENTIONS),
+        "conventions": dict(CONVENTIONS) | (dict(REGION_CONVENTIONS) if rig.bev.region is not None else {}),
     }
