@@ -66,6 +66,7 @@ from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
 from ..parallel import resolve_jobs
 from ..rig.config import RigConfig, config_sha256
+from ..rig.region import RegionTable, region_table
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, is_store, open_store, store_path, write_groups
 from .entries import CameraRays, Entries, _hist_bins, camera_rays, frustum_entries, grid_entries, select_topk
@@ -84,6 +85,7 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
+from .region import merge_region_rows
 
 __all__ = [
     "INT8_MAX",
@@ -280,6 +282,8 @@ class MatrixProducts:
     tile_weight_int8: npt.NDArray[np.int8] | None
     figures: MatrixFigures
     extra: dict[str, Any] = field(default_factory=dict)
+    region_cells: npt.NDArray[np.int32] | None = None  # bev.region: (n_kept, 3) (iy, ix, size), stored as matrix/cells
+    expand: npt.NDArray[np.int32] | None = None  # bev.region: (ny * nx,) compact row of each fine cell (n_kept: the zero row)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The group's arrays by name (optional products only when built)."""
@@ -300,6 +304,8 @@ class MatrixProducts:
             "ell_weight_int8": self.ell_weight_int8,
             "tile_row_scale": self.tile_row_scale,
             "tile_weight_int8": self.tile_weight_int8,
+            "cells": self.region_cells,
+            "expand": self.expand,
         }
         out.update({name: arr for name, arr in optional.items() if arr is not None})
         return out
@@ -416,7 +422,14 @@ def build_matrix(
     n_cols = n_columns(rig, options.mode)
     if n_cols > MAX_INDEX or n_cells > MAX_INDEX:
         raise UsageError(f"matrix of {n_cells:,} rows x {n_cols:,} columns does not fit int32 indices")
-    check_planned_sizes(options, n_cells)
+    table = region_table(rig.bev) if rig.bev.region is not None else None
+    if table is not None and options.compact_rows:
+        raise UsageError(
+            "--compact-rows does not combine with a bev.region: the region's cell table already names the rows "
+            "(drop --compact-rows, or remove cells no camera sees with the region's keep)"
+        )
+    region = (table.row_of_cell(), table.n_kept) if table is not None else None
+    check_planned_sizes(options, n_cells if table is None else table.n_kept + 1)
     if options.mode == "frustum":
 
         def check_ell(row_nnz: npt.NDArray[np.int64]) -> None:  # K = 0: refuse before pass 2
@@ -430,6 +443,7 @@ def build_matrix(
             progress=progress,
             check_row_nnz=check_ell,
             jobs=jobs,
+            region=region,
         )
         kept, total_mass = res.kept, res.total_mass
         counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)
@@ -437,13 +451,18 @@ def build_matrix(
         selection = {"candidates": res.n_candidates, "largest_sort": res.largest_sort, "compactions": res.compactions}
     else:
         entries, total_mass, n_valid = grid_entries(rig, splat=options.splat, progress=progress, jobs=jobs)
+        if region is not None:  # rows = the region's compact rows, merged before Top-K
+            entries = merge_region_rows(entries, region[0], n_cols)
+            total_mass = np.bincount(entries.row, weights=entries.weight, minlength=region[1]).astype(np.float64)
         kept = select_topk(entries, options.topk, jobs)
         n_samples = rig.n_cam * len(rig.bev.heights) * n_cells
         counts = (n_samples, n_valid, n_valid, len(entries))
         phases = {"grid_entries_topk": time.perf_counter() - t0}
         selection = {"candidates": len(entries), "largest_sort": len(entries), "compactions": 0}
     t1 = time.perf_counter()
-    products = assemble_products(rig, options, kept, total_mass, counts, t0)
+    if table is not None:  # the zero row (row n_kept): no entry, no mass
+        total_mass = np.r_[total_mass, 0.0]
+    products = assemble_products(rig, options, kept, total_mass, counts, t0, table)
     products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
     products.extra["selection"] = selection
     products.extra["jobs"] = jobs
@@ -457,6 +476,7 @@ def assemble_products(
     total_mass: F64,
     counts: tuple[int, int, int, int],
     t0: float | None = None,
+    table: RegionTable | None = None,
 ) -> MatrixProducts:
     """Normalise the kept entries and lay out every product.
 
@@ -466,7 +486,9 @@ def assemble_products(
     """
     t0 = time.perf_counter() if t0 is None else t0
     ny, nx = rig.bev.ny, rig.bev.nx
-    n_cells = ny * nx
+    n_grid_cells = ny * nx
+    # the rows before compaction: BEV cells, or (bev.region) the kept (super-)cells + the zero row
+    n_cells = n_grid_cells if table is None else table.n_kept + 1
     n_cols = n_columns(rig, options.mode)
     cols_per_camera = n_cols // rig.n_cam
     kept_mass = np.bincount(kept.row, weights=kept.weight, minlength=n_cells)
@@ -503,7 +525,12 @@ def assemble_products(
     rows_pad, k_pad = ell_shape(options, row_nnz_cells)
     coo_row = rows.astype(np.int32)
     coo_col = kept.col.astype(np.int32)
-    values = value_products(rig, options, coo_row, coo_col, coo_val, kept.row, n_rows, rows_pad, k_pad)
+    values = value_products(
+        rig, options, coo_row, coo_col, coo_val, kept.row, n_rows, rows_pad, k_pad, expand=None if table is None else table.expand
+    )
+    if table is not None:
+        values.product_bytes["cells"] = int(table.cells.nbytes)
+        values.product_bytes["expand"] = int(table.expand.nbytes)
     if row_ids is not None:
         values.product_bytes["row_ids"] = int(row_ids.nbytes)
     figures = MatrixFigures(
@@ -515,7 +542,7 @@ def assemble_products(
         row_nnz_min=int(non_empty.min()) if non_empty.size else 0,
         row_nnz_median=float(np.median(non_empty)) if non_empty.size else 0.0,
         row_nnz_max=max_nnz,
-        n_empty_rows=int(n_cells - non_empty.size),
+        n_empty_rows=int(n_cells - non_empty.size) - (0 if table is None else 1),  # region: the zero row is not counted
         kept_weight_fraction_total=frac_total,
         kept_weight_fraction_worst_row=frac_worst,
         worst_row_cell=worst,
@@ -529,7 +556,7 @@ def assemble_products(
     )
     return MatrixProducts(
         options=options,
-        n_cells=n_cells,
+        n_cells=n_grid_cells,
         bev_shape=(ny, nx),
         n_cam=rig.n_cam,
         n_rows=n_rows,
@@ -543,6 +570,8 @@ def assemble_products(
         coo_val=coo_val,
         row_ids=row_ids,
         figures=figures,
+        region_cells=None if table is None else table.cells,
+        expand=None if table is None else table.expand,
         **values.fields(),
     )
 
@@ -581,21 +610,28 @@ class ValueProducts:
 
 
 def camera_mass_of(
-    rig: RigConfig, mode: str, cells: npt.NDArray[np.integer[Any]], cols: npt.NDArray[np.integer[Any]], values: npt.NDArray[np.float32]
+    rig: RigConfig,
+    mode: str,
+    cells: npt.NDArray[np.integer[Any]],
+    cols: npt.NDArray[np.integer[Any]],
+    values: npt.NDArray[np.float32],
+    expand: npt.NDArray[np.int32] | None = None,
 ) -> npt.NDArray[np.float32]:
     """``camera_mass[cam, iy, ix]``: the float32 values of cell ``iy * nx + ix``'s row over camera
-    ``cam``'s columns, summed in float64 in entry order.
+    ``cam``'s columns, summed in float64 in entry order (``bev.region``: of the row ``expand``
+    gives the cell, 0 outside the region).
 
-    Convention: ``cells``, ``cols``, ``values`` ``(nnz,)`` (BEV cell, column, float32 value of each
-    entry, sorted by (row, col)) -> float32 ``(n_cam, ny, nx)``."""
+    Convention: ``cells``, ``cols``, ``values`` ``(nnz,)`` (BEV cell, or with ``expand`` the
+    compact row, column, float32 value of each entry, sorted by (row, col)) -> float32 ``(n_cam, ny, nx)``."""
     ny, nx = rig.bev.ny, rig.bev.nx
-    n_cells = ny * nx
+    n_cells = ny * nx if expand is None else int(expand.max(initial=0)) + 1
     camera = np.asarray(cols, np.int64) // (n_columns(rig, mode) // rig.n_cam)
-    return (
-        np.bincount(camera * n_cells + np.asarray(cells, np.int64), weights=np.asarray(values, np.float32).astype(np.float64), minlength=rig.n_cam * n_cells)
-        .reshape(rig.n_cam, ny, nx)
-        .astype(np.float32)
-    )
+    mass = np.bincount(
+        camera * n_cells + np.asarray(cells, np.int64), weights=np.asarray(values, np.float32).astype(np.float64), minlength=rig.n_cam * n_cells
+    ).reshape(rig.n_cam, n_cells)
+    if expand is not None:
+        mass = mass[:, expand]
+    return mass.reshape(rig.n_cam, ny, nx).astype(np.float32)
 
 
 def value_products(
@@ -608,6 +644,8 @@ def value_products(
     n_rows: int,
     rows_pad: int,
     k_pad: int,
+    *,
+    expand: npt.NDArray[np.int32] | None = None,
 ) -> ValueProducts:
     """ELL, tiles, int8 and ``camera_mass`` of the COO entries ``(coo_row, coo_col, coo_val)``
     (sorted by (row, col); ``cells`` the BEV cell of each entry) in the layouts ``options`` ask for."""
@@ -642,7 +680,7 @@ def value_products(
         bytes_per["ell_int8"] = int(ell_index.nbytes + ell_int8.nbytes + row_scale.nbytes)
     if tile_int8 is not None and tile_row_scale is not None and tile_cols is not None and tile_col_offsets is not None:
         bytes_per["tiles_int8"] = int(tile_int8.nbytes + tile_row_scale.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
-    camera_mass = camera_mass_of(rig, options.mode, cells, coo_col, coo_val)
+    camera_mass = camera_mass_of(rig, options.mode, cells, coo_col, coo_val, expand)
     bytes_per["camera_mass"] = int(camera_mass.nbytes)
     return ValueProducts(
         ell_index=ell_index,
@@ -704,6 +742,35 @@ def column_formula(mode: str) -> str:
     return "col = (cam * H_f + v) * W_f + u"
 
 
+REGION_ROW_LAYOUT = (
+    "row r < n_kept is the kept (super-)cell cells[r] = (iy, ix, size) of bev.region (sorted by iy * nx + ix); "
+    "row n_kept is the zero row; fine cell iy * nx + ix reads row expand[iy * nx + ix]"
+)
+REGION_MERGE_RULE = (
+    "before Top-K, a super-cell's row is the merge of its fine cells' rows: raw weights of equal columns summed "
+    "(smallest tie-break distance); normalize sum keeps that sum, normalize mean divides it by its kept raw weight sum "
+    "(the mean over every point of the super-cell)"
+)
+
+
+def region_attributes(products: MatrixProducts) -> dict[str, Any]:
+    """The ``region`` attribute of a ``matrix/`` group built with a ``bev.region`` (None without)."""
+    cells, expand = products.region_cells, products.expand
+    if cells is None or expand is None:
+        return {}
+    n_kept = int(cells.shape[0])
+    sizes, counts = np.unique(cells[:, 2], return_counts=True)
+    return {
+        "n_kept": n_kept,
+        "n_fine_kept": int(np.count_nonzero(expand < n_kept)),
+        "cells_by_size": {str(int(s)): int(c) for s, c in zip(sizes, counts, strict=True)},
+        "zero_row": n_kept,
+        "merge_rule": REGION_MERGE_RULE,
+        "cells_layout": "(n_kept, 3) int32 (iy, ix, size): first fine cell and side in fine cells",
+        "expand_layout": "(ny * nx,) int32: the row of fine cell iy * nx + ix, n_kept outside the region",
+    }
+
+
 def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any]:
     """Attributes of the ``matrix/`` group (deterministic: no timings, no paths)."""
     o = products.options
@@ -727,7 +794,9 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
         "feature_size": [w_f, h_f],
         "feature_size_order": "[W_f, H_f]",
         "row_layout": (
-            "row r is BEV cell row_ids[r] = iy * nx + ix (only cells with at least one entry)"
+            REGION_ROW_LAYOUT
+            if products.region_cells is not None
+            else "row r is BEV cell row_ids[r] = iy * nx + ix (only cells with at least one entry)"
             if o.compact_rows
             else "row = iy * nx + ix (BEV cells, row-major)"
         ),
@@ -823,6 +892,8 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
         }
     if o.compact_rows:
         attrs["row_ids"] = {"dtype": "int32", "shape": [products.n_rows], "definition": "row_ids[r] = iy * nx + ix of row r"}
+    if products.region_cells is not None:
+        attrs["region"] = region_attributes(products)
     if frustum:
         attrs["depth_bins"] = list(rig.depth.values())
         attrs["n_depth_bins"] = rig.depth.n_bins
@@ -878,6 +949,8 @@ MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
     "tile_weight": ("tile_value",),
     "tile_weight_int8": ("tile_value",),
     "tile_row_scale": ("tile_row",),
+    "cells": ("kept_cell", "cell_field"),
+    "expand": ("cell",),
 }
 """``matrix/`` axes: ``row_pad`` the padded rows of ELL (and of the tiles), ``row`` the logical
 (compacted) rows ``row_ids`` maps, ``tile_edge`` the ``n_tiles + 1`` offsets into ``tile_col``."""

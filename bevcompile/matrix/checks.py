@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..rig.config import RigConfig
+from ..rig.region import RegionTable, expand_of_cells, region_table
 from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
 from ..store.zarr_io import array_sha256
 from .build import (
@@ -33,7 +34,7 @@ from .build import (
     tile_blocks,
 )
 from .learned import INIT_ARRAY, LearnedRecord, coo_slots, learned_products, value_change
-from .reference import bev_pool, grid_pool, reference_matrix
+from .reference import bev_pool, grid_pool, reference_matrix, region_reference_matrix
 
 GROUP = "matrix"
 FLOAT_REL_TOL = 1e-5
@@ -64,10 +65,15 @@ INT8_ARRAYS = {"ell_weight_int8": np.int8, "row_scale": np.float32}
 TILE_INT8_ARRAYS = {"tile_weight_int8": np.int8, "tile_row_scale": np.float32}
 
 
-def expected_arrays(options: MatrixOptions, learned: bool = False) -> dict[str, Any]:
+REGION_ARRAYS = {"cells": np.int32, "expand": np.int32}
+
+
+def expected_arrays(options: MatrixOptions, learned: bool = False, region: bool = False) -> dict[str, Any]:
     """Array name -> dtype of the group built with ``options`` (``learned``: absorbed values, so
-    also ``init_ell_weight``)."""
+    also ``init_ell_weight``; ``region``: a config with ``bev.region``, so ``cells`` + ``expand``)."""
     out: dict[str, Any] = dict(BASE_ARRAYS)
+    if region:
+        out.update(REGION_ARRAYS)
     if learned:
         out[INIT_ARRAY] = np.float32
     if options.compact_rows:
@@ -120,14 +126,15 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     if values_attr is not None and not learned:
         out.add("values", "", False, f"attribute values is {values_attr!r}: absent (geometric values) or {VALUES_LEARNED!r} (absorbed) expected")
     # contract: presence, dtype, dimensionality
-    wanted = expected_arrays(options, learned)
+    table = region_table(rig.bev) if rig.bev.region is not None else None
+    wanted = expected_arrays(options, learned, table is not None)
     ok_arrays: dict[str, np.ndarray] = {}
     for name, dtype in wanted.items():
         arr = arrays.get(name)
         if arr is None:
             out.add("contract", name, False, "array missing or unreadable (see the store's read and metadata checks)")
             continue
-        ndim = 2 if name.startswith("ell_") or name == INIT_ARRAY else 3 if name == "camera_mass" else 1
+        ndim = 2 if name.startswith("ell_") or name in (INIT_ARRAY, "cells") else 3 if name == "camera_mass" else 1
         if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
             out.add("contract", name, False, f"dtype {arr.dtype} ndim {arr.ndim}; expected {np.dtype(dtype)} ndim {ndim}")
             continue
@@ -153,6 +160,10 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         good = bool(row_ids.size == 0 or (row_ids.min() >= 0 and row_ids.max() < n_cells and np.all(np.diff(row_ids) > 0)))
         out.add("row_ids", "row_ids", good, f"{n_rows} row ids strictly increasing in [0, {n_cells})" if good else f"row_ids not strictly increasing within [0, {n_cells})")
         row_cells: I64 | None = row_ids if good else None
+    elif table is not None:
+        n_rows = table.n_kept + 1  # the kept (super-)cells, then the zero row
+        row_cells = None
+        _check_region(out, ok_arrays, table, row)
     else:
         n_rows = n_cells
         row_cells = np.arange(n_cells, dtype=np.int64)
@@ -218,7 +229,7 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         "row_nnz.min": int(non_empty.min()) if non_empty.size else 0,
         "row_nnz.median": float(np.median(non_empty)) if non_empty.size else 0.0,
         "row_nnz.max": int(non_empty.max()) if non_empty.size else 0,
-        "row_nnz.empty_rows": int(n_cells - non_empty.size),
+        "row_nnz.empty_rows": int(n_cells - non_empty.size) if table is None else int(n_rows - 1 - non_empty.size),
         "camera_mass.shape": [rig.n_cam, ny, nx],
     }
     if frustum:
@@ -251,19 +262,45 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         want_shape = (rig.n_cam, ny, nx)
         if mass.shape != want_shape:
             out.add("camera_mass", "camera_mass", False, f"shape {mass.shape} vs {want_shape}")
-        elif row_cells is None:
+        elif row_cells is None and table is None:
             out.add("camera_mass", "camera_mass", False, "not checked: row_ids is invalid, so rows cannot be mapped to BEV cells")
         else:
             cam = col // (n_cols // rig.n_cam)
-            cells = row_cells[row]
-            recomputed = (
-                np.bincount(cam * n_cells + cells, weights=val.astype(np.float64), minlength=rig.n_cam * n_cells)
-                .reshape(want_shape)
-                .astype(np.float32)
-            )
+            if table is not None:  # per row, then every fine cell reads its row (the zero row outside the region)
+                per_row = np.bincount(cam * n_rows + row, weights=val.astype(np.float64), minlength=rig.n_cam * n_rows).reshape(rig.n_cam, n_rows)
+                recomputed = per_row[:, table.expand].reshape(want_shape).astype(np.float32)
+            else:
+                assert row_cells is not None
+                cells = row_cells[row]
+                recomputed = (
+                    np.bincount(cam * n_cells + cells, weights=val.astype(np.float64), minlength=rig.n_cam * n_cells)
+                    .reshape(want_shape)
+                    .astype(np.float32)
+                )
             diff = float(np.abs(recomputed.astype(np.float64) - mass.astype(np.float64)).max()) if mass.size else 0.0
             out.add("camera_mass", "camera_mass", diff == 0.0, f"max |camera_mass - recomputed from COO| = {diff:.3g}")
     return out.items
+
+
+def _check_region(out: _Checks, arrays: Mapping[str, np.ndarray], table: RegionTable, row: I64) -> None:
+    """``cells`` and ``expand`` of a ``bev.region`` store: equal to the ones the stored config gives
+    (:func:`bevcompile.rig.region.region_table`), ``expand`` the index of ``cells``, and no entry
+    in the zero row."""
+    cells, expand = arrays.get("cells"), arrays.get("expand")
+    if cells is not None:
+        same = bool(cells.shape == table.cells.shape and np.array_equal(cells, table.cells))
+        sizes = {int(s): int(c) for s, c in zip(*np.unique(table.cells[:, 2], return_counts=True), strict=True)}
+        out.add("region_cells", "cells", same, f"{table.n_kept} kept (super-)cells by size {sizes}, as bev.region gives" if same else f"shape {cells.shape}: differs from the cell table of the stored bev.region ({table.cells.shape})")
+    if expand is not None:
+        same = bool(expand.shape == table.expand.shape and np.array_equal(expand, table.expand))
+        out.add("region_expand", "expand", same, f"({expand.size},) index of {table.n_fine_kept} fine cells into {table.n_kept} rows + the zero row, as bev.region gives" if same else "differs from the expand index of the stored bev.region")
+        if cells is not None and cells.ndim == 2 and cells.shape[1] == 3 and expand.ndim == 1:
+            ny, nx = table.bev_shape
+            bounds = bool(cells.size == 0 or (cells.min() >= 0 and (cells[:, 0] + cells[:, 2]).max() <= ny and (cells[:, 1] + cells[:, 2]).max() <= nx))
+            ok = bounds and np.array_equal(expand_of_cells(cells, (ny, nx)), expand)
+            out.add("region_expand_of_cells", "expand", ok, "each fine cell reads the row of the stored (super-)cell holding it, the zero row elsewhere" if ok else "expand is not the index of the stored cells")
+    zero = int(np.count_nonzero(row == table.n_kept))
+    out.add("region_zero_row", "coo_row", zero == 0, f"row {table.n_kept} (the zero row) holds {zero} entries")
 
 
 def _check_init(out: _Checks, init: np.ndarray | None, ell_weight: np.ndarray | None, row: I64, nnz_row: I64) -> np.ndarray | None:
@@ -578,11 +615,11 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     mode = options.mode
     depth = ctx.depth_probs if mode == "frustum" else None
     n_cells = rig.bev.nx * rig.bev.ny
-    cam_names = list(rig.camera_names)
     row = arrays["coo_row"].astype(np.int64)
-    col = arrays["coo_col"].astype(np.int64)
-    val = arrays["coo_val"]
     row_cells = arrays["row_ids"].astype(np.int64) if options.compact_rows else np.arange(n_cells, dtype=np.int64)
+    table = region_table(rig.bev) if rig.bev.region is not None else None
+    if table is not None:  # bev.region: the compared "cells" are the region's rows (the zero row last)
+        return _verify_region(ctx, arrays, attrs, options, table)
     n_rows = row_cells.size
     n_ch = ctx.features.shape[1]
 
@@ -634,6 +671,100 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         note = f"reference: straightforward build (all points, full lexsort, Top-{options.topk}) in float64{learned_note}"
         if sampled:
             note += f"; {cells.size} seeded sampled rows (rig has {size:,} {'points' if mode == 'frustum' else 'grid samples'})"
+    cell_to_row = np.full(n_cells, -1, dtype=np.int64)
+    cell_to_row[row_cells] = np.arange(n_rows)
+    compared_rows = cell_to_row[cells]
+    return _verify_forms(ctx, arrays, attrs, options, ref_cam, cells, compared_rows, n_rows, note, init_ref, sampled, n_cells)
+
+
+def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any], options: MatrixOptions, table: RegionTable) -> list[VerifyRow]:
+    """The reference of a ``bev.region`` matrix, per camera and region row: with K = 0 the fine
+    cells' pooling references (BEVDet-style voxel pooling / grid_sample pooling, ``sum``) merged by
+    the stated rule (a row sums its fine cells; ``mean`` divides by the summed raw weight of its
+    fine cells, pooled from ones); with K > 0 :func:`region_reference_matrix` (every entry, merged,
+    full lexsort Top-K), on seeded sampled rows for big rigs."""
+    rig = ctx.rig
+    assert ctx.features is not None
+    mode = options.mode
+    depth = ctx.depth_probs if mode == "frustum" else None
+    n_rows = table.n_kept + 1
+    n_ch = ctx.features.shape[1]
+    row_of_cell = table.row_of_cell()
+    w_f, h_f = rig.feature_size
+    ny, nx = rig.bev.ny, rig.bev.nx
+    size = rig.n_cam * (rig.depth.n_bins * w_f * h_f if mode == "frustum" else len(rig.bev.heights) * ny * nx)
+    sampled = size > (VERIFY_FULL_POINTS if mode == "frustum" else VERIFY_FULL_GRID_SAMPLES)
+    if is_learned(attrs):
+        raise ValueError("verify of learned values in a bev.region store is not supported yet")
+    rows = np.arange(n_rows)
+    row = arrays["coo_row"].astype(np.int64)
+    if sampled:
+        rng = np.random.default_rng(ctx.seed)
+        candidates = np.flatnonzero(np.bincount(row, minlength=n_rows) > 0)
+        take = min(VERIFY_SAMPLED_ROWS, candidates.size)
+        rows = np.sort(rng.choice(candidates, size=take, replace=False)) if take else np.zeros(0, np.int64)
+    inside = row_of_cell >= 0
+
+    def merge(per_cell: F64) -> F64:  # (n_cam, C, ny*nx) -> (n_cam, n_rows, C): each row sums its fine cells
+        out = np.zeros((per_cell.shape[0], n_rows, per_cell.shape[1]))
+        for c in range(per_cell.shape[0]):
+            for ch in range(per_cell.shape[1]):
+                out[c, :, ch] = np.bincount(row_of_cell[inside], weights=per_cell[c, ch][inside], minlength=n_rows)
+        return out
+
+    if options.topk == 0 and not sampled:
+        if mode == "frustum":
+            assert depth is not None
+            pool = lambda f, d: bev_pool(rig, f, d, splat=options.splat, rounding=options.rounding, normalize="sum")  # noqa: E731
+            pooled = pool(ctx.features, depth)
+            mass = pool(np.ones((rig.n_cam, 1, h_f, w_f)), np.ones_like(depth))
+            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding}) of the fine cells, merged per region row"
+        else:
+            pooled = grid_pool(rig, ctx.features, splat=options.splat, normalize="sum")
+            mass = grid_pool(rig, np.ones((rig.n_cam, 1, h_f, w_f)), splat=options.splat, normalize="sum")
+            note = "reference: grid_sample pooling of the fine cells, merged per region row"
+        ref_cam = merge(pooled.reshape(rig.n_cam, n_ch, ny * nx))
+        if options.normalize == "mean":
+            row_mass = merge(mass.reshape(rig.n_cam, 1, ny * nx)).sum(axis=0)[:, 0]
+            ref_cam = ref_cam / np.where(row_mass > 0, row_mass, 1.0)[None, :, None]
+        ref_cam = ref_cam[:, rows]
+    else:
+        ref = region_reference_matrix(rig, options, row_of_cell, n_rows, rows=rows if sampled else None)
+        lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
+        camera = _camera_of(rig, mode, ref.col)
+        ref_cam = np.stack([apply_entries(ref.row[camera == c], ref.value[camera == c], lifted[camera == c], n_rows) for c in range(rig.n_cam)])[:, rows]
+        note = f"reference: straightforward region build (every entry merged per region row, full lexsort, Top-{options.topk}) in float64"
+        if sampled:
+            note += f"; {rows.size} seeded sampled rows"
+    return _verify_forms(ctx, arrays, attrs, options, ref_cam, rows, rows, n_rows, note, None, sampled, n_rows, table)
+
+
+def _verify_forms(
+    ctx: CheckContext,
+    arrays: Mapping[str, np.ndarray],
+    attrs: Mapping[str, Any],
+    options: MatrixOptions,
+    ref_cam: F64,
+    cells: I64,
+    compared_rows: I64,
+    n_rows: int,
+    note: str,
+    init_ref: F64 | None,
+    sampled: bool,
+    n_cells: int,
+    table: RegionTable | None = None,
+) -> list[VerifyRow]:
+    """Every stored form against ``ref_cam`` ``(n_cam, cells, C)`` (the reference of the compared
+    ``cells``, read from the rows ``compared_rows``; -1: no row, 0)."""
+    rig = ctx.rig
+    mode = options.mode
+    depth = ctx.depth_probs if mode == "frustum" else None
+    assert ctx.features is not None
+    cam_names = list(rig.camera_names)
+    row = arrays["coo_row"].astype(np.int64)
+    col = arrays["coo_col"].astype(np.int64)
+    val = arrays["coo_val"]
+    n_ch = ctx.features.shape[1]
     ref_all = ref_cam.sum(axis=0)
     peak = float(ref_all.max() - ref_all.min()) if ref_all.size else 1.0
     peak = peak if peak > 0 else 1.0
@@ -641,10 +772,6 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     float_tol = FLOAT_REL_TOL * max(scale_abs, 1e-30)
     float_rule = f"max_abs <= {FLOAT_REL_TOL:g} * max|ref| = {float_tol:.3g}"
     rows_out: list[VerifyRow] = []
-
-    cell_to_row = np.full(n_cells, -1, dtype=np.int64)
-    cell_to_row[row_cells] = np.arange(n_rows)
-    compared_rows = cell_to_row[cells]
 
     def to_cells(per_row: F64) -> F64:
         got = np.zeros((cells.size, per_row.shape[1]))
@@ -683,7 +810,10 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     elif options.topk > 0:
         # what the pruning costs: the stored Top-K product against the unpruned lift (K = 0,
         # same splat / rounding / normalize), measured on the same cells; reported, not judged
-        full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
+        if table is None:
+            full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
+        else:
+            full = region_reference_matrix(rig, replace(options, topk=0), table.row_of_cell(), n_rows, rows=cells if sampled else None)
         lifted_full = lifted_columns(rig, mode, full.col, ctx.features, depth)
         full_all = apply_entries(full.row, full.value, lifted_full, n_cells)[cells]
         peak_full = float(full_all.max() - full_all.min()) if full_all.size else 0.0

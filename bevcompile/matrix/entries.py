@@ -35,6 +35,7 @@ from ..memory import release_free_memory
 from ..parallel import ordered_map
 from ..rig.config import RigConfig
 from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
+from .region import RegionStream
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
 
 __all__ = ["CameraRays", "Entries", "FrustumResult", "FrustumStream", "camera_rays", "frustum_entries", "grid_entries", "select_topk"]
@@ -675,6 +676,7 @@ def frustum_entries(
     progress: ProgressFn | None = None,
     check_row_nnz: Callable[[I64], None] | None = None,
     jobs: int = 1,
+    region: tuple[I64, int] | None = None,
 ) -> FrustumResult:
     """Frustum-mode entries that survive the Top-K rule, streamed in two passes by ``jobs``
     threads (:func:`bevcompile.matrix.topk.stream_topk` over :class:`FrustumStream`).
@@ -686,9 +688,19 @@ def frustum_entries(
     bytes for every ``jobs``.
     """
     t0 = time.perf_counter()
-    stream = FrustumStream(rig, splat=splat, rounding=rounding, k=topk, jobs=jobs)
+    frustum = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs)
+    stream: FrustumStream | RegionStream = frustum
+    if region is not None:  # rows = the region's compact rows (bevcompile.matrix.region), merged before Top-K
+        row_of_cell, n_rows = region
+        stream = RegionStream(
+            frustum, row_of_cell, n_rows, n_columns_frustum(rig),
+            n_bins=hist_bins(n_rows, HIST_BINS_MAX, HIST_MAX_ENTRIES),
+            score="weight" if splat == "bilinear" else "dist2",
+            h2=(0.5 * frustum.bev.dx) ** 2 + (0.5 * frustum.bev.dy) ** 2,
+        )
     rays_seconds = time.perf_counter() - t0
     w_f, h_f = rig.feature_size
+    counted = stream
     result = stream_topk(
         stream,
         k=topk,
@@ -696,14 +708,16 @@ def frustum_entries(
         jobs=jobs,
         progress=progress,
         check_row_nnz=check_row_nnz,
-        points_in_range=lambda: stream.in_range,
+        points_in_range=lambda: counted.in_range,
     )
+    stream_valid = frustum.n_valid
+    in_range = stream.in_range
     return FrustumResult(
         result.kept,
         result.total_mass,
         rig.n_cam * rig.depth.n_bins * w_f * h_f,
-        stream.n_valid,
-        stream.in_range,
+        stream_valid,
+        in_range,
         result.n_candidates,
         {"rays": rays_seconds, **result.phase_seconds},
         result.largest_sort,
@@ -714,6 +728,12 @@ def frustum_entries(
 # --------------------------------------------------------------------------------------
 # grid mode
 # --------------------------------------------------------------------------------------
+
+
+def n_columns_frustum(rig: RigConfig) -> int:
+    """Columns of a frustum matrix: ``n_cam * D * H_f * W_f``."""
+    w_f, h_f = rig.feature_size
+    return rig.n_cam * rig.depth.n_bins * h_f * w_f
 
 
 def grid_entries(

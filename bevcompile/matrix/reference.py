@@ -238,6 +238,44 @@ def reference_matrix(
     return ReferenceMatrix(row, col, value, weight, total_mass, int(entries.row.size))
 
 
+def region_reference_matrix(
+    rig: RigConfig, options: Any, row_of_cell: npt.NDArray[np.integer[Any]], n_rows: int, rows: npt.NDArray[np.integer[Any]] | None = None
+) -> ReferenceMatrix:
+    """The straightforward build of a ``bev.region`` matrix: every fine-cell entry, each moved to
+    the row ``row_of_cell`` gives its cell (``(ny * nx,)``, -1: dropped), the entries of one
+    ``(row, col)`` merged by a plain dictionary-free group-by (one ``lexsort``; weights summed,
+    smallest ``dist2``), then the same full ``lexsort`` Top-K and normalisation as
+    :func:`reference_matrix`. ``rows`` restricts the build to those region rows (complete)."""
+    row_of_cell = np.asarray(row_of_cell, dtype=np.int64)
+    fine = None if rows is None else np.flatnonzero(np.isin(row_of_cell, np.asarray(rows)))
+    if options.mode == "frustum":
+        entries = reference_frustum_entries(rig, options.splat, options.rounding, fine)
+    else:
+        entries = reference_grid_entries(rig, options.splat, fine)
+    region_row = row_of_cell[entries.row]
+    inside = region_row >= 0
+    r, c, w, d = region_row[inside], entries.col[inside], entries.weight[inside], entries.dist2[inside]
+    group = np.lexsort((entries.row[inside], c, r))  # summed in increasing fine-cell order (the stated rule)
+    r, c, w, d = r[group], c[group], w[group], d[group]
+    starts = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (c[1:] != c[:-1])]) if r.size else np.zeros(0, np.int64)
+    r, c = r[starts], c[starts]
+    w = np.add.reduceat(w, starts) if starts.size else w[:0]
+    d = np.minimum.reduceat(d, starts) if starts.size else d[:0]
+    total_mass = np.bincount(r, weights=w, minlength=n_rows).astype(np.float64)
+    order = np.lexsort((c, d, -w, r))
+    keep = order
+    if options.topk > 0:
+        row_sorted = r[order]
+        rank = np.arange(order.size) - np.searchsorted(row_sorted, row_sorted, side="left")
+        keep = order[rank < options.topk]
+    row, col, weight = r[keep], c[keep], w[keep]
+    final = np.lexsort((col, row))
+    row, col, weight = row[final], col[final], weight[final]
+    kept_mass = np.bincount(row, weights=weight, minlength=n_rows)
+    value = weight / kept_mass[row] if options.normalize == "mean" else weight.copy()
+    return ReferenceMatrix(np.asarray(row, np.int64), np.asarray(col, np.int64), value, weight, total_mass, int(r.size))
+
+
 # --------------------------------------------------------------------------------------
 # pooling references (what W @ x must reproduce)
 # --------------------------------------------------------------------------------------
