@@ -406,7 +406,8 @@ def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.nd
 
     Convention: features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` in
     frustum mode; returns float64 ``(N, C, ny, nx)`` (rows scattered to their BEV cells via
-    ``row_ids`` when rows are compacted; cells without a row are 0).
+    ``row_ids`` when rows are compacted; cells without a row are 0; a ``bev.region`` store's rows
+    are expanded with ``matrix/expand``, applied here as a numpy fancy index).
     """
     import scipy.sparse as sp
 
@@ -486,7 +487,10 @@ def _apply_matrix(store: LoadedStore, layout: MatrixLayout, w_mat: Any, features
                 y += np.asarray(w_csc[:, cols] @ x)
         else:
             y = np.asarray(w_mat @ feats)  # (n_rows, C)
-        out[b][:, layout.row_cells] = y.T
+        if layout.expand is not None:  # bev.region: each fine cell reads its (super-)cell's row, the zero row outside
+            out[b] = y[np.asarray(layout.expand, dtype=np.int64)].T
+        else:
+            out[b][:, layout.row_cells] = y.T
     return out.reshape(n, c, ny, nx)
 
 

@@ -50,6 +50,10 @@ except ImportError:  # pragma: no cover - exercised by a subprocess test without
 StoreLike = str | Path | LoadedStore
 GRID_SOURCES = ("auto", "gather", "grid")
 MATRIX_FORMS = ("ell", "tiles")
+MATRIX_ROWS = ("dense", "compact")
+"""``MatrixLift(rows=...)`` of a ``bev.region`` store: ``dense`` ``(N, C, ny, nx)`` (one Gather of
+``matrix/expand``: every fine cell reads its (super-)cell's row, the zero row outside the region),
+or ``compact`` ``(N, C, n_kept)``, the kept (super-)cells in ``matrix/cells`` order."""
 GRID_WEIGHTS = ("float32", "lut")
 """``GridGather(weights=...)``: the float32 ``gather/weight`` or the ``gather/weight_u8`` + ``gather/lut`` codes."""
 MATRIX_WEIGHTS = ("float32", "int8")
@@ -322,7 +326,9 @@ class MatrixLift(nn.Module):
     mode the outer product ``X[col, c] = depth[cam, d, v, u] * features[cam, c, v, u]`` with
     columns ``((cam*D + d)*H_f + v)*W_f + u`` (BEVDet's ``depth.unsqueeze(1) * feat.unsqueeze(2)``).
     Rows are BEV cells ``iy*nx + ix`` (``row_ids`` with ``--compact-rows``; cells without a row
-    are 0).
+    are 0). A ``bev.region`` store's rows are its kept (super-)cells then one zero row: the module
+    applies ``matrix/expand`` as ONE Gather (``index_select``; no scatter, no repeat) so the
+    output is still ``(N, C, ny, nx)``; ``rows="compact"`` returns ``(N, C, n_kept)`` instead.
 
     ``form="ell"`` (buffers ``ell_index`` int32 / ``ell_weight`` float32 ``(rows_pad, k_pad)``,
     as stored): one Gather of the K entries of every row, Mul by the weight, ReduceSum over K.
@@ -369,9 +375,12 @@ class MatrixLift(nn.Module):
     row_of_cell: torch.Tensor
     cell_mask: torch.Tensor
 
-    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32") -> None:
+    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32", rows: str = "dense") -> None:
         super().__init__()
         from ..store.loader import matrix_layout
+
+        if rows not in MATRIX_ROWS:
+            raise UsageError(f"rows must be one of {', '.join(MATRIX_ROWS)}, got {rows!r}")
 
         if form not in MATRIX_FORMS:
             raise UsageError(f"form must be one of {', '.join(MATRIX_FORMS)}, got {form!r}")
@@ -465,7 +474,16 @@ class MatrixLift(nn.Module):
         # 0/1 mask for cells that have no row)
         n_cells = self.ny * self.nx
         self.row_mapping = "identity"
-        if not (layout.row_cells.size == n_cells and np.array_equal(layout.row_cells, np.arange(n_cells)) and out_rows == n_cells):
+        self.n_compact = 0
+        if layout.expand is not None:  # bev.region: ONE Gather of the compact rows (the zero row included) to the dense map
+            if layout.n_rows > out_rows:
+                raise StoreError(f"{loaded.path}: {layout.n_rows} matrix rows but the {form} form holds {out_rows}")
+            self.n_compact = layout.n_rows - 1
+            self.register_buffer("row_of_cell", _buffer(layout.expand, np.int32), persistent=True)
+            self.row_mapping = "compact" if rows == "compact" else "expand"
+        elif rows == "compact":
+            raise UsageError(f"{loaded.path}: rows='compact' needs a store built with a bev.region (matrix/expand); this one has BEV-cell rows")
+        elif not (layout.row_cells.size == n_cells and np.array_equal(layout.row_cells, np.arange(n_cells)) and out_rows == n_cells):
             row_of_cell = np.zeros(n_cells, dtype=np.int64)
             has_row = np.zeros(n_cells, dtype=bool)
             row_of_cell[layout.row_cells] = np.arange(layout.row_cells.size)
@@ -579,6 +597,8 @@ class MatrixLift(nn.Module):
                 out = out * self.tile_row_scale  # one Mul per row of every tile (N, C, n_tiles * R)
         if self.row_mapping == "identity":
             return out.reshape(n, c, self.ny, self.nx)
+        if self.row_mapping == "compact":  # the kept (super-)cells, in matrix/cells order: (N, C, n_kept)
+            return out[:, :, : self.n_compact]
         if out.shape[2] == 0:  # an empty compacted matrix: no row, every cell 0
             return flat.new_zeros((n, c, self.ny, self.nx))
         out = out.index_select(2, self.row_of_cell)

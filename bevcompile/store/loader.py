@@ -429,6 +429,9 @@ class MatrixLayout:
     k_pad: int
     tile_rows: int | None
     build_options: Mapping[str, Any]
+    expand: np.ndarray | None = None
+    """``bev.region`` stores: int32 ``(ny * nx,)`` ``matrix/expand``, the row of every fine cell
+    (``n_rows - 1``, the zero row, outside the region); ``row_cells`` is then ``arange(n_rows)``."""
 
 
 def matrix_layout(store: LoadedStore) -> MatrixLayout:
@@ -443,7 +446,14 @@ def matrix_layout(store: LoadedStore) -> MatrixLayout:
     n_cols = rig.n_cam * (rig.depth.n_bins if mode == "frustum" else 1) * h_f * w_f
     _, ny, nx = store.bev_shape
     n_cells = ny * nx
-    if "row_ids" in group:
+    expand: np.ndarray | None = None
+    if "expand" in group:  # bev.region: rows = the kept (super-)cells + the zero row
+        expand = np.asarray(group["expand"])
+        n_kept = int(store.array_info("matrix", "cells").shape[0]) if "cells" in group else -1
+        if expand.shape != (n_cells,) or n_kept < 0 or (expand.size and (int(expand.min()) < 0 or int(expand.max()) > n_kept)):
+            raise StoreError(f"{store.path}: matrix/expand is not a ({n_cells},) index into matrix/cells rows + the zero row")
+        row_cells = np.arange(n_kept + 1, dtype=np.int64)
+    elif "row_ids" in group:
         row_cells = np.asarray(group["row_ids"], dtype=np.int64)
         if row_cells.ndim != 1 or (row_cells.size and (row_cells.min() < 0 or row_cells.max() >= n_cells)):
             raise StoreError(f"{store.path}: matrix/row_ids out of range [0, {n_cells})")
@@ -463,4 +473,5 @@ def matrix_layout(store: LoadedStore) -> MatrixLayout:
         k_pad=int(ell_shape[1]),
         tile_rows=int(tile_rows) if tile_rows is not None else None,
         build_options=options,
+        expand=expand,
     )

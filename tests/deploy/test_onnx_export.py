@@ -435,3 +435,64 @@ def test_export_memory_estimate_and_refusal(gather_store: Path, tmp_path: Path, 
     with pytest.raises(UsageError, match=r"export-onnx --product gather --channels 4 --batch 1 needs about .* more than the .* available memory allows; reduce --channels or --batch"):
         export_onnx(gather_store, tmp_path / "g.onnx", ExportOptions(channels=4))
     assert not (tmp_path / "g.onnx").exists()
+
+
+@pytest.mark.parametrize(("mode", "product"), [("frustum", "ell"), ("grid", "tiles")])
+def test_region_export_adds_exactly_one_gather_and_matches_the_torch_module(tmp_path: Path, mode: str, product: str) -> None:
+    """A bev.region store exports the same graph as its full-grid twin plus ONE Gather (matrix/expand
+    back to (C, ny, nx)); no forbidden op; onnxruntime equals MatrixLift; rows='compact' is the
+    compact rows the Gather reads."""
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+    from bevcompile.torch import MatrixLift
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data, write_yaml
+
+    stores = {}
+    for label, region in (("full", None), ("region", REGION)):
+        data = small_rig_data()
+        if region is not None:
+            data["bev"]["region"] = region
+        config = write_yaml(tmp_path / f"{label}.yaml", data)
+        built = CliRunner().invoke(app, ["matrix", str(config), "--mode", mode, "--topk", "8", "--tile-rows", "32", "--out", str(tmp_path / label), "--quiet"])
+        assert built.exit_code == 0, built.output
+        stores[label] = tmp_path / label / "small.zarr"
+    results = {label: export_onnx(path, tmp_path / f"{label}.onnx", ExportOptions(product=product, channels=4)) for label, path in stores.items()}
+    ops = {label: Counter(n.op_type for n in onnx.load(str(r.path)).graph.node) for label, r in results.items()}
+    if product == "ell":
+        assert ops["region"] - ops["full"] == Counter({"Gather": 1}) and not ops["full"] - ops["region"], ops
+    else:  # one Gather + one MatMul (+ its Constant) per row tile; the region has fewer tiles, and ONE Gather more
+        tiles = {label: int(load(path)["matrix"].attrs["tiles"]["n_tiles"]) for label, path in stores.items()}
+        assert tiles["region"] < tiles["full"]
+        for label in stores:
+            assert ops[label]["MatMul"] == tiles[label], ops
+        assert set(ops["region"]) == set(ops["full"]), ops
+    # exactly one Gather reads matrix/expand (the full-grid graph has none)
+    expand = np.asarray(load(stores["region"])["matrix"]["expand"])
+    for label, want in (("region", 1), ("full", 0)):
+        graph = onnx.load(str(results[label].path)).graph
+        consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+        consts |= {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR}
+        reads = [n for n in graph.node if n.op_type == "Gather" and n.input[1] in consts and np.array_equal(consts[n.input[1]].ravel(), expand)]
+        assert len(reads) == want, (label, len(reads))
+    model = _assert_clean(results["region"])
+    assert not {n.op_type for n in model.graph.node} & {"ScatterND", "ScatterElements", "Tile", "Expand"}
+    assert results["region"].max_abs <= 1e-5
+    region = load(stores["region"])
+    inputs = make_inputs(region, 4, 1, seed=7, with_depth=mode == "frustum")
+    got = _ort(results["region"].path, inputs)
+    lift = MatrixLift(stores["region"], form=product)
+    args = [torch.from_numpy(inputs["features"])] + ([torch.from_numpy(inputs["depth"])] if mode == "frustum" else [])
+    with torch.no_grad():
+        want = lift(*args).numpy()
+        compact = MatrixLift(stores["region"], form=product, rows="compact")(*args).numpy()
+    assert got.shape == (1, 4, 24, 24)
+    assert np.max(np.abs(got - want)) <= 1e-6
+    expand = np.asarray(region["matrix"]["expand"])
+    assert compact.shape == (1, 4, int(expand.max()))
+    dense = np.concatenate([compact, np.zeros((1, 4, 1), np.float32)], axis=2)[:, :, expand].reshape(1, 4, 24, 24)
+    assert np.array_equal(dense, want)
