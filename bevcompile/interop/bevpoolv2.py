@@ -11,7 +11,8 @@ The five int32 arrays BEVDet's ``voxel_pooling_prepare_v2`` computes and that ``
   point's index into the depth probabilities ``(B, n_cam, D, H_f, W_f)``;
 * ``ranks_feat[i] = ((b * n_cam + cam) * H_f + v) * W_f + u`` — its row in the channels-last
   features ``(B, n_cam, H_f, W_f, C)``;
-* ``ranks_bev[i] = ((b * Z + z) * Y + y) * X + x`` — its voxel in the ``(B, Z, Y, X)`` output;
+* ``ranks_bev[i] = ((b * Z + z) * Y + y) * X + x`` — its voxel in the ``(B, Z, Y, X)`` output
+  (with a ``bev.region``, points in BEV cells outside the region are dropped; the grid stays dense);
 * ``interval_starts``, ``interval_lengths`` — the runs of equal ``ranks_bev``.
 
 These are BEVDet's ``voxel_pooling_prepare_v2`` formulas (its batch index is the most
@@ -59,6 +60,7 @@ from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
 from ..rig.config import FeatureSpec, RigConfig
+from ..rig.region import region_table
 
 ProgressFn = Callable[[int], None]
 
@@ -367,6 +369,11 @@ class _Voxelizer:
 
     def __init__(self, frig: RigConfig, grid: VoxelGrid, rounding: str, jobs: int) -> None:
         (x_lo, y_lo, z_lo), (dx, dy, dz), (nx, ny, nz) = grid.lower, grid.step, grid.size
+        # bev.region: points of BEV cells outside the region are dropped (the voxel grid stays dense)
+        self.cell_kept: np.ndarray | None = None
+        if frig.bev.region is not None:
+            table = region_table(frig.bev)
+            self.cell_kept = table.expand < table.n_kept
         self.box = BevBox(x_lo, dx, nx, y_lo, dy, ny, z_lo, dz, nz)
         self.trunc = rounding == "trunc"
         self.grid = grid
@@ -399,9 +406,13 @@ class _Voxelizer:
             voxel += fy.astype(np.int64)
             voxel *= x_size
             voxel += fx.astype(np.int64)
+            points = np.arange(fx.size) if sel is None else sel
+            if self.cell_kept is not None:
+                inside = self.cell_kept[voxel % (x_size * y_size)]
+                voxel, points = voxel[inside], points[inside]
             voxels.append(voxel)
             if ranks:
-                depth_ranks.append(block_columns(piece, np.arange(fx.size) if sel is None else sel, self.n_depth_bins, self.plane))
+                depth_ranks.append(block_columns(piece, points, self.n_depth_bins, self.plane))
         voxel = voxels[0] if len(voxels) == 1 else np.concatenate(voxels)
         return voxel, (None if not ranks else depth_ranks[0] if len(depth_ranks) == 1 else np.concatenate(depth_ranks))
 
@@ -499,7 +510,8 @@ def reference_frustum_pool(
     rig: RigConfig, options: BevPoolOptions, depth: np.ndarray, features: np.ndarray
 ) -> npt.NDArray[np.float64]:
     """Straightforward LSS sum pooling (every point scattered with ``np.add.at``): the
-    reference the BEVPoolv2 arrays are checked against. Same conventions as :func:`bev_pool_v2`."""
+    reference the BEVPoolv2 arrays are checked against. Same conventions as :func:`bev_pool_v2`.
+    With a ``bev.region``, every voxel of a BEV cell outside the region is 0 (its points are dropped)."""
     frig = frustum_rig(rig, options.frustum_mapping)
     grid = voxel_grid(rig, options.z_bins)
     n_cam, c, _h_f, _w_f = features.shape
@@ -514,6 +526,9 @@ def reference_frustum_pool(
         values = depth[cam, d_idx, v_idx, u_idx].astype(np.float64)[None, :] * features[cam][:, v_idx, u_idx].astype(np.float64)
         for ch in range(c):
             np.add.at(out[ch], cell, values[ch])
+    if rig.bev.region is not None:
+        keep = np.asarray(region_table(rig.bev).expand) < region_table(rig.bev).n_kept  # (ny * nx,) fine cells inside
+        out = out.reshape(c, z_size, y_size * x_size) * keep[None, None, :]
     return out.reshape(c, z_size, y_size, x_size)
 
 

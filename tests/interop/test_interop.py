@@ -858,3 +858,28 @@ def test_fastbev_near_tie_cells_accept_only_the_two_candidate_pixels(interop_sto
 
     assert nearest_check(10) and nearest_check(11)
     assert not nearest_check(12) and not nearest_check(30)
+
+
+def test_bevpoolv2_drops_the_points_outside_the_bev_region() -> None:
+    """With bev.region, the arrays are the full grid's minus every point of a cell outside the region
+    (same order otherwise: the stable sort is unchanged), and the pooled output is 0 there."""
+    from bevcompile.rig.config import parse_config
+    from bevcompile.rig.region import region_table
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data
+
+    data = small_rig_data()
+    full = build_bevpoolv2(parse_config(data))
+    data["bev"]["region"] = REGION
+    rig = parse_config(data)
+    region = build_bevpoolv2(rig, jobs=2)
+    table = region_table(rig.bev)
+    inside = table.expand < table.n_kept
+    n_cells = rig.bev.ny * rig.bev.nx
+    keep = inside[full.ranks_bev.astype(np.int64) % n_cells]
+    assert 0 < region.n_kept < full.n_kept
+    assert np.array_equal(region.ranks_bev, full.ranks_bev[keep])
+    assert np.array_equal(region.ranks_depth, full.ranks_depth[keep])
+    assert np.array_equal(region.ranks_feat, full.ranks_feat[keep])
+    assert inside[region.ranks_bev.astype(np.int64) % n_cells].all()
