@@ -428,7 +428,7 @@ def build_matrix(
             "--compact-rows does not combine with a bev.region: the region's cell table already names the rows "
             "(drop --compact-rows, or remove cells no camera sees with the region's keep)"
         )
-    region = (table.row_of_cell(), table.n_kept) if table is not None else None
+    region = (table.row_of_cell(), table.n_kept, table.cells[:, 2] > 1) if table is not None else None
     check_planned_sizes(options, n_cells if table is None else table.n_kept + 1)
     if options.mode == "frustum":
 
@@ -452,7 +452,7 @@ def build_matrix(
     else:
         entries, total_mass, n_valid = grid_entries(rig, splat=options.splat, progress=progress, jobs=jobs)
         if region is not None:  # rows = the region's compact rows, merged before Top-K
-            entries = merge_region_rows(entries, region[0], n_cols)
+            entries = merge_region_rows(entries, region[0], n_cols, region[2])
             total_mass = np.bincount(entries.row, weights=entries.weight, minlength=region[1]).astype(np.float64)
         kept = select_topk(entries, options.topk, jobs)
         n_samples = rig.n_cam * len(rig.bev.heights) * n_cells

@@ -676,7 +676,7 @@ def frustum_entries(
     progress: ProgressFn | None = None,
     check_row_nnz: Callable[[I64], None] | None = None,
     jobs: int = 1,
-    region: tuple[I64, int] | None = None,
+    region: tuple[I64, int, npt.NDArray[np.bool_]] | None = None,
 ) -> FrustumResult:
     """Frustum-mode entries that survive the Top-K rule, streamed in two passes by ``jobs``
     threads (:func:`bevcompile.matrix.topk.stream_topk` over :class:`FrustumStream`).
@@ -691,12 +691,13 @@ def frustum_entries(
     frustum = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs)
     stream: FrustumStream | RegionStream = frustum
     if region is not None:  # rows = the region's compact rows (bevcompile.matrix.region), merged before Top-K
-        row_of_cell, n_rows = region
+        row_of_cell, n_rows, coarse_row = region
         stream = RegionStream(
             frustum, row_of_cell, n_rows, n_columns_frustum(rig),
             n_bins=hist_bins(n_rows, HIST_BINS_MAX, HIST_MAX_ENTRIES),
             score="weight" if splat == "bilinear" else "dist2",
             h2=(0.5 * frustum.bev.dx) ** 2 + (0.5 * frustum.bev.dy) ** 2,
+            coarse_row=coarse_row,
         )
     rays_seconds = time.perf_counter() - t0
     w_f, h_f = rig.feature_size

@@ -39,12 +39,13 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
-def merge_region_rows(entries: Entries, row_of_cell: I64, n_cols: int) -> Entries:
+def merge_region_rows(entries: Entries, row_of_cell: I64, n_cols: int, coarse_row: npt.NDArray[np.bool_] | None = None) -> Entries:
     """``entries`` (fine-cell rows) on the region's compact rows: rows mapped through
     ``row_of_cell`` (``(ny * nx,)`` int64, -1 outside the region: dropped), duplicate
     ``(row, col)`` merged (weights summed in increasing fine-cell order with ``np.add.reduceat``,
-    smallest ``dist2``), in the order of
-    each key's first entry (so entries without a duplicate keep their order)."""
+    smallest ``dist2``), in the order of each key's first entry (so entries without a duplicate
+    keep their order). ``coarse_row`` (``(n_rows,)`` bool, optional): the rows of super-cells, the
+    only rows that can hold duplicates (the others are passed through unsorted)."""
     rows = row_of_cell[entries.row]
     inside = rows >= 0
     if not inside.all():
@@ -52,18 +53,30 @@ def merge_region_rows(entries: Entries, row_of_cell: I64, n_cols: int) -> Entrie
         rows = rows[inside]
     if not len(entries):
         return Entries.empty()
-    keys = rows * n_cols + entries.col
-    order = np.lexsort((entries.row, keys))  # by (row, col), then fine cell: the order of summation
-    sorted_keys = keys[order]
+    if coarse_row is None:
+        candidates = np.arange(rows.size)
+    else:
+        candidates = np.flatnonzero(coarse_row[rows])
+        if not candidates.size:
+            return Entries(rows, entries.col, entries.weight, entries.dist2)
+    keys = rows[candidates] * n_cols + entries.col[candidates]
+    order = candidates[np.lexsort((entries.row[candidates], keys))]  # by (row, col), then fine cell: the order of summation
+    sorted_keys = rows[order] * n_cols + entries.col[order]
     starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    if starts.size == keys.size:
+    if starts.size == candidates.size:
         return Entries(rows, entries.col, entries.weight, entries.dist2)
     weight = np.add.reduceat(entries.weight[order], starts)
     dist2 = np.minimum.reduceat(entries.dist2[order], starts)
     first = np.minimum.reduceat(order, starts)
-    again = np.argsort(first, kind="stable")  # first-occurrence order
-    pick = first[again]
-    return Entries(rows[pick], entries.col[pick], weight[again], dist2[again])
+    # every entry of a fine row, and each merged key at its first entry, in entry order
+    passed = np.ones(rows.size, dtype=bool)
+    passed[candidates] = False
+    position = np.concatenate([np.flatnonzero(passed), first])
+    again = np.argsort(position, kind="stable")
+    pick = position[again]
+    out_weight = np.concatenate([entries.weight[passed], weight])[again]
+    out_dist2 = np.concatenate([entries.dist2[passed], dist2])[again]
+    return Entries(rows[pick], entries.col[pick], out_weight, out_dist2)
 
 
 class RegionStream:
@@ -74,9 +87,12 @@ class RegionStream:
     ``score="weight"``: ``1 - w`` (clipped to ``[0, 1)``; bilinear weights of one point sum to 1);
     ``score="dist2"``: ``dist2 / h2`` (nearest: every weight is 1)."""
 
-    def __init__(self, inner: EntryStream, row_of_cell: I64, n_rows: int, n_cols: int, *, n_bins: int, score: str, h2: float) -> None:
+    def __init__(
+        self, inner: EntryStream, row_of_cell: I64, n_rows: int, n_cols: int, *, n_bins: int, score: str, h2: float, coarse_row: npt.NDArray[np.bool_] | None = None
+    ) -> None:
         self.inner = inner
         self.row_of_cell = row_of_cell
+        self.coarse_row = coarse_row
         self.n_cols = n_cols
         self.n_cells = self.n_frame = n_rows
         self.n_bins = n_bins
@@ -85,7 +101,8 @@ class RegionStream:
         self.in_range = 0
         self._mass = np.zeros(n_rows)
         self._thr: I64 = np.zeros(0, np.int64)
-        inner.begin_collect(np.zeros(inner.n_cells, dtype=np.int64), 1, 0)  # every entry passes
+        # every entry of a cell inside the region passes (a mode may drop the others early: threshold -1)
+        inner.begin_collect(np.where(row_of_cell >= 0, 0, -1).astype(np.int64), 1, 0)
 
     def blocks(self) -> Sequence[Any]:
         return self.inner.blocks()
@@ -95,7 +112,7 @@ class RegionStream:
 
     def _entries(self, block: Any) -> tuple[Entries, int]:
         entries, n_in = self.inner.collect(block)
-        return merge_region_rows(entries, self.row_of_cell, self.n_cols), n_in
+        return merge_region_rows(entries, self.row_of_cell, self.n_cols, self.coarse_row), n_in
 
     def _bins(self, e: Entries) -> I64:
         score = (1.0 - e.weight) if self.by_weight else e.dist2
