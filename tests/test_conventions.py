@@ -1,4 +1,4 @@
-"""Each convention is stated once, verbatim, in the README and in every store's attributes."""
+"""Each convention is stated once, verbatim, in docs/conventions.md and in every store's attributes."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from bevcompile.store.zarr_io import open_store
 from .rigs import ROOT, small_rig
 
 
-def test_convention_sentences_are_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_convention_sentences_are_in_the_conventions_page() -> None:
+    page = (ROOT / "docs" / "conventions.md").read_text()
     for key, sentence in CONVENTIONS.items():
-        assert f"- {sentence}\n" in readme, key
+        assert f"- {sentence}\n" in page, key
 
 
 def test_convention_sentences_are_in_the_store(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ Pooling: ``bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_
 Frustum point of ``(cam, d, v, u)``: the feature pixel ``(u, v)`` mapped to the network input
 (``linspace`` — BEVDet's ``torch.linspace(0, W_in - 1, W_f)`` — or the rig's ``stride``
 mapping), through the image augmentation and the lens model, at depth ``d_k`` along the
-optical axis, into the ego frame (:func:`bevcompile.rig.geometry.unproject_feature_to_ego`).
+optical axis, into the BEV frame (``bev.frame``; :func:`bevcompile.rig.geometry.unproject_feature_to_bev`).
 Voxel coordinate: ``c = (p - lower) / step`` per axis (x, y, z; float64), then ``trunc``
 (toward zero, BEVDet's ``.long()``: points up to one voxel *below* the lower bound land in
 voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
@@ -145,18 +145,18 @@ def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
     return rig.n_cam, rig.depth.n_bins, h_f, w_f
 
 
-def frustum_points_ego(
+def frustum_points_bev(
     rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: CameraRays | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Ego coordinates of one camera's LSS frustum points.
+    """BEV-frame coordinates of one camera's LSS frustum points.
 
     Convention:
-        returns ``points_ego`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) ego frame, for
+        returns ``points_bev`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) in the BEV frame, for
         depth bins ``depth_slice`` (default all), pixel ``(u, v)`` = feature pixel centre under
         ``rig.feature.pixel_mapping``, depth along the optical axis; and ``ok`` bool
         ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model; those
         points are NaN). The arithmetic is the ``matrix/`` builder's, term for term
-        (``origin_ego + d * ray_ego`` with the rays of
+        (``origin_bev + d * ray_bev`` with the rays of
         :func:`bevcompile.matrix.entries.camera_rays`), so a point on a voxel boundary falls on
         the same side in both products.
     """
@@ -165,17 +165,17 @@ def frustum_points_ego(
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
     if depth_slice is not None:
         depths = depths[depth_slice]
-    points_ego = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
+    points_bev = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
     pixels = camera_rays_.pixel_index
     for axis in range(3):
-        points_ego[:, pixels, axis] = camera_rays_.origin_ego[axis] + depths[:, None] * camera_rays_.ray_ego[axis][None, :]
+        points_bev[:, pixels, axis] = camera_rays_.origin_bev[axis] + depths[:, None] * camera_rays_.ray_bev[axis][None, :]
     ok = np.zeros(h_f * w_f, dtype=bool)
     ok[pixels] = True
     shape = (depths.size, h_f, w_f)
-    return points_ego.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
+    return points_bev.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
 
 
-def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
     """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
 
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
@@ -183,7 +183,7 @@ def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tup
     """
     lower = np.asarray(grid.lower, dtype=np.float64)
     step = np.asarray(grid.step, dtype=np.float64)
-    scaled = (np.asarray(points_ego, dtype=np.float64) - lower) / step
+    scaled = (np.asarray(points_bev, dtype=np.float64) - lower) / step
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
@@ -192,15 +192,15 @@ def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tup
     return scaled, kept
 
 
-def voxel_coords(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
     """Voxel coordinates of points.
 
     Convention:
-        points_ego ``(..., 3)`` float64 metres (x, y, z); returns int64 ``(..., 3)`` voxel
+        points_bev ``(..., 3)`` float64 metres (x, y, z), BEV frame; returns int64 ``(..., 3)`` voxel
         ``(ix, iy, iz)`` = ``trunc`` or ``floor`` of ``(p - lower) / step`` and ``kept`` bool
         ``(...)``: finite and ``0 <= i < size`` on every axis (index 0 where not kept).
     """
-    scaled, kept = _voxel_scaled(points_ego, grid, rounding)
+    scaled, kept = _voxel_scaled(points_bev, grid, rounding)
     coords = np.zeros(scaled.shape, dtype=np.int64)
     # kept values are > -1 (trunc) or >= 0 (floor): a cast truncates toward zero = the rounding
     coords[kept] = scaled[kept].astype(np.int64)
@@ -227,6 +227,7 @@ class BevPoolV2Arrays:
     depth_shape: tuple[int, int, int, int]
     grid: VoxelGrid
     options: BevPoolOptions
+    bev_frame: str = "ego"
 
     @property
     def batch(self) -> int:
@@ -282,7 +283,7 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
         rays = camera_rays(frig, cam)
         for d0 in range(0, n_d, d_step):
             d1 = min(n_d, d0 + d_step)
-            points, _ok = frustum_points_ego(frig, cam, slice(d0, d1), rays)  # NaN where not ok
+            points, _ok = frustum_points_bev(frig, cam, slice(d0, d1), rays)  # NaN where not ok
             scaled, kept = _voxel_scaled(points, grid, options.rounding)
             flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
             c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
@@ -317,6 +318,7 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
         depth_shape=(n_cam, n_d, h_f, w_f),
         grid=grid,
         options=options,
+        bev_frame=rig.bev.frame,
     )
 
 
@@ -394,7 +396,7 @@ def reference_frustum_pool(
     x_size, y_size, z_size = grid.size
     out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
     for cam in range(n_cam):
-        points, ok = frustum_points_ego(frig, cam)
+        points, ok = frustum_points_bev(frig, cam)
         coords, kept = voxel_coords(points, grid, options.rounding)
         kept &= ok
         d_idx, v_idx, u_idx = np.nonzero(kept)
@@ -430,7 +432,8 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
         ),
         "frustum": (
             "feature pixel (u, v) centre under pixel mapping "
-            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> ego"
+            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> "
+            + ("ego" if result.bev_frame == "ego" else f"the {result.bev_frame} frame (bev.frame)")
         ),
         "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
         "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",

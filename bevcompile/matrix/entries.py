@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig
-from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
+from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
 
 ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
@@ -40,25 +40,25 @@ MAX_INDEX = np.iinfo(np.int32).max
 
 @dataclass(frozen=True)
 class CameraRays:
-    """Viewing rays of one camera's feature-pixel centres, in ego.
+    """Viewing rays of one camera's feature-pixel centres, in the BEV frame (``bev.frame``).
 
     Convention:
-        origin_ego: ``(3,)`` float64 metres, camera centre ``t`` in ego.
-        ray_ego: ``(3, P)`` float64 ``R @ (x_n, y_n, 1)`` (a point at depth d along the optical
-        axis is ``origin_ego + d * ray_ego``), for the P feature pixels that have a preimage.
+        origin_bev: ``(3,)`` float64 metres, camera centre ``t`` in the BEV frame.
+        ray_bev: ``(3, P)`` float64 ``R @ (x_n, y_n, 1)`` (a point at depth d along the optical
+        axis is ``origin_bev + d * ray_bev``), for the P feature pixels that have a preimage.
         pixel_index: ``(P,)`` int64 flat feature pixel ``v * W_f + u`` of each ray.
     """
 
-    origin_ego: F64
-    ray_ego: F64
+    origin_bev: F64
+    ray_bev: F64
     pixel_index: I64
 
 
 def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
     """The rays of every feature-pixel centre of camera ``cam_index``.
 
-    Convention: see :class:`CameraRays`; ``ray_ego[i] = R[i, 0] * x_n + R[i, 1] * y_n + R[i, 2]``
-    evaluated elementwise (``ego_from_cam = [R | t]``, ``(x_n, y_n, 1)`` from
+    Convention: see :class:`CameraRays`; ``ray_bev[i] = R[i, 0] * x_n + R[i, 1] * y_n + R[i, 2]``
+    evaluated elementwise (``bev_from_cam = [R | t]``, the camera pose in the BEV frame; ``(x_n, y_n, 1)`` from
     :func:`bevcompile.rig.geometry.unproject_image_to_cam` at depth 1); pixels without a lens
     preimage are left out.
     """
@@ -67,14 +67,14 @@ def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
     v, u = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")
     uv_feature_px = np.stack([u.ravel(), v.ravel()], axis=-1)
     points_cam_unit, ok = unproject_image_to_cam(camera, feature_px_to_image_px(rig, camera, uv_feature_px), 1.0)
-    ego_from_cam = ego_from_cam_matrix(camera)
+    bev_from_cam = bev_from_cam_matrix(rig, camera)
     pixel_index = np.flatnonzero(ok).astype(np.int64)
     x_n = points_cam_unit[pixel_index, 0]
     y_n = points_cam_unit[pixel_index, 1]
     ray = np.empty((3, pixel_index.size), dtype=np.float64)
     for i in range(3):
-        ray[i] = ego_from_cam[i, 0] * x_n + ego_from_cam[i, 1] * y_n + ego_from_cam[i, 2]
-    return CameraRays(ego_from_cam[:3, 3].copy(), ray, pixel_index)
+        ray[i] = bev_from_cam[i, 0] * x_n + bev_from_cam[i, 1] * y_n + bev_from_cam[i, 2]
+    return CameraRays(bev_from_cam[:3, 3].copy(), ray, pixel_index)
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,8 @@ class _CameraPlan:
     the prefix ``[:n_alive[j]]``."""
 
     cam_index: int
-    origin_ego: F64
-    ray_ego: F64  # (3, P), reordered
+    origin_bev: F64
+    ray_bev: F64  # (3, P), reordered
     pixel_index: I64  # (P,), reordered
     n_alive: I64  # (D,)
 
@@ -136,8 +136,8 @@ def _plan_camera(bev: _Bev, trunc: bool, cam_index: int, rays: CameraRays, depth
     ):
         low = lo - lo_pad * step - CULL_MARGIN_M
         high = lo + n * step + CULL_MARGIN_M
-        origin = float(rays.origin_ego[axis])
-        ray = rays.ray_ego[axis]
+        origin = float(rays.origin_bev[axis])
+        ray = rays.ray_bev[axis]
         moving = ray != 0.0
         safe = np.where(moving, ray, 1.0)
         leave = np.maximum((low - origin) / safe, (high - origin) / safe)
@@ -147,7 +147,7 @@ def _plan_camera(bev: _Bev, trunc: bool, cam_index: int, rays: CameraRays, depth
     order = np.argsort(-j_hi, kind="stable")
     n_alive = np.array([int(np.count_nonzero(j_hi > j)) for j in range(depths.size)], dtype=np.int64)
     return _CameraPlan(
-        cam_index, rays.origin_ego, np.ascontiguousarray(rays.ray_ego[:, order]), rays.pixel_index[order], n_alive
+        cam_index, rays.origin_bev, np.ascontiguousarray(rays.ray_bev[:, order]), rays.pixel_index[order], n_alive
     )
 
 
@@ -171,7 +171,7 @@ def _block_in_range(rig: RigConfig, bev: _Bev, trunc: bool, plan: _CameraPlan, d
     ``0 <= f < n``; trunc: ``-1 < f < n``); culled rays are provably out of range."""
     alive = int(plan.n_alive[d0])
     d = depths[d0:d1, None]
-    origin, ray = plan.origin_ego, plan.ray_ego[:, :alive]
+    origin, ray = plan.origin_bev, plan.ray_bev[:, :alive]
     fz = (origin[2] + d * ray[2] - bev.z_min) / bev.dz
     fx = (origin[0] + d * ray[0] - bev.x_min) / bev.dx
     fy = (origin[1] + d * ray[1] - bev.y_min) / bev.dy

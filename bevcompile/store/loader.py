@@ -309,6 +309,11 @@ class LoadedStore:
         return self.rig.feature_size
 
     @property
+    def bev_frame(self) -> str:
+        """The frame of the BEV grid (``bev.frame``): ``"ego"`` or a sensor's name, e.g. ``"LIDAR_TOP"``."""
+        return self.rig.bev.frame
+
+    @property
     def bev_shape(self) -> tuple[int, int, int]:
         """``(n_heights, ny, nx)``."""
         return len(self.rig.bev.heights), self.rig.bev.ny, self.rig.bev.nx

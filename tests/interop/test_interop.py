@@ -42,7 +42,7 @@ from bevcompile.interop.checks import check_interop, rebuild_interop, verify_int
 from bevcompile.interop.export import npy_names, run_export_interop
 from bevcompile.interop.fastbev import FastBevOptions, build_fastbev_lut, choose_camera, fastbev_gather
 from bevcompile.matrix.build import MatrixOptions, build_matrix
-from bevcompile.rig.config import RigConfig
+from bevcompile.rig.config import RigConfig, parse_config
 from bevcompile.store.inspection import json_attrs
 from bevcompile.store.loader import load
 from bevcompile.store.plugins import REBUILT_ATTRS, Check, CheckContext
@@ -156,6 +156,26 @@ def test_bevdet_float32_arithmetic_moves_only_a_handful_of_points(nuscenes: RigC
     assert 0 < len(moved) <= 20
 
 
+def test_bevpoolv2_and_lut_in_the_lidar_frame_equal_hand_made_cam_to_lidar_poses() -> None:
+    """``bev.frame: LIDAR_TOP`` on nuScenes: the BEVPoolv2 arrays and the Fast-BEV LUT are those
+    of the rig whose cameras were handed their cam -> lidar matrices (numpy product) in the ego
+    frame, and BEVDet's transcription fed those matrices as ``sensor2ego`` agrees too."""
+    data = rigs.nuscenes_data()
+    framed = parse_config(rigs.in_lidar_frame(data))
+    handmade = parse_config(rigs.lidar_poses_as_ego(data))
+    a, b = build_bevpoolv2(framed), build_bevpoolv2(handmade)
+    assert a.n_kept > 100_000
+    for name in NAMES:
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    ref = bevdet_voxel_pooling_prepare_v2(handmade)
+    for name, want in zip(NAMES, ref, strict=True):
+        assert np.array_equal(getattr(a, name), want), name
+    for overlap in ("first", "last"):
+        lut_a = build_fastbev_lut(framed, FastBevOptions(overlap)).lut
+        assert np.array_equal(lut_a, build_fastbev_lut(handmade, FastBevOptions(overlap)).lut)
+    assert not np.array_equal(build_bevpoolv2(parse_config(data)).ranks_bev, a.ranks_bev)
+
+
 @pytest.mark.parametrize("z_bins", [None, 4])
 @pytest.mark.parametrize("mapping", ["stride", "linspace"])
 def test_bevpoolv2_equals_bevdet_transcription_on_small_rigs(mapping: str, z_bins: int | None) -> None:
@@ -253,7 +273,7 @@ def test_bevpoolv2_is_stable_and_deterministic(small_distorted_multi: RigConfig)
 def test_convention_bevpoolv2_rank_formulas(small: RigConfig) -> None:
     """ranks_depth = ((cam*D + d)*H + v)*W + u; ranks_feat = (cam*H + v)*W + u; ranks_bev =
     z*(Y*X) + y*X + x of the point's voxel (checked by recomputing a few points)."""
-    from bevcompile.interop.bevpoolv2 import frustum_points_ego, frustum_rig
+    from bevcompile.interop.bevpoolv2 import frustum_points_bev, frustum_rig
 
     arrays = build_bevpoolv2(small, BevPoolOptions("linspace", "floor", 2))
     n_cam, n_d, h_f, w_f = arrays.depth_shape
@@ -261,7 +281,7 @@ def test_convention_bevpoolv2_rank_formulas(small: RigConfig) -> None:
     for i in np.linspace(0, arrays.n_kept - 1, 25).astype(int):
         cam, d, v, u = np.unravel_index(arrays.ranks_depth[i], (n_cam, n_d, h_f, w_f))
         assert arrays.ranks_feat[i] == (cam * h_f + v) * w_f + u
-        points, _ = frustum_points_ego(frustum_rig(small, "linspace"), int(cam))
+        points, _ = frustum_points_bev(frustum_rig(small, "linspace"), int(cam))
         p = points[d, v, u]
         ix = int(np.floor((p[0] - small.bev.x.min) / small.bev.x.step))
         iy = int(np.floor((p[1] - small.bev.y.min) / small.bev.y.step))
