@@ -136,7 +136,7 @@ def frustum_rig(rig: RigConfig, mapping: str) -> RigConfig:
     """``rig`` with its feature pixel mapping replaced (``rig`` keeps it)."""
     if mapping == "rig" or mapping == rig.feature.pixel_mapping:
         return rig
-    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping))
+    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping, rig.feature.size_rule))
 
 
 def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:

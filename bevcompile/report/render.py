@@ -42,6 +42,7 @@ from ..errors import BevcompileError, DependencyError, StoreError, UsageError
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig, parse_config
 from ..rig.geometry import bev_from_cam_matrix, bev_from_ego_matrix
+from ..store.plugins import level_group
 from ..store.zarr_io import StoreReader, open_store
 
 FIGSIZE_IN = (15.0, 7.5)
@@ -193,8 +194,11 @@ def _matrix_panel(reader: StoreReader, rig: RigConfig) -> tuple[np.ndarray, str,
     return None
 
 
-def render_store(path: str | Path, out: str | Path | None = None, *, height: float | None = None) -> RenderResult:
-    """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically).
+def render_store(
+    path: str | Path, out: str | Path | None = None, *, height: float | None = None, level: int = 0
+) -> RenderResult:
+    """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically):
+    the coverage of feature level ``level`` (``grid/`` for 0, ``grid_l<l>/`` for ``feature.levels``).
 
     Raises :class:`StoreError` for a store that cannot be drawn (not a store, ``grid/valid``
     unreadable), :class:`UsageError` for a bad ``out``/``height``, :class:`DependencyError`
@@ -208,22 +212,25 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
 
         not_a_store_root(store, "render")
     rig = _read_rig(reader)
-    out_path = Path(out) if out is not None else default_output(store, rig.name)
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < rig.n_levels:
+        raise UsageError(f"--level {level} is not a feature level of this store (0 to {rig.n_levels - 1})")
+    grid_name = level_group("grid", level)
+    out_path = Path(out) if out is not None else default_output(store, rig.name if level == 0 else f"{rig.name}_l{level}")
     if out_path.suffix.lower() != ".png":
         raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
     if out_path.is_dir():
         raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
-    if reader.has_group("grid"):
-        valid = reader.read("grid", "valid")
+    if reader.has_group(grid_name):
+        valid = reader.read(grid_name, "valid")
         expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
         if valid.dtype != np.bool_ or valid.shape != expected:
-            raise StoreError(f"{store}: grid/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
-        source = "grid/valid"
+            raise StoreError(f"{store}: {grid_name}/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
+        source = f"{grid_name}/valid"
     else:
         # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
         # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
-        valid = compute_sampling_grid(rig).valid
-        source = "stored config's projection, no grid/"
+        valid = compute_sampling_grid(rig.level(level)).valid
+        source = f"stored config's projection, no {grid_name}/"
     coverage, height_label = _select_coverage(rig, valid, height)
     matrix = _matrix_panel(reader, rig)
 

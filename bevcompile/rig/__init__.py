@@ -2,7 +2,8 @@
 
 * :mod:`.config` — the rig config: frozen dataclasses built by ``parse_config`` (the ONLY module
   that reads YAML), field-path errors, ``config_sha256``.
-* :mod:`.geometry` — lens models, projection and unprojection, camera poses (``ego_from_cam``).
+* :mod:`.geometry` — lens models, projection and unprojection, camera poses (``ego_from_cam``,
+  ``bev_from_cam`` in the BEV frame).
 
 May import: :mod:`bevcompile.errors`. Nothing else of bevcompile (every product imports this).
 """

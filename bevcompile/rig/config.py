@@ -21,7 +21,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,12 @@ PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
 ``linspace`` ``j*(W_in-1)/(W_f-1)`` (BEVDet's frustum); ``corner`` ``j*s`` (intrinsics divided
 by the stride: Fast-BEV, M2BEV); ``normalized`` ``j*s + s/2`` (input pixels normalised by the
 input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR)."""
+SIZE_RULES = ("exact", "ceil")
+"""``feature.size_rule``: how a level's feature map follows from the network input:
+``exact`` ``W_f = W_in / s`` (the input must be divisible by every stride); ``ceil``
+``W_f = ceil(W_in / s)`` (strided convolutions with padding, e.g. a stride-64 FPN level of a
+928-row input has 15 rows)."""
+MAX_FEATURE_LEVELS = 8
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -143,14 +149,38 @@ class Sensor:
 
 
 @dataclass(frozen=True)
-class FeatureSpec:
-    """Network input -> feature map. ``stride``: feature pixel j covers input pixels
-    ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
-    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
-    ``normalized``: at input ``j*s + s/2`` (see :data:`PIXEL_MAPPINGS`)."""
+class FeatureLevel:
+    """One feature map the network produces: its ``stride`` and ``pixel_mapping``."""
 
     stride: int
     pixel_mapping: str
+
+
+def feature_map_size(input_size: int, stride: int, size_rule: str) -> int:
+    """Feature-map length of an input length under ``size_rule`` (``exact``: ``n // s``,
+    the config checked divisibility; ``ceil``: ``ceil(n / s)``)."""
+    return -(-input_size // stride) if size_rule == "ceil" else input_size // stride
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Network input -> feature map(s). ``stride``/``pixel_mapping`` are level 0's (the only
+    level unless ``levels`` lists more). ``stride``: feature pixel j covers input pixels
+    ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
+    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
+    ``normalized``: at input ``(j + 1/2) W_in / W_f`` (``j*s + s/2`` when exact; see
+    :data:`PIXEL_MAPPINGS`). ``size_rule``: :data:`SIZE_RULES`. ``levels``: every level
+    (level 0 first) when the config lists ``feature.levels``, else empty."""
+
+    stride: int
+    pixel_mapping: str
+    size_rule: str = "exact"
+    levels: tuple[FeatureLevel, ...] = ()
+
+    @property
+    def all_levels(self) -> tuple[FeatureLevel, ...]:
+        """Every feature level, level 0 first (one level unless ``feature.levels`` lists more)."""
+        return self.levels or (FeatureLevel(self.stride, self.pixel_mapping),)
 
 
 @dataclass(frozen=True)
@@ -236,9 +266,26 @@ class RigConfig:
 
     @property
     def feature_size(self) -> tuple[int, int]:
-        """``(W_f, H_f)`` of the feature map."""
+        """``(W_f, H_f)`` of the (level 0) feature map, by ``feature.size_rule``."""
         w_in, h_in = self.input_size
-        return w_in // self.feature.stride, h_in // self.feature.stride
+        s, rule = self.feature.stride, self.feature.size_rule
+        return feature_map_size(w_in, s, rule), feature_map_size(h_in, s, rule)
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.feature.all_levels)
+
+    def level(self, index: int) -> RigConfig:
+        """This rig seen through feature level ``index`` alone (its stride, pixel mapping and
+        feature map; everything else unchanged): what every per-level product is built from.
+        Level 0 of a single-level rig is the rig itself."""
+        levels = self.feature.all_levels
+        if not 0 <= index < len(levels):
+            raise IndexError(f"feature level {index} of {len(levels)}")
+        if len(levels) == 1:
+            return self
+        chosen = levels[index]
+        return replace(self, feature=FeatureSpec(chosen.stride, chosen.pixel_mapping, self.feature.size_rule))
 
     @property
     def camera_names(self) -> tuple[str, ...]:
@@ -826,18 +873,50 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
     return DepthSpec(start, stop, step, n_bins)
 
 
+def _parse_mapping(ctx: _Ctx, value: Any, field: str) -> str:
+    mapping = _string(ctx, value, field)
+    if mapping not in PIXEL_MAPPINGS:
+        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
+    return mapping
+
+
+def _parse_stride(ctx: _Ctx, value: Any, field: str) -> int:
+    stride = _integer(ctx, value, field)
+    if stride <= 0:
+        raise ctx.fail(field, f"must be > 0, got {stride}")
+    return stride
+
+
 def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     data = _mapping(ctx, data, "feature")
-    _check_keys(ctx, data, "feature", ("stride",), ("pixel_mapping",))
-    stride = _integer(ctx, data["stride"], "feature.stride")
-    if stride <= 0:
-        raise ctx.fail("feature.stride", f"must be > 0, got {stride}")
-    mapping = "stride"
-    if "pixel_mapping" in data:
-        mapping = _string(ctx, data["pixel_mapping"], "feature.pixel_mapping")
-        if mapping not in PIXEL_MAPPINGS:
-            raise ctx.fail("feature.pixel_mapping", f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
-    return FeatureSpec(stride, mapping)
+    _check_keys(ctx, data, "feature", (), ("stride", "pixel_mapping", "size_rule", "levels"))
+    if ("stride" in data) == ("levels" in data):
+        raise ctx.fail("feature.stride", "give either stride (one feature map) or levels (several), not both"
+                       if "stride" in data else "missing required field (or give levels: a list of {stride, pixel_mapping})")
+    mapping = _parse_mapping(ctx, data["pixel_mapping"], "feature.pixel_mapping") if "pixel_mapping" in data else "stride"
+    size_rule = "exact"
+    if "size_rule" in data:
+        size_rule = _string(ctx, data["size_rule"], "feature.size_rule")
+        if size_rule not in SIZE_RULES:
+            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {size_rule!r}")
+    if "stride" in data:
+        return FeatureSpec(_parse_stride(ctx, data["stride"], "feature.stride"), mapping, size_rule)
+    items = _list(ctx, data["levels"], "feature.levels")
+    if not 1 <= len(items) <= MAX_FEATURE_LEVELS:
+        raise ctx.fail("feature.levels", f"must list 1 to {MAX_FEATURE_LEVELS} levels, got {len(items)}")
+    levels: list[FeatureLevel] = []
+    seen: dict[int, int] = {}
+    for i, item in enumerate(items):
+        field = f"feature.levels[{i}]"
+        item = _mapping(ctx, item, field)
+        _check_keys(ctx, item, field, ("stride",), ("pixel_mapping",))
+        stride = _parse_stride(ctx, item["stride"], f"{field}.stride")
+        if stride in seen:
+            raise ctx.fail(f"{field}.stride", f"duplicate stride {stride} (also feature.levels[{seen[stride]}])")
+        seen[stride] = i
+        level_mapping = _parse_mapping(ctx, item["pixel_mapping"], f"{field}.pixel_mapping") if "pixel_mapping" in item else mapping
+        levels.append(FeatureLevel(stride, level_mapping))
+    return FeatureSpec(levels[0].stride, levels[0].pixel_mapping, size_rule, tuple(levels) if len(levels) > 1 else ())
 
 
 def parse_config(data: Any, source: str = "<config>") -> RigConfig:
@@ -871,10 +950,16 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
             raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
         seen[camera.name] = i
         aug = camera.image_aug
-        for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
-            if size % feature.stride:
-                where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
-                raise ctx.fail(where, f"input {axis} {size} is not divisible by feature.stride {feature.stride}")
+        for level_index, level in enumerate(feature.all_levels if feature.size_rule == "exact" else ()):
+            for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
+                if size % level.stride:
+                    where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
+                    stride_field = "feature.stride" if not feature.levels else f"feature.levels[{level_index}].stride"
+                    raise ctx.fail(
+                        where,
+                        f"input {axis} {size} is not divisible by {stride_field} {level.stride}"
+                        + ("" if not feature.levels else " (or set feature.size_rule: ceil)"),
+                    )
         if cameras:
             first = cameras[0].image_aug
             if (aug.input_width, aug.input_height) != (first.input_width, first.input_height):
@@ -884,10 +969,12 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
                     f"({first.input_width}x{first.input_height}); all cameras share one feature map shape",
                 )
         cameras.append(camera)
-    w_f = cameras[0].image_aug.input_width // feature.stride
-    h_f = cameras[0].image_aug.input_height // feature.stride
-    if w_f < 2 or h_f < 2:
-        raise ctx.fail("feature.stride", f"feature map {w_f}x{h_f} is smaller than 2x2")
+    for level_index, level in enumerate(feature.all_levels):
+        w_f = feature_map_size(cameras[0].image_aug.input_width, level.stride, feature.size_rule)
+        h_f = feature_map_size(cameras[0].image_aug.input_height, level.stride, feature.size_rule)
+        if w_f < 2 or h_f < 2:
+            where = "feature.stride" if not feature.levels else f"feature.levels[{level_index}].stride"
+            raise ctx.fail(where, f"feature map {w_f}x{h_f} is smaller than 2x2")
     sensors = _parse_sensors(ctx, data["sensors"], seen) if "sensors" in data else ()
     bev = _parse_bev(ctx, data["bev"], sensors)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
@@ -950,7 +1037,13 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
             | _pose_dict(sensor.pose_form, sensor.rotation_wxyz, sensor.translation, sensor.ego_from_sensor)
             for sensor in rig.sensors
         ]
-    out["feature"] = {"stride": rig.feature.stride, "pixel_mapping": rig.feature.pixel_mapping}
+    feature = rig.feature
+    if feature.levels:
+        out["feature"] = {"levels": [{"stride": lv.stride, "pixel_mapping": lv.pixel_mapping} for lv in feature.levels]}
+    else:
+        out["feature"] = {"stride": feature.stride, "pixel_mapping": feature.pixel_mapping}
+    if feature.size_rule != "exact":  # only when set: exact configs keep their hash
+        out["feature"]["size_rule"] = feature.size_rule
     out["bev"] = {
         "x": [bev.x.min, bev.x.max, bev.x.step],
         "y": [bev.y.min, bev.y.max, bev.y.step],

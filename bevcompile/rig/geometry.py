@@ -19,7 +19,9 @@ Frames and pixel chain (see docs/conventions.md)::
   right/bottom padding of the network input (``image_aug.pad``) leaves coordinates unchanged.
 * feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
   ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``; ``corner`` mapping:
-  ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``).
+  ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``
+  when ``W_in = s W_f``; with ``feature.size_rule: ceil`` ``W_f = ceil(W_in / s)``). One feature
+  level at a time: a multi-level rig is projected through :meth:`RigConfig.level`.
 
 Lens models follow OpenCV exactly: ``none`` (pinhole), ``opencv`` (radial-tangential with the
 rational extension, coefficients ``k1 k2 p1 p2 k3 k4 k5 k6``) and ``fisheye``
@@ -612,8 +614,11 @@ def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArr
         u_f = u_in / s
         v_f = v_in / s
     elif mapping == "normalized":
-        u_f = u_in / s - 0.5
-        v_f = v_in / s - 0.5
+        # u_in * W_f / W_in - 1/2, written as u_in / (W_in / W_f): W_in / W_f is exactly s when
+        # the input is divisible (size_rule exact), so those stores keep their bytes
+        w_f, h_f = rig.feature_size
+        u_f = u_in / (aug.input_width / w_f) - 0.5
+        v_f = v_in / (aug.input_height / h_f) - 0.5
     else:
         w_f, h_f = rig.feature_size
         u_f = u_in * (w_f - 1) / (aug.input_width - 1)
@@ -634,8 +639,9 @@ def feature_px_to_image_px(rig: RigConfig, camera: Camera, uv_feature_px: FloatA
         u_in = uv[..., 0] * s
         v_in = uv[..., 1] * s
     elif mapping == "normalized":
-        u_in = (uv[..., 0] + 0.5) * s
-        v_in = (uv[..., 1] + 0.5) * s
+        w_f, h_f = rig.feature_size
+        u_in = (uv[..., 0] + 0.5) * (aug.input_width / w_f)
+        v_in = (uv[..., 1] + 0.5) * (aug.input_height / h_f)
     else:
         w_f, h_f = rig.feature_size
         u_in = uv[..., 0] * (aug.input_width - 1) / (w_f - 1)

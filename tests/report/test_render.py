@@ -246,3 +246,18 @@ def test_non_finite_camera_mass_is_refused(tmp_path: Path) -> None:
     damage.rewrite_array(store, "matrix/camera_mass", mass)
     with pytest.raises(StoreError, match="matrix/camera_mass holds non-finite values; run bevcompile inspect"):
         render_store(store, tmp_path / "x.png")
+
+
+def test_render_level_draws_that_levels_coverage(tmp_path: Path) -> None:
+    """``--level 1`` of a ``feature.levels`` store draws ``grid_l1/valid`` (its own coverage, its
+    own default file name); a level the store lacks is a one-line usage error."""
+    from ..grid.test_build import multi_level_rig
+
+    store = run_grid(multi_level_rig(), tmp_path).store
+    result = render_store(store, level=1)
+    assert result.path.name == "small_l1_coverage.png" and result.coverage_source == "grid_l1/valid"
+    valid = open_store(store).read("grid_l1", "valid")
+    assert np.array_equal(result.coverage, valid.any(axis=1))
+    assert render_store(store, tmp_path / "l0.png").coverage_source == "grid/valid"
+    with pytest.raises(UsageError, match=r"^--level 3 is not a feature level of this store \(0 to 1\)$"):
+        render_store(store, tmp_path / "x.png", level=3)

@@ -156,17 +156,20 @@ def test_convention_feature_pixel_mappings(mapping: str, input_of_feature_11_7: 
     np.testing.assert_allclose(image_px_to_feature_px(rig, camera, image), [11.0, 7.0], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("pad_bottom", [0, 8])
-def test_convention_normalized_mapping_is_bevformer_sampling(pad_bottom: int) -> None:
+@pytest.mark.parametrize(("pad_bottom", "size_rule"), [(0, "exact"), (8, "exact"), (4, "ceil")])
+def test_convention_normalized_mapping_is_bevformer_sampling(pad_bottom: int, size_rule: str) -> None:
     """BEVFormer / DETR3D sample image features by projecting to input pixels (x, y), dividing by
     the (padded) input size and calling grid_sample(align_corners=False) on 2 * loc - 1. With
     ``pixel_mapping: normalized`` our grid/norm is that grid: same samples as torch on it; with
-    ``image_aug.pad`` the padded rows are part of the map (BEVFormer pads 900 -> 928)."""
+    ``image_aug.pad`` the padded rows are part of the map (BEVFormer pads 900 -> 928); with
+    ``feature.size_rule: ceil`` the map has ceil(H_in / s) rows (68 / 8 -> 9, as BEVFormer's
+    stride-64 level has ceil(928 / 64) = 15) and the same normalised grid samples it."""
     data = small_rig_data(distortion=True, heights=(-0.5, 0.0, 1.0), bev_half_m=20.0, pixel_mapping="normalized")
     data["image_aug"]["input_size"] = [96, 64 + pad_bottom]
     data["image_aug"]["pad"] = [0, pad_bottom]
+    data["feature"]["size_rule"] = size_rule
     rig = parse_config(data)
-    assert rig.feature_size == (12, 8 + pad_bottom // 8)
+    assert rig.feature_size == (12, -(-(64 + pad_bottom) // 8))
     in_pad = 0
     w_in, h_in = rig.input_size
     w_f, h_f = rig.feature_size
