@@ -74,3 +74,64 @@ def mmdet3d_lidar2img(sensor2lidar_rotation: np.ndarray, sensor2lidar_translatio
     viewpad = np.eye(4)
     viewpad[: k.shape[0], : k.shape[1]] = k
     return viewpad @ lidar2cam_rt.T
+
+
+def fastbev_lut_torch(
+    cameras: list[dict[str, Any]],
+    lidar: dict[str, Any],
+    stride: int,
+    feature_size: tuple[int, int],
+    n_voxels: Sequence[int],
+    voxel_size: Sequence[float],
+    point_cloud_range: Sequence[float],
+) -> np.ndarray:
+    """Fast-BEV's own float32 code path in torch, restated from Sense-GVT/Fast-BEV:
+    ``RandomAugImageMultiViewImage.rts2proj`` / ``img_transform`` (mmdet3d/datasets/pipelines/
+    transforms_3d.py, commit feacd875022cf2733fc1cf953f97fd735966a221), ``KittiSetOrigin``
+    (mmdet3d/datasets/pipelines/multi_view.py, same commit), ``get_points``,
+    ``_compute_projection`` and ``backproject_inplace`` (mmdet3d/models/detectors/fastbev.py,
+    commit b0603230c89f7ef4d422672cb6fda476727aa78b).
+
+    ``cameras``: per camera ``rotation_wxyz``, ``translation``, ``intrinsic``, ``resize``, ``crop``
+    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar`` of one
+    static pose (:func:`mmdet3d_sensor2lidar`). Returns the LUT in Fast-BEV's volume order
+    ``(X, Y, Z)``: ``(cam * H_f + y) * W_f + x`` of the feature pixel the voxel takes (later cameras
+    overwrite earlier ones, as ``volume[:, valid[i]] = ...`` does), -1 where none sees it."""
+    import torch
+
+    w_f, h_f = feature_size
+    pc_range = np.array(point_cloud_range, dtype=np.float32)
+    origin = (pc_range[:3] + pc_range[3:]) / 2.0  # KittiSetOrigin
+    n_vox = torch.tensor(list(n_voxels))
+    size = torch.tensor(list(voxel_size))
+    points = torch.stack(torch.meshgrid([torch.arange(n_voxels[0]), torch.arange(n_voxels[1]), torch.arange(n_voxels[2])], indexing="ij"))
+    new_origin = torch.tensor(origin) - n_vox / 2.0 * size
+    points = points * size.view(3, 1, 1, 1) + new_origin.view(3, 1, 1, 1)  # get_points: float32 (3, X, Y, Z)
+    flat = torch.cat([points.view(3, -1), torch.ones(1, points[0].numel())], dim=0)  # (4, P)
+    lut = torch.full((flat.shape[1],), -1, dtype=torch.long)
+    for cam_index, cam in enumerate(cameras):
+        rot, tran = mmdet3d_sensor2lidar(cam, lidar)
+        post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
+        post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
+        ret_rot, ret_tran = np.eye(3), np.zeros(3)
+        ret_rot[:2, :2] = post_rot.numpy()
+        ret_tran[:2] = post_tran.numpy()
+        lidar2cam_r = np.linalg.inv(rot)  # rts2proj
+        lidar2cam_t = tran @ lidar2cam_r.T
+        lidar2cam_rt = np.eye(4)
+        lidar2cam_rt[:3, :3] = lidar2cam_r.T
+        lidar2cam_rt[3, :3] = -lidar2cam_t
+        intrinsic = np.asarray(cam["intrinsic"], dtype=np.float64)
+        viewpad = np.eye(4)
+        viewpad[:3, :3] = ret_rot @ intrinsic
+        viewpad[:3, 2] += ret_tran
+        lidar2img = np.array(viewpad @ lidar2cam_rt.T, dtype=np.float32)
+        k = torch.tensor(np.eye(4, dtype=np.float32)[:3, :3])  # _compute_projection
+        k[:2] /= stride
+        projection = k @ torch.tensor(lidar2img)[:3]
+        p = torch.bmm(projection[None], flat[None])[0]  # backproject_inplace
+        x = (p[0] / p[2]).round().long()
+        y = (p[1] / p[2]).round().long()
+        valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (p[2] > 0)
+        lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]
+    return lut.view(*n_voxels).numpy()

@@ -183,11 +183,23 @@ def export_interop_command(
     overlap: Annotated[
         str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            "--precision", metavar="float64|float32",
+            help="float64 (the exact geometry) or float32 (the upstream op sequence in float32, ties as upstream rounds them: "
+            "BEVDet's get_lidar_coor, Fast-BEV's projection) (default: float64).", show_default=False,
+        ),
+    ] = None,
+    xyz_layout: Annotated[
+        bool | None,
+        typer.Option("--xyz-layout/--no-xyz-layout", help="fastbev-lut: also write the LUT in Fast-BEV's voxel order (X, Y, Z) as fastbev_lut_xyz.", show_default=False),
+    ] = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
-    from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, ROUNDINGS, BevPoolOptions, frustum_shape
+    from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, PRECISIONS, ROUNDINGS, BevPoolOptions, frustum_shape
     from ..interop.export import INTEROP_TARGETS, run_export_interop
     from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
     from ..store.loader import load
@@ -197,9 +209,9 @@ def export_interop_command(
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
     names = set(requested)
-    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
+    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap, "--xyz-layout": xyz_layout}
     for flag, value in given.items():
-        applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
+        applies = "fastbev-lut" if flag in ("--overlap", "--xyz-layout") else "bevpoolv2"
         if value is not None and applies not in names:
             raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
     targets: dict[str, dict[str, object]] = {}
@@ -207,12 +219,14 @@ def export_interop_command(
         if name == "bevpoolv2":
             bev_options = BevPoolOptions(
                 canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
-                z_bins, 1 if batch is None else batch,
+                z_bins, 1 if batch is None else batch, canonical_choice(precision or "float64", PRECISIONS),
             )
             bev_options.validate()
             targets[name] = bev_options.to_dict()
         else:
-            lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
+            lut_options = FastBevOptions(
+                canonical_choice(overlap or "first", OVERLAP_POLICIES), canonical_choice(precision or "float64", PRECISIONS), bool(xyz_layout),
+            )
             lut_options.validate()
             targets[name] = lut_options.to_dict()
     loaded = load(store, verify=False)
@@ -220,7 +234,7 @@ def export_interop_command(
     if "bevpoolv2" in targets:
         total += int(math.prod(frustum_shape(loaded.rig)))
     if "fastbev-lut" in targets:
-        total += int(math.prod(loaded.bev_shape))
+        total += int(math.prod(loaded.bev_shape)) * loaded.n_levels
     with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
         result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance)
     if json_output:
@@ -235,7 +249,8 @@ def export_interop_command(
         n_cam, n_d, h_f, w_f = a["depth_shape"]
         x, y, z = a["grid_size"]
         table = new_table(
-            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z}, batch {a['batch']})",
+            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z}, batch {a['batch']}"
+            + (f", {o['precision']}" if o.get("precision", "float64") != "float64" else "") + ")",
             "figure", "value", right=("value",),
         )
         batch_factor = f"{a['batch']} x " if a["batch"] > 1 else ""
@@ -246,10 +261,15 @@ def export_interop_command(
         print_table(table)
     if "fastbev-lut" in result.targets:
         a = result.attrs["fastbev-lut"]
-        table = new_table(f"{rig.name}: Fast-BEV LUT (overlap {a['overlap']})", "figure", "value", right=("value",))
+        table = new_table(
+            f"{rig.name}: Fast-BEV LUT (overlap {a['overlap']}" + (f", {a['precision']}" if "precision" in a else "") + ")",
+            "figure", "value", right=("value",),
+        )
         table.add_row("cells (heights x ny x nx)", f"{a['n_cells']:,}")
         table.add_row("seen by a camera", f"{a['n_seen']:,} ({100 * a['n_seen'] / max(1, a['n_cells']):.1f} %)")
         table.add_row("seen by more than one", f"{a['n_overlap']:,}")
+        for level in a.get("levels", [])[1:]:
+            table.add_row(f"level {level['level']}: seen by a camera", f"{level['n_seen']:,}")
         print_table(table)
     sizes = new_table("interop/ arrays", "array", "shape", "dtype", "on disk", right=("on disk",))
     for name, array in result.arrays.items():

@@ -43,12 +43,14 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from ..matrix.entries import CameraRays, camera_rays
-from ..rig.config import FeatureSpec, RigConfig
+from ..rig.config import INTEROP_CHOICES, FeatureSpec, RigConfig
+from ..rig.geometry import bev_from_cam_matrix
 
 ProgressFn = Callable[[int], None]
 
-FRUSTUM_MAPPINGS = ("linspace", "stride", "rig")
-ROUNDINGS = ("trunc", "floor")
+FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
+ROUNDINGS = INTEROP_CHOICES["bevpoolv2"]["rounding"]
+PRECISIONS = INTEROP_CHOICES["bevpoolv2"]["precision"]
 BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
 BEVPOOL_PREFIX = "bevpoolv2_"
 INT32_MAX = np.iinfo(np.int32).max
@@ -69,13 +71,16 @@ class BevPoolOptions:
     ``feature.pixel_mapping``, as ``matrix/`` uses). ``rounding``: ``trunc`` (BEVDet's
     ``.long()``) or ``floor``. ``z_bins``: voxels along z over the rig's ``bev.z`` range
     (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
-    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`).
+    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`). ``precision``: ``float64``
+    (default: the exact geometry) or ``float32`` (BEVDet's own op sequence in float32,
+    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras).
     """
 
     frustum_mapping: str = "linspace"
     rounding: str = "trunc"
     z_bins: int | None = None
     batch: int = 1
+    precision: str = "float64"
 
     def validate(self) -> None:
         if self.frustum_mapping not in FRUSTUM_MAPPINGS:
@@ -86,15 +91,26 @@ class BevPoolOptions:
             raise UsageError(f"--z-bins must be in [1, 4096], got {self.z_bins}")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 1 <= self.batch <= MAX_BATCH:
             raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision == "float32" and self.frustum_mapping != "linspace":
+            raise UsageError(
+                f"--precision float32 restates BEVDet's own frustum (linspace); --frustum-mapping {self.frustum_mapping} "
+                "has no upstream float32 code path (use --precision float64)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
+        """The recorded build options; ``precision`` only when not the default (older stores keep their bytes)."""
+        out: dict[str, Any] = {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
+        if self.precision != "float64":
+            out["precision"] = self.precision
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> BevPoolOptions:
         if not isinstance(data, dict):
             raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch"}
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision"}
         if unknown:
             raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
         z_bins = data.get("z_bins")
@@ -106,6 +122,7 @@ class BevPoolOptions:
             rounding=str(data.get("rounding", "trunc")),
             z_bins=None if z_bins is None else int(z_bins),
             batch=batch,
+            precision=str(data.get("precision", "float64")),
         )
         options.validate()
         return options
@@ -184,6 +201,75 @@ def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tup
     lower = np.asarray(grid.lower, dtype=np.float64)
     step = np.asarray(grid.step, dtype=np.float64)
     scaled = (np.asarray(points_bev, dtype=np.float64) - lower) / step
+    kept = np.ones(scaled.shape[:-1], dtype=bool)
+    for axis, n in enumerate(grid.size):
+        f = scaled[..., axis]
+        kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
+        kept &= f < n
+    return scaled, kept
+
+
+def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
+    """``torch.linspace(start, end, steps, dtype=torch.float)`` restated: the step in float32,
+    ``start + step * i`` below the halfway index and ``end - step * (steps - 1 - i)`` from it,
+    each rounded once to float32 (as torch's CPU kernel gives; checked against torch)."""
+    f32 = np.float32
+    step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
+    i = np.arange(steps, dtype=np.float64)
+    low = float(f32(start)) + step * i
+    high = float(f32(end)) - step * (steps - 1 - i)
+    return np.where(i < steps // 2, low, high).astype(np.float32)
+
+
+def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
+    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
+    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
+    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
+    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
+    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
+    camera pose in the BEV frame.
+
+    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
+    camera = rig.cameras[cam_index]
+    if camera.distortion.model != "none":
+        raise UsageError(
+            f"--precision float32 restates BEVDet's pinhole lift; camera {camera.name} has a "
+            f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    f32 = np.float32
+    w_in, h_in = rig.input_size
+    w_f, h_f = rig.feature_size
+    depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
+    if depth_slice is not None:
+        depths = depths[depth_slice]
+    xs = torch_linspace_float32(0.0, w_in - 1, w_f)[None, None, :]
+    ys = torch_linspace_float32(0.0, h_in - 1, h_f)[None, :, None]
+    d = depths[:, None, None]
+    aug = camera.image_aug
+    inv_r = f32(1.0) / f32(aug.resize)
+    px = xs - (f32(0.0) - f32(aug.crop_left))  # post_tran = 0 - crop (float32)
+    py = ys - (f32(0.0) - f32(aug.crop_top))
+    qx, qy = inv_r * px, inv_r * py  # inverse(post_rots) @ points: the zero terms add exactly 0
+    p0, p1, p2 = qx * d, qy * d, np.broadcast_to(d, (depths.size, h_f, w_f)).astype(np.float32)
+    k = np.array(camera.intrinsic, dtype=np.float32)
+    inv_fx, inv_fy = f32(1.0) / k[0, 0], f32(1.0) / k[1, 1]
+    k_inv = np.array([[inv_fx, 0.0, -(k[0, 2] * inv_fx)], [0.0, inv_fy, -(k[1, 2] * inv_fy)], [0.0, 0.0, 1.0]], dtype=np.float32)
+    pose = bev_from_cam_matrix(rig, camera).astype(np.float32)
+    combine = np.empty((3, 3), dtype=np.float32)
+    for i in range(3):
+        for j in range(3):
+            combine[i, j] = (pose[i, 0] * k_inv[0, j] + pose[i, 1] * k_inv[1, j]) + pose[i, 2] * k_inv[2, j]
+    out = np.empty((depths.size, h_f, w_f, 3), dtype=np.float32)
+    for i in range(3):
+        out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
+    return out
+
+
+def _voxel_scaled_float32(points: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_voxel_scaled` in float32: ``(p - lower) / step`` with float32 ``lower``/``step`` (BEVDet's tensors)."""
+    lower = np.asarray(grid.lower, dtype=np.float64).astype(np.float32)
+    step = np.asarray(grid.step, dtype=np.float64).astype(np.float32)
+    scaled = (np.asarray(points, dtype=np.float32) - lower) / step
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
@@ -279,12 +365,16 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
     bev_parts: list[np.ndarray] = []
     depth_parts: list[np.ndarray] = []
     feat_parts: list[np.ndarray] = []
+    float32 = options.precision == "float32"
     for cam in range(n_cam):
-        rays = camera_rays(frig, cam)
+        rays = None if float32 else camera_rays(frig, cam)
         for d0 in range(0, n_d, d_step):
             d1 = min(n_d, d0 + d_step)
-            points, _ok = frustum_points_bev(frig, cam, slice(d0, d1), rays)  # NaN where not ok
-            scaled, kept = _voxel_scaled(points, grid, options.rounding)
+            if float32:  # BEVDet's own float32 op sequence
+                scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, options.rounding)
+            else:
+                points, _ok = frustum_points_bev(frig, cam, slice(d0, d1), rays)  # NaN where not ok
+                scaled, kept = _voxel_scaled(points, grid, options.rounding)
             flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
             c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
             bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
@@ -396,9 +486,13 @@ def reference_frustum_pool(
     x_size, y_size, z_size = grid.size
     out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
     for cam in range(n_cam):
-        points, ok = frustum_points_bev(frig, cam)
-        coords, kept = voxel_coords(points, grid, options.rounding)
-        kept &= ok
+        if options.precision == "float32":
+            scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam), grid, options.rounding)
+            coords = np.where(kept[..., None], scaled, 0).astype(np.int64)
+        else:
+            points, ok = frustum_points_bev(frig, cam)
+            coords, kept = voxel_coords(points, grid, options.rounding)
+            kept &= ok
         d_idx, v_idx, u_idx = np.nonzero(kept)
         cell = (coords[kept][:, 2] * y_size + coords[kept][:, 1]) * x_size + coords[kept][:, 0]
         values = depth[cam, d_idx, v_idx, u_idx].astype(np.float64)[None, :] * features[cam][:, v_idx, u_idx].astype(np.float64)
@@ -427,13 +521,18 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
         "ranks_bev": "((b * Z + z) * Y + y) * X + x",
         "batch_layout": "the batch-1 arrays repeated B times with the rank offsets above; interval_starts offset by b * n_kept / B",
         "voxel_coordinate": (
-            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), float64; "
+            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), {result.options.precision}; "
             "kept iff 0 <= i < grid_size on every axis"
         ),
         "frustum": (
             "feature pixel (u, v) centre under pixel mapping "
             f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> "
             + ("ego" if result.bev_frame == "ego" else f"the {result.bev_frame} frame (bev.frame)")
+        ),
+        **(
+            {"precision": "float32: BEVDet's create_frustum + get_lidar_coor op sequence in float32 (torch.linspace, post_rots, "
+                          "inverse(cam2img), 3x3 products summed in order), voxel coordinate in float32"}
+            if result.options.precision == "float32" else {}
         ),
         "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
         "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",

@@ -15,7 +15,14 @@ import numpy as np
 from ..errors import StoreError, UsageError
 from ..rig.config import RigConfig
 from .bevpoolv2 import BEVPOOL_ARRAYS, BEVPOOL_PREFIX, BevPoolOptions, ProgressFn, bevpoolv2_attrs, build_bevpoolv2
-from .fastbev import FASTBEV_LUT_ARRAY, FastBevLut, FastBevOptions, build_fastbev_lut, fastbev_attrs
+from .fastbev import (
+    FASTBEV_LUT_ARRAY,
+    FASTBEV_LUT_XYZ_ARRAY,
+    FASTBEV_N_VIEWS_ARRAY,
+    FastBevOptions,
+    fastbev_attrs,
+    fastbev_level_arrays,
+)
 
 INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 
@@ -23,10 +30,6 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 # --------------------------------------------------------------------------------------
 # the interop/ group
 # --------------------------------------------------------------------------------------
-
-
-def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
-    return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
 
 
 def build_target(
@@ -37,18 +40,25 @@ def build_target(
         bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress)
         return {BEVPOOL_PREFIX + k: v for k, v in bev.arrays().items()}, bevpoolv2_attrs(bev)
     if target == "fastbev-lut":
-        lut = build_fastbev_lut(rig, FastBevOptions.from_dict(build_options))
+        arrays, luts = fastbev_level_arrays(rig, FastBevOptions.from_dict(build_options))
         if progress is not None:
-            progress(int(lut.lut.size))
-        return _fastbev_arrays(lut), fastbev_attrs(lut, rig)
+            progress(sum(int(lut.lut.size) for lut in luts))
+        return arrays, fastbev_attrs(luts, rig)
     raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
 
 
-def target_arrays(target: str) -> tuple[str, ...]:
-    """Names of the ``interop/`` arrays a target owns."""
+def target_arrays(target: str, rig: RigConfig | None = None, build_options: Any = None) -> tuple[str, ...]:
+    """Names of the ``interop/`` arrays a target owns (the Fast-BEV LUT: per feature level of
+    ``rig``, and in Fast-BEV's voxel order too when its ``build_options`` ask for it)."""
     if target == "bevpoolv2":
         return tuple(BEVPOOL_PREFIX + name for name in BEVPOOL_ARRAYS)
-    return (FASTBEV_LUT_ARRAY, "fastbev_n_views")
+    n_levels = rig.n_levels if rig is not None else 1
+    xyz = isinstance(build_options, Mapping) and build_options.get("xyz_layout") is True
+    names: list[str] = []
+    for level in range(n_levels):
+        suffix = "" if level == 0 else f"_l{level}"
+        names += [FASTBEV_LUT_ARRAY + suffix, FASTBEV_N_VIEWS_ARRAY + suffix] + ([FASTBEV_LUT_XYZ_ARRAY + suffix] if xyz else [])
+    return tuple(names)
 
 
 def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_attrs: dict[str, Any]) -> dict[str, Any]:
@@ -94,11 +104,12 @@ class InteropRunResult:
         }
 
 
-def npy_names(target: str) -> dict[str, str]:
-    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2)."""
+def npy_names(target: str, rig: RigConfig | None = None, build_options: Any = None) -> dict[str, str]:
+    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2; the
+    Fast-BEV LUT arrays under their own names)."""
     if target == "bevpoolv2":
         return {BEVPOOL_PREFIX + name: f"{name}.npy" for name in BEVPOOL_ARRAYS}
-    return {FASTBEV_LUT_ARRAY: "fastbev_lut.npy", "fastbev_n_views": "fastbev_n_views.npy"}
+    return {name: f"{name}.npy" for name in target_arrays(target, rig, build_options)}
 
 
 def run_export_interop(
@@ -169,7 +180,7 @@ def run_export_interop(
         except OSError as exc:
             raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
         for target in [t for t in INTEROP_TARGETS if t in targets]:
-            for file_name in npy_names(target).values():
+            for file_name in npy_names(target, rig, build_options[target]).values():
                 if (folder / file_name).is_dir():
                     raise StoreError(f"{folder / file_name}: is a directory, cannot write the .npy file there")
     report = write_groups(
@@ -182,7 +193,7 @@ def run_export_interop(
     if folder is not None:
         try:
             for target in [t for t in INTEROP_TARGETS if t in targets]:
-                for array_name, file_name in npy_names(target).items():
+                for array_name, file_name in npy_names(target, rig, build_options[target]).items():
                     path = folder / file_name
                     tmp = folder / f".{file_name}.tmp-{os.getpid()}"
                     with open(tmp, "wb") as fh:

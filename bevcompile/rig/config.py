@@ -47,6 +47,14 @@ PIXEL_MAPPINGS = ("stride", "linspace", "corner", "normalized")
 ``linspace`` ``j*(W_in-1)/(W_f-1)`` (BEVDet's frustum); ``corner`` ``j*s`` (intrinsics divided
 by the stride: Fast-BEV, M2BEV); ``normalized`` ``j*s + s/2`` (input pixels normalised by the
 input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR)."""
+INTEROP_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "bevpoolv2": {"frustum_mapping": ("linspace", "stride", "rig"), "rounding": ("trunc", "floor"), "precision": ("float64", "float32")},
+    "fastbev-lut": {"overlap": ("first", "last", "nearest-centre"), "precision": ("float64", "float32")},
+}
+"""``interop:`` settings a config (or a model preset) may fix, per ``export-interop`` target, with
+their allowed values (the interop package validates its options against these);
+``bevpoolv2`` also takes ``z_bins`` (1 to 4096) and ``batch`` (1 to 256)."""
+INTEROP_INT_OPTIONS: dict[str, dict[str, tuple[int, int]]] = {"bevpoolv2": {"z_bins": (1, 4096), "batch": (1, 256)}}
 SIZE_RULES = ("exact", "ceil")
 """``feature.size_rule``: how a level's feature map follows from the network input:
 ``exact`` ``W_f = W_in / s`` (the input must be divisible by every stride); ``ceil``

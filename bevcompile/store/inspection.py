@@ -609,17 +609,18 @@ def call_plugin(fn: Callable[..., Any], *args: Any, notes: list[str], label: str
     return result
 
 
-def check_context(loaded: InspectedStore, rig: RigConfig, level: int = 0) -> CheckContext:
-    """The plug-in context of feature level ``level``: ``rig`` seen through that level
-    (:meth:`RigConfig.level`) and that level's ``grid`` group."""
-    grid = checks_api.level_group("grid", level)
+def check_context(loaded: InspectedStore, rig: RigConfig, level: int | None = None) -> CheckContext:
+    """The plug-in context of a per-level group of feature level ``level`` (``rig`` seen through
+    that level, :meth:`RigConfig.level`, and that level's ``grid`` group), or, with ``level=None``,
+    of the groups that are not per level (``matrix``, ``interop``: the whole rig, ``grid/``)."""
+    grid = checks_api.level_group("grid", level or 0)
     return CheckContext(
-        rig=rig.level(level),
+        rig=rig if level is None else rig.level(level),
         store_path=loaded.report.path,
         root_attrs=loaded.root_attrs,
         grid_arrays=loaded.arrays.get(grid, {}),
         grid_attrs=loaded.group_attrs.get(grid, {}),
-        level=level,
+        level=level or 0,
     )
 
 
@@ -653,7 +654,7 @@ def _check_levels_present(report: StoreReport, rig: RigConfig, groups: Sequence[
 def run_plugin_checks(loaded: InspectedStore) -> None:
     """Run every plug-in's ``check_<group>`` on a loaded store (inspect without --strict; verify too)."""
     report = loaded.report
-    contexts: dict[int, CheckContext] = {}
+    contexts: dict[int | None, CheckContext] = {}
     if loaded.rig is not None:
         _check_levels_present(report, loaded.rig, [g.name for g in report.groups])
     for summary in report.groups:
@@ -673,9 +674,10 @@ def run_plugin_checks(loaded: InspectedStore) -> None:
         level = group_level(report, loaded.rig, group)
         if level is None:
             continue
-        if level not in contexts:  # one context per store and level: plug-ins share its float64 reference grid
-            contexts[level] = check_context(loaded, loaded.rig, level)
-        ctx = contexts[level]
+        key = level if checks_api.split_level_group(group)[0] in checks_api.LEVEL_GROUPS else None
+        if key not in contexts:  # one context per store and level: plug-ins share its float64 reference grid
+            contexts[key] = check_context(loaded, loaded.rig, key)
+        ctx = contexts[key]
         for module_name, fn in plugins.functions:
             summary.plugins.append(module_name)
             try:
@@ -709,7 +711,7 @@ def _strict_checks(loaded: InspectedStore) -> None:
         level = group_level(report, loaded.rig, group)
         if level is None:
             continue
-        level_rig = loaded.rig.level(level)
+        level_rig = loaded.rig.level(level) if checks_api.split_level_group(group)[0] in checks_api.LEVEL_GROUPS else loaded.rig
         rebuilt: dict[str, np.ndarray] = {}
         origin: dict[str, str] = {}
         rebuilt_attrs: dict[str, Any] | None = None

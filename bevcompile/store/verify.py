@@ -26,7 +26,7 @@ import numpy.typing as npt
 from ..errors import CheckFailed, StoreError, UsageError
 from ..rig.config import RigConfig, config_sha256, load_config
 from .inspection import call_plugin, check_context, load_store, plugin_functions, run_plugin_checks
-from .plugins import CheckContext, VerifyRow, relabel_level, split_level_group
+from .plugins import LEVEL_GROUPS, CheckContext, VerifyRow, relabel_level, split_level_group
 from .zarr_io import is_store, open_store, store_path
 
 DEFAULT_CHANNELS = 8
@@ -216,20 +216,21 @@ def verify_store(
     rig = loaded.rig
     if rig is None:
         return report
-    contexts: dict[int, CheckContext] = {}
+    contexts: dict[int | None, CheckContext] = {}
     for summary in loaded.report.groups:
         group = summary.name
-        _base, level = split_level_group(group)
+        base, level = split_level_group(group)
         if level >= rig.n_levels:
             continue  # an integrity row (feature_level) already says so
-        if level not in contexts:  # one per store and feature level: plug-ins share its float64 reference grid
+        key = level if base in LEVEL_GROUPS else None  # matrix/, interop/: the whole rig (level 0 features)
+        if key not in contexts:  # one per store and feature level: plug-ins share its float64 reference grid
             features, depth_probs = make_features(rig.level(level), channels, seed)
-            ctx = check_context(loaded, rig, level)
+            ctx = check_context(loaded, rig, key)
             ctx.features = features
             ctx.depth_probs = depth_probs
             ctx.seed = seed
-            contexts[level] = ctx
-        ctx = contexts[level]
+            contexts[key] = ctx
+        ctx = contexts[key]
         plugins = plugin_functions(group, "verify")
         report.notes.extend(plugins.notes)
         for failure in plugins.import_failures:

@@ -289,12 +289,34 @@ def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
         (["--to", "bevpoolv2", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
         (["--to", "fastbev-lut", "--rounding", "floor"], "error: --rounding applies to --to bevpoolv2 only, which is not requested (--to fastbev-lut)"),
         (["--to", "lss", "--overlap", "last"], "error: --to must be one of bevpoolv2, fastbev-lut, got 'lss'"),
+        (["--to", "bevpoolv2", "--precision", "half"], "error: --precision must be one of float64, float32, got 'half'"),
+        (["--to", "bevpoolv2", "--xyz-layout"], "error: --xyz-layout applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
+        (["--to", "fastbev-lut", "--precision", "float32"], "error: --precision float32 restates Fast-BEV's pinhole projection; camera FRONT has a opencv lens"),
     ],
 )
 def test_export_interop_usage_errors(store: Path, args: list[str], message: str) -> None:
     result = runner.invoke(app, ["export-interop", str(store), *args])
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_export_interop_precision_float32_and_xyz_layout(tmp_path: Path, small: RigConfig) -> None:
+    """``--precision float32`` (pinhole rig) and ``--xyz-layout``: recorded in build_options, named
+    in the tables, the LUT also written as fastbev_lut_xyz (.npy too); inspect passes."""
+    store = build_grid_store(small, tmp_path / "s", npu=True)
+    result = runner.invoke(app, [
+        "export-interop", str(store), "--to", "bevpoolv2", "--to", "fastbev-lut", "--precision", "FLOAT32", "--xyz-layout",
+        "--overlap", "last", "--npy", str(tmp_path / "npy"),
+    ])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "batch 1, float32)" in out and "Fast-BEV LUT (overlap last, float32)" in out and "interop/fastbev_lut_xyz" in out
+    options = load(store)["interop"].attrs["build_options"]
+    assert options["bevpoolv2"]["precision"] == "float32"
+    assert dict(options["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    xyz = np.load(tmp_path / "npy" / "fastbev_lut_xyz.npy")
+    assert np.array_equal(xyz, np.transpose(np.load(tmp_path / "npy" / "fastbev_lut.npy"), (2, 1, 0)))
+    assert runner.invoke(app, ["inspect", str(store), "--strict", "--quiet"]).exit_code == 0
 
 
 def test_export_interop_requires_to(store: Path) -> None:

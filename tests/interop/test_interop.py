@@ -43,6 +43,7 @@ from bevcompile.interop.export import npy_names, run_export_interop
 from bevcompile.interop.fastbev import FastBevOptions, build_fastbev_lut, choose_camera, fastbev_gather
 from bevcompile.matrix.build import MatrixOptions, build_matrix
 from bevcompile.rig.config import RigConfig, parse_config
+from bevcompile.rig.geometry import bev_from_cam_matrix
 from bevcompile.store.inspection import json_attrs
 from bevcompile.store.loader import load
 from bevcompile.store.plugins import REBUILT_ATTRS, Check, CheckContext
@@ -57,9 +58,14 @@ from .. import rigs
 def bevdet_voxel_pooling_prepare_v2(
     rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1
 ) -> list[np.ndarray]:
-    """BEVDet (dev2.0) for batch ``batch`` (the same rig in every item), transcribed: frustum from ``torch.linspace`` in input
-    pixels, undo ``post_rots``/``post_trans``, ``rots @ inv(intrins)``, ``+ trans``, then
-    ``((coor - lower) / interval).long()``, keep, ranks, (stable) argsort, intervals."""
+    """BEVDet for batch ``batch`` (the same rig in every item), transcribed from ``create_frustum`` /
+    ``get_lidar_coor`` / ``voxel_pooling_prepare_v2`` of mmdet3d/models/necks/view_transformer.py
+    (dev3.0; read in the fork byounghun24/BEVDet, commit 15e21d410747b8a53319e2df7b12da4121bf5d09):
+    frustum from ``torch.linspace`` in input pixels, undo ``post_rots``/``post_trans``,
+    ``sensor2ego[:3, :3] @ inv(cam2imgs)``, ``+ sensor2ego[:3, 3]``, then
+    ``((coor - lower) / interval).long()``, keep, ranks, (stable) argsort, intervals. ``sensor2ego``
+    is the camera's pose in the rig's BEV frame (``bev_from_cam``); with ``dtype=torch.float32``
+    every tensor is float32, as BEVDet runs (its inputs are ``torch.Tensor``s)."""
     w_in, h_in = rig.input_size
     s = rig.feature.stride
     H, W = h_in // s, w_in // s
@@ -69,7 +75,8 @@ def bevdet_voxel_pooling_prepare_v2(
     ys = torch.linspace(0, h_in - 1, H, dtype=dtype).view(1, H, 1).expand(D, H, W)
     frustum = torch.stack((xs, ys, ds), -1)
     B, N = batch, rig.n_cam
-    sensor2ego = torch.tensor([c.ego_from_cam for c in rig.cameras], dtype=dtype).view(1, N, 4, 4).expand(B, N, 4, 4)
+    poses = np.stack([bev_from_cam_matrix(rig, c) for c in rig.cameras])
+    sensor2ego = torch.tensor(poses, dtype=dtype).view(1, N, 4, 4).expand(B, N, 4, 4)
     intrins = torch.tensor([c.intrinsic for c in rig.cameras], dtype=dtype).view(1, N, 3, 3).expand(B, N, 3, 3)
     post_rots = torch.zeros(B, N, 3, 3, dtype=dtype)
     post_trans = torch.zeros(B, N, 3, dtype=dtype)
@@ -145,15 +152,40 @@ def test_bevpoolv2_equals_bevdet_transcription_on_nuscenes(nuscenes: RigConfig) 
     assert (ours.n_kept, ours.n_intervals) == (179_806, 11_708)
 
 
-def test_bevdet_float32_arithmetic_moves_only_a_handful_of_points(nuscenes: RigConfig) -> None:
-    """BEVDet runs in float32; our float64 voxelisation differs from it only for points within
-    float32 rounding of a voxel boundary (measured: 4 of 249,216 on nuScenes)."""
-    ours = build_bevpoolv2(nuscenes)
+def test_bevpoolv2_float32_equals_bevdet_float32_run_bit_for_bit(nuscenes: RigConfig) -> None:
+    """BEVDet runs in float32. ``precision float32`` evaluates its op sequence in float32
+    (bevdet_points_float32) and equals the float32 torch transcription bit for bit on nuScenes
+    (CPU). The float64 default differs from that run in exactly 4 of 249,216 points (within
+    float32 rounding of a voxel boundary): 204 / 4,718 / 4,716 / 204 / 8 entries of ranks_bev /
+    ranks_depth / ranks_feat / interval_starts / interval_lengths differ."""
     ref32 = bevdet_voxel_pooling_prepare_v2(nuscenes, dtype=torch.float32)
-    a = dict(zip(ours.ranks_depth.tolist(), ours.ranks_bev.tolist(), strict=True))
+    ours32 = build_bevpoolv2(nuscenes, BevPoolOptions(precision="float32"))
+    for name, got, want in zip(NAMES, ours32.arrays().values(), ref32, strict=True):
+        assert np.array_equal(got, want), name
+    ours64 = build_bevpoolv2(nuscenes)
+    a = dict(zip(ours64.ranks_depth.tolist(), ours64.ranks_bev.tolist(), strict=True))
     b = dict(zip(ref32[1].tolist(), ref32[0].tolist(), strict=True))
-    moved = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
-    assert 0 < len(moved) <= 20
+    assert len({k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}) == 4
+    differing = [int(np.count_nonzero(getattr(ours64, n) != w)) for n, w in zip(NAMES, ref32, strict=True)]
+    assert differing == [204, 4718, 4716, 204, 8]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(-50.0, 50.0, width=32), st.floats(1.0, 4000.0, width=32), st.integers(2, 400))
+def test_torch_linspace_float32_restatement_equals_torch(start: float, span: float, steps: int) -> None:
+    from bevcompile.interop.bevpoolv2 import torch_linspace_float32
+
+    want = torch.linspace(start, start + span, steps, dtype=torch.float32).numpy()
+    assert np.array_equal(torch_linspace_float32(start, start + span, steps), want)
+
+
+def test_bevpoolv2_float32_needs_the_linspace_frustum_and_pinhole_cameras(small_distorted_multi: RigConfig) -> None:
+    with pytest.raises(UsageError, match=r"--precision float32 restates BEVDet's own frustum \(linspace\); --frustum-mapping stride"):
+        BevPoolOptions(frustum_mapping="stride", precision="float32").validate()
+    with pytest.raises(UsageError, match=r"restates BEVDet's pinhole lift; camera FRONT has a opencv lens"):
+        build_bevpoolv2(small_distorted_multi, BevPoolOptions(precision="float32"))
+    assert BevPoolOptions().to_dict() == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
+    assert BevPoolOptions.from_dict(BevPoolOptions(precision="float32").to_dict()).precision == "float32"
 
 
 def test_bevpoolv2_and_lut_in_the_lidar_frame_equal_hand_made_cam_to_lidar_poses() -> None:
