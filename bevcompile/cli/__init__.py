@@ -19,6 +19,7 @@ from . import grid_cmd, matrix_cmd  # noqa: F401
 from . import inspect_cmd  # noqa: F401
 from . import diff_cmd  # noqa: F401
 from . import export_cmd  # noqa: F401
+from . import presets_cmd  # noqa: F401
 # isort: on
 
 

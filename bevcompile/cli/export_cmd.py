@@ -160,9 +160,13 @@ def _print_export(result: object) -> None:
 def export_interop_command(
     store: StoreArg,
     to: Annotated[
-        list[str],
-        typer.Option("--to", metavar="bevpoolv2|fastbev-lut", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable)."),
-    ],
+        list[str] | None,
+        typer.Option(
+            "--to", metavar="bevpoolv2|fastbev-lut",
+            help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable; default: the targets the config's interop: section names).",
+            show_default=False,
+        ),
+    ] = None,
     npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
     frustum_mapping: Annotated[
         str | None,
@@ -204,7 +208,11 @@ def export_interop_command(
     from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
     from ..store.loader import load
 
-    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
+    loaded = load(store, verify=False)
+    configured = loaded.rig.interop_targets  # the config's (or its preset's) interop: section
+    if not to and not configured:
+        raise UsageError("give --to bevpoolv2 and/or --to fastbev-lut (the store's config names no interop targets)")
+    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to] if to else list(configured)
     for name in requested:
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
@@ -216,20 +224,25 @@ def export_interop_command(
             raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
     targets: dict[str, dict[str, object]] = {}
     for name in requested:
+        fixed = loaded.rig.interop_options(name)  # explicit options override the config's
         if name == "bevpoolv2":
             bev_options = BevPoolOptions(
-                canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
-                z_bins, 1 if batch is None else batch, canonical_choice(precision or "float64", PRECISIONS),
+                canonical_choice(frustum_mapping or fixed.get("frustum_mapping", "linspace"), FRUSTUM_MAPPINGS),
+                canonical_choice(rounding or fixed.get("rounding", "trunc"), ROUNDINGS),
+                z_bins if z_bins is not None else fixed.get("z_bins"),
+                batch if batch is not None else fixed.get("batch", 1),
+                canonical_choice(precision or fixed.get("precision", "float64"), PRECISIONS),
             )
             bev_options.validate()
             targets[name] = bev_options.to_dict()
         else:
             lut_options = FastBevOptions(
-                canonical_choice(overlap or "first", OVERLAP_POLICIES), canonical_choice(precision or "float64", PRECISIONS), bool(xyz_layout),
+                canonical_choice(overlap or fixed.get("overlap", "first"), OVERLAP_POLICIES),
+                canonical_choice(precision or fixed.get("precision", "float64"), PRECISIONS),
+                bool(xyz_layout) if xyz_layout is not None else bool(fixed.get("xyz_layout", False)),
             )
             lut_options.validate()
             targets[name] = lut_options.to_dict()
-    loaded = load(store, verify=False)
     total = 0
     if "bevpoolv2" in targets:
         total += int(math.prod(frustum_shape(loaded.rig)))

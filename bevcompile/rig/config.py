@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from .presets import PRESETS, AugRule, Preset
 
 BEV_FRAME_EGO = "ego"
 """``bev.frame`` default: the BEV grid is in the ego frame."""
@@ -55,6 +56,7 @@ INTEROP_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 their allowed values (the interop package validates its options against these);
 ``bevpoolv2`` also takes ``z_bins`` (1 to 4096) and ``batch`` (1 to 256)."""
 INTEROP_INT_OPTIONS: dict[str, dict[str, tuple[int, int]]] = {"bevpoolv2": {"z_bins": (1, 4096), "batch": (1, 256)}}
+INTEROP_BOOL_OPTIONS: dict[str, tuple[str, ...]] = {"fastbev-lut": ("xyz_layout",)}
 SIZE_RULES = ("exact", "ceil")
 """``feature.size_rule``: how a level's feature map follows from the network input:
 ``exact`` ``W_f = W_in / s`` (the input must be divisible by every stride); ``ceil``
@@ -249,6 +251,17 @@ class RigConfig:
     description: str | None = None
     source: str = "<config>"
     sensors: tuple[Sensor, ...] = ()
+    preset: str | None = None  # the model preset the config named (``preset:``), if any
+    interop: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # ``interop:`` per target, sorted
+
+    def interop_options(self, target: str) -> dict[str, Any]:
+        """The ``interop:`` settings of ``target`` (``bevpoolv2``, ``fastbev-lut``), as given (may be empty)."""
+        return dict(dict(self.interop).get(target, ()))
+
+    @property
+    def interop_targets(self) -> tuple[str, ...]:
+        """The targets ``interop:`` names (``export-interop`` builds them when no ``--to`` is given)."""
+        return tuple(target for target, _ in self.interop)
 
     @property
     def n_cam(self) -> int:
@@ -698,7 +711,7 @@ def _parse_pose(ctx: _Ctx, data: Mapping[str, Any], field: str, what: str) -> Po
     return ego_from_sensor, pose_form, rotation_wxyz, translation
 
 
-def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) -> Camera:
+def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], preset_aug: AugRule | None = None) -> Camera:
     data = _mapping(ctx, data, field)
     _check_keys(
         ctx, data, field, ("name", "image_size", "intrinsic"),
@@ -741,7 +754,8 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
     override: dict[str, Any] = {}
     if "image_aug" in data:
         override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
-    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | shared_aug | override
+    from_preset = preset_aug(width, height) if preset_aug is not None else {}
+    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | from_preset | shared_aug | override
     aug_field = f"{field}.image_aug" if override and not shared_aug else "image_aug"
     if "input_size" not in merged:
         raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
@@ -927,16 +941,127 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     return FeatureSpec(levels[0].stride, levels[0].pixel_mapping, size_rule, tuple(levels) if len(levels) > 1 else ())
 
 
+def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """``interop:``: per ``export-interop`` target, the settings it fixes (:data:`INTEROP_CHOICES`)."""
+    data = _mapping(ctx, data, "interop")
+    _check_keys(ctx, data, "interop", (), tuple(INTEROP_CHOICES))
+    out: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for target in sorted(data):
+        field = f"interop.{target}"
+        options = _mapping(ctx, data[target] if data[target] is not None else {}, field)
+        choices, ints, bools = INTEROP_CHOICES[target], INTEROP_INT_OPTIONS.get(target, {}), INTEROP_BOOL_OPTIONS.get(target, ())
+        _check_keys(ctx, options, field, (), (*choices, *ints, *bools))
+        items: dict[str, Any] = {}
+        for key, value in options.items():
+            if key in bools:
+                if not isinstance(value, bool):
+                    raise ctx.fail(f"{field}.{key}", f"expected true or false, got {_type_name(value)}")
+                items[key] = value
+            elif key in ints:
+                if value is None and key == "z_bins":
+                    items[key] = None
+                    continue
+                number = _integer(ctx, value, f"{field}.{key}")
+                lo, hi = ints[key]
+                if not lo <= number <= hi:
+                    raise ctx.fail(f"{field}.{key}", f"must be in [{lo}, {hi}], got {number}")
+                items[key] = number
+            else:
+                text = _string(ctx, value, f"{field}.{key}")
+                if text not in choices[key]:
+                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {text!r}")
+                items[key] = text
+        out.append((target, tuple(sorted(items.items()))))
+    return tuple(out)
+
+
+def _with_preset(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Mapping[str, Any], Preset | None]:
+    """``data`` with the sections of its ``preset:`` filled in under the explicit fields
+    (mappings merged key by key, the config's keys winning; an explicit ``feature.stride`` or
+    ``feature.levels`` replaces the preset's feature maps)."""
+    if "preset" not in data:
+        return data, None
+    name = _string(ctx, data["preset"], "preset")
+    if name not in PRESETS:
+        raise ctx.fail("preset", f"unknown preset {name!r}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
+    chosen = PRESETS[name]
+    merged = dict(data)
+    for section, values in chosen.fields.items():
+        if section == "camera_order":
+            merged.setdefault(section, list(values))
+            continue
+        explicit = data.get(section)
+        if explicit is None:
+            merged[section] = _copy_plain(values)
+            continue
+        if not isinstance(explicit, Mapping):
+            continue  # reported with its field path by the section's parser
+        base = _copy_plain(values)
+        if section == "feature" and ("stride" in explicit or "levels" in explicit):
+            base.pop("stride", None)
+            base.pop("levels", None)
+        if section == "interop":
+            for target, options in explicit.items():
+                base[target] = dict(base.get(target) or {}) | dict(options or {}) if isinstance(options, Mapping | type(None)) else options
+            merged[section] = base
+            continue
+        merged[section] = base | dict(explicit)
+    return merged, chosen
+
+
+def _copy_plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy_plain(v) for v in value]
+    return value
+
+
+def _ordered_cameras(ctx: _Ctx, cameras: list[Camera], data: Any, field: str) -> list[Camera]:
+    """``cameras`` in the order ``camera_order`` names (every camera exactly once)."""
+    names = [_string(ctx, v, f"{field}[{i}]") for i, v in enumerate(_list(ctx, data, field))]
+    by_name = {cam.name: cam for cam in cameras}
+    for i, name in enumerate(names):
+        if name not in by_name:
+            raise ctx.fail(f"{field}[{i}]", f"no camera named {name!r} (cameras: {', '.join(by_name)})")
+        if names.index(name) != i:
+            raise ctx.fail(f"{field}[{i}]", f"camera {name!r} is named twice")
+    missing = [cam.name for cam in cameras if cam.name not in names]
+    if missing:
+        raise ctx.fail(field, f"lists {len(names)} of the {len(cameras)} cameras; missing {', '.join(missing)}")
+    return [by_name[name] for name in names]
+
+
 def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     """Validate plain data (as read from YAML) into a :class:`RigConfig`.
+
+    A ``preset:`` (:mod:`bevcompile.rig.presets`) fills every section it fixes; the config's
+    explicit fields override it, and ``name`` defaults to the preset's name.
 
     Raises:
         ConfigError: ``<source>: <field path>: <problem>`` for the first problem found.
     """
     ctx = _Ctx(source)
     data = _mapping(ctx, data, "")
-    _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description", "sensors"))
-    name = _string(ctx, data["name"], "name")
+    data, chosen = _with_preset(ctx, data)
+    optional = ("image_aug", "depth", "description", "sensors", "preset", "camera_order", "interop")
+    if chosen is None:
+        _check_keys(ctx, data, "", ("cameras",), ("name", "feature", "bev", *optional))
+        for key in ("name", "feature", "bev"):
+            if key not in data:
+                raise ctx.fail(key, "missing required field (or add a preset: line naming the model you deploy; `bevcompile presets` lists them)")
+        name = _string(ctx, data["name"], "name")
+    else:
+        _check_keys(ctx, data, "", ("cameras",), ("name", "feature", "bev", *optional))
+        name = _string(ctx, data["name"], "name") if "name" in data else chosen.name
+        frame_sensor = chosen.frame_sensor
+        listed = [s.get("name") for s in data.get("sensors") or () if isinstance(s, Mapping)]
+        if frame_sensor is not None and data["bev"].get("frame") == frame_sensor and frame_sensor not in listed:
+            raise ctx.fail(
+                "sensors",
+                f"preset {chosen.name} puts the BEV grid in the {frame_sensor} frame: list {frame_sensor} "
+                "under sensors: (its calibrated pose, sensor -> ego)",
+            )
     if not _NAME_RE.match(name):
         raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
     description = None
@@ -953,7 +1078,7 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
     cameras: list[Camera] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(camera_items):
-        camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug)
+        camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug, chosen.image_aug if chosen is not None else None)
         if camera.name in seen:
             raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
         seen[camera.name] = i
@@ -983,9 +1108,12 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
         if w_f < 2 or h_f < 2:
             where = "feature.stride" if not feature.levels else f"feature.levels[{level_index}].stride"
             raise ctx.fail(where, f"feature map {w_f}x{h_f} is smaller than 2x2")
+    if "camera_order" in data:
+        cameras = _ordered_cameras(ctx, cameras, data["camera_order"], "camera_order")
     sensors = _parse_sensors(ctx, data["sensors"], seen) if "sensors" in data else ()
     bev = _parse_bev(ctx, data["bev"], sensors)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
+    interop = _parse_interop(ctx, data["interop"]) if "interop" in data else ()
     return RigConfig(
         name=name,
         cameras=tuple(cameras),
@@ -996,6 +1124,8 @@ def parse_config(data: Any, source: str = "<config>") -> RigConfig:
         description=description,
         source=source,
         sensors=sensors,
+        preset=chosen.name if chosen is not None else None,
+        interop=interop,
     )
 
 
@@ -1030,13 +1160,16 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
             "crop": [aug.crop_left, aug.crop_top],
             "input_size": [aug.input_width, aug.input_height],
         }
-        if aug.pad_right or aug.pad_bottom:  # only when used: configs without padding keep their hash
+        if aug.pad_right or aug.pad_bottom or rig.preset is not None:  # only when used: configs without padding keep their hash
             entry["image_aug"]["pad"] = [aug.pad_right, aug.pad_bottom]
         cameras.append(entry)
     bev = rig.bev
     out: dict[str, Any] = {"name": rig.name}
     if descriptions and rig.description is not None:
         out["description"] = rig.description
+    if rig.preset is not None:  # a preset re-applied under the resolved fields gives the same config
+        out["preset"] = rig.preset
+        out["camera_order"] = list(rig.camera_names)
     out["cameras"] = cameras
     if rig.sensors:  # only when listed: configs without sensors keep their hash
         out["sensors"] = [
@@ -1050,7 +1183,7 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         out["feature"] = {"levels": [{"stride": lv.stride, "pixel_mapping": lv.pixel_mapping} for lv in feature.levels]}
     else:
         out["feature"] = {"stride": feature.stride, "pixel_mapping": feature.pixel_mapping}
-    if feature.size_rule != "exact":  # only when set: exact configs keep their hash
+    if feature.size_rule != "exact" or rig.preset is not None:  # only when set: exact configs keep their hash
         out["feature"]["size_rule"] = feature.size_rule
     out["bev"] = {
         "x": [bev.x.min, bev.x.max, bev.x.step],
@@ -1058,9 +1191,11 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         "z": [bev.z.min, bev.z.max, bev.z.step],
         "heights": list(bev.heights),
     }
-    if bev.frame != BEV_FRAME_EGO:  # only when set: ego-frame configs keep their hash
+    if bev.frame != BEV_FRAME_EGO or rig.preset is not None:  # only when set: ego-frame configs keep their hash
         out["bev"]["frame"] = bev.frame
     out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
+    if rig.interop:
+        out["interop"] = {target: dict(options) for target, options in rig.interop}
     return out
 
 

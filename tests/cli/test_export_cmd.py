@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -319,10 +320,28 @@ def test_export_interop_precision_float32_and_xyz_layout(tmp_path: Path, small: 
     assert runner.invoke(app, ["inspect", str(store), "--strict", "--quiet"]).exit_code == 0
 
 
-def test_export_interop_requires_to(store: Path) -> None:
+def test_export_interop_requires_to_when_the_config_names_no_target(store: Path) -> None:
     result = runner.invoke(app, ["export-interop", str(store)])
     assert result.exit_code == 2
-    assert "--to" in result.output
+    assert "error: give --to bevpoolv2 and/or --to fastbev-lut (the store's config names no interop targets)" in result.stderr
+
+
+def test_export_interop_defaults_to_the_config_interop_section(tmp_path: Path, small: RigConfig) -> None:
+    """No --to: the targets and options of the config's ``interop:`` section (a preset's); an
+    explicit flag overrides one option and keeps the others."""
+    rig = dataclasses.replace(small, interop=(("fastbev-lut", (("overlap", "last"), ("precision", "float32"), ("xyz_layout", True))),))
+    store = build_grid_store(rig, tmp_path / "s", npu=True)
+    result = runner.invoke(app, ["export-interop", str(store), "--quiet"])
+    assert result.exit_code == 0, result.output
+    interop = load(store)["interop"]
+    assert dict(interop.attrs["build_options"]["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    assert "bevpoolv2_ranks_bev" not in interop and "fastbev_lut_xyz" in interop
+    result = runner.invoke(app, ["export-interop", str(store), "--overlap", "first", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert dict(load(store)["interop"].attrs["build_options"]["fastbev-lut"]) == {"overlap": "first", "precision": "float32", "xyz_layout": True}
+    result = runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert dict(load(store)["interop"].attrs["build_options"]["bevpoolv2"]) == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
 
 
 def test_help_shows_the_defaults_of_options_that_apply_to_one_target() -> None:
