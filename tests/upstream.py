@@ -135,3 +135,76 @@ def fastbev_lut_torch(
         valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (p[2] > 0)
         lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]
     return lut.view(*n_voxels).numpy()
+
+
+def petr_resize_crop_intrinsics(intrinsic: Any, resize: float, crop: tuple[int, int]) -> np.ndarray:
+    """PETR's ``ResizeCropFlipImage`` at test time (megvii-research/PETR,
+    projects/mmdet3d_plugin/datasets/pipelines/transform_3d.py, commit
+    0677620645e3a4746c5ac6840f6b39432f098a80): ``post_rot = torch.eye(2) * resize`` and
+    ``post_tran = -crop[:2]`` (float32 tensors), then ``intrinsics[:2, :3] = post_rot @ intrinsics[:2, :3]``
+    and ``intrinsics[:2, 2] += post_tran`` on the float64 ``viewpad`` (numpy promotes). Returns the 4x4."""
+    import torch
+
+    viewpad = np.eye(4)
+    k = np.asarray(intrinsic, dtype=np.float64)
+    viewpad[:3, :3] = k
+    post_rot = (torch.eye(2) * resize).numpy()
+    post_tran = (torch.zeros(2) - torch.tensor([float(crop[0]), float(crop[1])])).numpy()
+    viewpad[:2, :3] = post_rot @ viewpad[:2, :3]
+    viewpad[:2, 2] = post_tran + viewpad[:2, 2]
+    return viewpad
+
+
+def petr_position_coords_torch(
+    lidar2img: list[np.ndarray],
+    pad_hw: tuple[int, int],
+    feature_hw: tuple[int, int],
+    depth_num: int = 64,
+    depth_start: float = 1.0,
+    lid: bool = True,
+    position_range: Sequence[float] = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0),
+) -> tuple[np.ndarray, np.ndarray]:
+    """PETR's ``PETRHead.position_embeding`` up to the ``inverse_sigmoid`` (megvii-research/PETR,
+    projects/mmdet3d_plugin/models/dense_heads/petr_head.py, commit
+    0677620645e3a4746c5ac6840f6b39432f098a80), in torch float32 on the CPU: ``coords_h = arange(H) *
+    pad_h / H``, LID depths ``depth_start + bin_size * i * (i + 1)`` with ``bin_size = (range[3] -
+    depth_start) / (D (1 + D))`` (else ``depth_start + bin_size * i``), ``(u d, v d, d, 1)`` (``d``
+    clamped to eps 1e-5), ``img2lidar = float32(np.linalg.inv(lidar2img))``, ``torch.matmul``, the
+    position range normalisation, ``coords_mask = count(out of [0, 1]) over (D, 3) > D / 2``.
+
+    Returns ``coords3d`` float32 ``(n_cam, D * 3, H, W)`` (channel ``3 d + axis``, the tensor
+    ``inverse_sigmoid`` receives) and ``coords_mask`` bool ``(n_cam, H, W)`` (image padding not
+    included: the caller's inputs have none)."""
+    import torch
+
+    eps = 1e-5
+    pad_h, pad_w = pad_hw
+    h, w = feature_hw
+    coords_h = torch.arange(h).float() * pad_h / h
+    coords_w = torch.arange(w).float() * pad_w / w
+    index = torch.arange(start=0, end=depth_num, step=1).float()
+    if lid:
+        index_1 = index + 1
+        bin_size = (position_range[3] - depth_start) / (depth_num * (1 + depth_num))
+        coords_d = depth_start + bin_size * index * index_1
+    else:
+        bin_size = (position_range[3] - depth_start) / depth_num
+        coords_d = depth_start + bin_size * index
+    d = coords_d.shape[0]
+    coords = torch.stack(torch.meshgrid([coords_w, coords_h, coords_d], indexing="ij")).permute(1, 2, 3, 0)  # W, H, D, 3
+    coords = torch.cat((coords, torch.ones_like(coords[..., :1])), -1)
+    coords[..., :2] = coords[..., :2] * torch.maximum(coords[..., 2:3], torch.ones_like(coords[..., 2:3]) * eps)
+    img2lidars = coords.new_tensor(np.asarray([np.linalg.inv(m) for m in lidar2img]))  # (N, 4, 4)
+    n = img2lidars.shape[0]
+    coords = coords.view(1, w, h, d, 4, 1).repeat(n, 1, 1, 1, 1, 1)
+    img2lidars = img2lidars.view(n, 1, 1, 1, 4, 4).repeat(1, w, h, d, 1, 1)
+    coords3d = torch.matmul(img2lidars, coords).squeeze(-1)[..., :3]
+    r = position_range
+    coords3d[..., 0:1] = (coords3d[..., 0:1] - r[0]) / (r[3] - r[0])
+    coords3d[..., 1:2] = (coords3d[..., 1:2] - r[1]) / (r[4] - r[1])
+    coords3d[..., 2:3] = (coords3d[..., 2:3] - r[2]) / (r[5] - r[2])
+    coords_mask = (coords3d > 1.0) | (coords3d < 0.0)
+    coords_mask = coords_mask.flatten(-2).sum(-1) > (d * 0.5)  # (N, W, H)
+    coords_mask = coords_mask.permute(0, 2, 1)
+    coords3d = coords3d.permute(0, 3, 4, 2, 1).contiguous().view(n, -1, h, w)
+    return coords3d.numpy(), coords_mask.numpy()

@@ -156,14 +156,15 @@ def _print_export(result: object) -> None:
         stdout_console.print(f"wrote [bold]{result.path}[/bold]")
 
 
-@cli_command("export-interop", short_help='BEVDet BEVPoolv2 arrays / Fast-BEV LUT into interop/ (and .npy files).')
+@cli_command("export-interop", short_help='BEVDet BEVPoolv2 arrays / Fast-BEV LUT / PETR position coordinates into interop/ (and .npy files).')
 def export_interop_command(
     store: StoreArg,
     to: Annotated[
         list[str] | None,
         typer.Option(
-            "--to", metavar="bevpoolv2|fastbev-lut",
-            help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable; default: the targets the config's interop: section names).",
+            "--to", metavar="bevpoolv2|fastbev-lut|petr-coords3d",
+            help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays), fastbev-lut or petr-coords3d (PETR's 3D position coordinates; "
+            "depth bins and position range from the config's interop: section) (repeatable; default: the targets the config's interop: section names).",
             show_default=False,
         ),
     ] = None,
@@ -192,7 +193,7 @@ def export_interop_command(
         typer.Option(
             "--precision", metavar="float64|float32",
             help="float64 (the exact geometry) or float32 (the upstream op sequence in float32, ties as upstream rounds them: "
-            "BEVDet's get_lidar_coor, Fast-BEV's projection) (default: float64).", show_default=False,
+            "BEVDet's get_lidar_coor, Fast-BEV's projection, PETR's position_embeding) (default: float64).", show_default=False,
         ),
     ] = None,
     xyz_layout: Annotated[
@@ -202,16 +203,17 @@ def export_interop_command(
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
+    """Write BEVDet BEVPoolv2 arrays, a Fast-BEV LUT and/or PETR's position coordinates into the store's interop/ group (and .npy files)."""
     from ..interop.bevpoolv2 import FRUSTUM_MAPPINGS, PRECISIONS, ROUNDINGS, BevPoolOptions, frustum_shape
     from ..interop.export import INTEROP_TARGETS, run_export_interop
     from ..interop.fastbev import OVERLAP_POLICIES, FastBevOptions
+    from ..interop.petr import PetrOptions
     from ..store.loader import load
 
     loaded = load(store, verify=False)
     configured = loaded.rig.interop_targets  # the config's (or its preset's) interop: section
     if not to and not configured:
-        raise UsageError("give --to bevpoolv2 and/or --to fastbev-lut (the store's config names no interop targets)")
+        raise UsageError("give --to bevpoolv2, --to fastbev-lut and/or --to petr-coords3d (the store's config names no interop targets)")
     requested = [canonical_choice(target, INTEROP_TARGETS) for target in to] if to else list(configured)
     for name in requested:
         if name not in INTEROP_TARGETS:
@@ -235,6 +237,9 @@ def export_interop_command(
             )
             bev_options.validate()
             targets[name] = bev_options.to_dict()
+        elif name == "petr-coords3d":
+            petr_options = PetrOptions.from_dict(dict(fixed) | {"precision": canonical_choice(precision or fixed.get("precision", "float64"), PRECISIONS)})
+            targets[name] = petr_options.to_dict()
         else:
             lut_options = FastBevOptions(
                 canonical_choice(overlap or fixed.get("overlap", "first"), OVERLAP_POLICIES),
@@ -248,6 +253,9 @@ def export_interop_command(
         total += int(math.prod(frustum_shape(loaded.rig)))
     if "fastbev-lut" in targets:
         total += int(math.prod(loaded.bev_shape)) * loaded.n_levels
+    if "petr-coords3d" in targets:
+        w_f, h_f = loaded.rig.level(0).feature_size
+        total += loaded.rig.n_cam * PetrOptions.from_dict(targets["petr-coords3d"]).depth_num * h_f * w_f
     with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
         result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance)
     if json_output:
@@ -283,6 +291,19 @@ def export_interop_command(
         table.add_row("seen by more than one", f"{a['n_overlap']:,}")
         for level in a.get("levels", [])[1:]:
             table.add_row(f"level {level['level']}: seen by a camera", f"{level['n_seen']:,}")
+        print_table(table)
+    if "petr-coords3d" in result.targets:
+        a = result.attrs["petr-coords3d"]
+        o = result.attrs["build_options"]["petr-coords3d"]
+        w_f, h_f = a["feature_size"]
+        table = new_table(
+            f"{rig.name}: PETR position coordinates ({o['depth_num']} {'LID' if o['lid'] else 'uniform'} depths, {o['precision']}, {a['frame']} frame)",
+            "figure", "value", right=("value",),
+        )
+        table.add_row("pixels (cameras x H_f x W_f)", f"{rig.n_cam} x {h_f} x {w_f} = {rig.n_cam * h_f * w_f:,}")
+        table.add_row("depths (m)", f"{a['depths'][0]:.3f} .. {a['depths'][-1]:.3f}")
+        table.add_row("masked pixels", f"{a['n_masked']:,}")
+        table.add_row("coordinates inside position_range", f"{100 * a['inside_fraction']:.1f} %")
         print_table(table)
     sizes = new_table("interop/ arrays", "array", "shape", "dtype", "on disk", right=("on disk",))
     for name, array in result.arrays.items():

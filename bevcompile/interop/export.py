@@ -23,8 +23,9 @@ from .fastbev import (
     fastbev_attrs,
     fastbev_level_arrays,
 )
+from .petr import PETR_ARRAYS, PetrOptions, build_petr_coords, petr_attrs
 
-INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
+INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut", "petr-coords3d")
 
 
 # --------------------------------------------------------------------------------------
@@ -44,6 +45,11 @@ def build_target(
         if progress is not None:
             progress(sum(int(lut.lut.size) for lut in luts))
         return arrays, fastbev_attrs(luts, rig)
+    if target == "petr-coords3d":
+        petr = build_petr_coords(rig, PetrOptions.from_dict(build_options))
+        if progress is not None:
+            progress(int(petr.coords3d.size // 3))
+        return petr.arrays(), petr_attrs(petr, rig)
     raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
 
 
@@ -52,6 +58,8 @@ def target_arrays(target: str, rig: RigConfig | None = None, build_options: Any 
     ``rig``, and in Fast-BEV's voxel order too when its ``build_options`` ask for it)."""
     if target == "bevpoolv2":
         return tuple(BEVPOOL_PREFIX + name for name in BEVPOOL_ARRAYS)
+    if target == "petr-coords3d":
+        return PETR_ARRAYS
     n_levels = rig.n_levels if rig is not None else 1
     xyz = isinstance(build_options, Mapping) and build_options.get("xyz_layout") is True
     names: list[str] = []
@@ -106,7 +114,7 @@ class InteropRunResult:
 
 def npy_names(target: str, rig: RigConfig | None = None, build_options: Any = None) -> dict[str, str]:
     """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2; the
-    Fast-BEV LUT arrays under their own names)."""
+    Fast-BEV LUT and PETR arrays under their own names)."""
     if target == "bevpoolv2":
         return {BEVPOOL_PREFIX + name: f"{name}.npy" for name in BEVPOOL_ARRAYS}
     return {name: f"{name}.npy" for name in target_arrays(target, rig, build_options)}
@@ -126,7 +134,7 @@ def run_export_interop(
     array names) plus ``interop.json`` (the group attributes).
 
     ``targets`` maps target name -> build options (``BevPoolOptions.to_dict()`` /
-    ``FastBevOptions.to_dict()``).
+    ``FastBevOptions.to_dict()`` / ``PetrOptions.to_dict()``).
     """
     import json
     import os

@@ -51,12 +51,20 @@ input size, then ``grid_sample(align_corners=False)``: BEVFormer, DETR3D, PETR).
 INTEROP_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "bevpoolv2": {"frustum_mapping": ("linspace", "stride", "rig"), "rounding": ("trunc", "floor"), "precision": ("float64", "float32")},
     "fastbev-lut": {"overlap": ("first", "last", "nearest-centre"), "precision": ("float64", "float32")},
+    "petr-coords3d": {"precision": ("float64", "float32")},
 }
 """``interop:`` settings a config (or a model preset) may fix, per ``export-interop`` target, with
 their allowed values (the interop package validates its options against these);
-``bevpoolv2`` also takes ``z_bins`` (1 to 4096) and ``batch`` (1 to 256)."""
-INTEROP_INT_OPTIONS: dict[str, dict[str, tuple[int, int]]] = {"bevpoolv2": {"z_bins": (1, 4096), "batch": (1, 256)}}
-INTEROP_BOOL_OPTIONS: dict[str, tuple[str, ...]] = {"fastbev-lut": ("xyz_layout",)}
+``bevpoolv2`` also takes ``z_bins`` (1 to 4096) and ``batch`` (1 to 256); ``fastbev-lut``
+``xyz_layout`` (true/false); ``petr-coords3d`` ``depth_num`` (1 to 1024), ``lid`` (true/false),
+``depth_start`` (metres, > 0) and ``position_range`` (six numbers, min x y z then max x y z)."""
+INTEROP_INT_OPTIONS: dict[str, dict[str, tuple[int, int]]] = {
+    "bevpoolv2": {"z_bins": (1, 4096), "batch": (1, 256)},
+    "petr-coords3d": {"depth_num": (1, 1024)},
+}
+INTEROP_BOOL_OPTIONS: dict[str, tuple[str, ...]] = {"fastbev-lut": ("xyz_layout",), "petr-coords3d": ("lid",)}
+INTEROP_NUMBER_OPTIONS: dict[str, dict[str, int]] = {"petr-coords3d": {"depth_start": 1, "position_range": 6}}
+"""Numeric ``interop:`` settings: option -> how many numbers (1: a number, else a list of that length)."""
 SIZE_RULES = ("exact", "ceil")
 """``feature.size_rule``: how a level's feature map follows from the network input:
 ``exact`` ``W_f = W_in / s`` (the input must be divisible by every stride); ``ceil``
@@ -950,10 +958,13 @@ def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, An
         field = f"interop.{target}"
         options = _mapping(ctx, data[target] if data[target] is not None else {}, field)
         choices, ints, bools = INTEROP_CHOICES[target], INTEROP_INT_OPTIONS.get(target, {}), INTEROP_BOOL_OPTIONS.get(target, ())
-        _check_keys(ctx, options, field, (), (*choices, *ints, *bools))
+        numbers = INTEROP_NUMBER_OPTIONS.get(target, {})
+        _check_keys(ctx, options, field, (), (*choices, *ints, *bools, *numbers))
         items: dict[str, Any] = {}
         for key, value in options.items():
-            if key in bools:
+            if key in numbers:
+                items[key] = _interop_numbers(ctx, value, f"{field}.{key}", numbers[key])
+            elif key in bools:
                 if not isinstance(value, bool):
                     raise ctx.fail(f"{field}.{key}", f"expected true or false, got {_type_name(value)}")
                 items[key] = value
@@ -973,6 +984,21 @@ def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, An
                 items[key] = text
         out.append((target, tuple(sorted(items.items()))))
     return tuple(out)
+
+
+def _interop_numbers(ctx: _Ctx, value: Any, field: str, count: int) -> float | tuple[float, ...]:
+    """A numeric ``interop:`` setting: ``depth_start`` (> 0) or ``position_range`` (min < max per axis)."""
+    if count == 1:
+        number = _number(ctx, value, field)
+        if not number > 0.0:
+            raise ctx.fail(field, f"must be > 0, got {number:g}")
+        return number
+    values = _numbers(ctx, value, field, count)
+    half = count // 2
+    for axis in range(half):
+        if not values[axis] < values[axis + half]:
+            raise ctx.fail(field, f"min must be < max on every axis, got {values[axis]:g} >= {values[axis + half]:g} (axis {'xyz'[axis] if half == 3 else axis})")
+    return tuple(values)
 
 
 def _with_preset(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Mapping[str, Any], Preset | None]:
@@ -1195,7 +1221,7 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         out["bev"]["frame"] = bev.frame
     out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
     if rig.interop:
-        out["interop"] = {target: dict(options) for target, options in rig.interop}
+        out["interop"] = {target: {k: list(v) if isinstance(v, tuple) else v for k, v in options} for target, options in rig.interop}
     return out
 
 

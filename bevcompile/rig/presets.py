@@ -28,6 +28,7 @@ _BEVDET_CODE = ("byounghun24/BEVDet", "15e21d410747b8a53319e2df7b12da4121bf5d09"
 _BEVDEPTH = "Megvii-BaseDetection/BEVDepth"
 _BEVFORMER = "fundamentalvision/BEVFormer"
 _FASTBEV = "Sense-GVT/Fast-BEV"
+_PETR = "megvii-research/PETR"
 _MMDET3D = ("open-mmlab/mmdetection3d", "010cd4ba8dc6b2ce749216ada9c0e25ab764bb3e")
 
 
@@ -66,8 +67,9 @@ def bevdet_test_aug(input_w: int, input_h: int, resize_test: float = 0.0, crop_h
 
 
 def bevdepth_test_aug(input_w: int, input_h: int, bot_pct: tuple[float, float] = (0.0, 0.0)) -> AugRule:
-    """BEVDepth's test-time ``sample_ida_augmentation``: ``resize = max(fH / H, fW / W)``, then
-    BEVDet's crop (bottom kept by ``bot_pct_lim``, centred horizontally)."""
+    """BEVDepth's test-time ``sample_ida_augmentation`` (and PETR's ``ResizeCropFlipImage``
+    ``_sample_augmentation``, the same rule): ``resize = max(fH / H, fW / W)``, then BEVDet's crop
+    (bottom kept by ``bot_pct_lim``, centred horizontally)."""
 
     def rule(width: int, height: int) -> dict[str, Any]:
         resize = max(input_h / height, input_w / width)
@@ -341,6 +343,47 @@ _register(Preset(
     ),
     proof="tests/rig/test_presets.py::test_fastbev_presets_equal_fastbev_backproject_inplace",
     notes=(*_FASTBEV_NOTES, "One LUT per level (fastbev_lut, fastbev_lut_l1, fastbev_lut_l2); Fast-BEV concatenates the levels' volumes along channels."),
+))
+
+_PETR_HEAD = ("projects/mmdet3d_plugin/models/dense_heads/petr_head.py", "0677620645e3a4746c5ac6840f6b39432f098a80")
+_PETR_CONFIG = ("projects/configs/petr/petr_vovnet_gridmask_p4_800x320.py", "587a9572df851845170340ddfce3c303f1cda85b")
+_PETR_RANGE = [-61.2, -61.2, -10.0, 61.2, 61.2, 10.0]
+
+_register(Preset(
+    name="petr-vov-p4-800x320",
+    title="PETR VoVNet-99 P4 800x320",
+    fields={
+        "camera_order": list(NUSCENES_ORDER),
+        "feature": {"stride": 16, "pixel_mapping": "corner"},
+        "bev": {"x": [-51.2, 51.2, 0.8], "y": [-51.2, 51.2, 0.8], "z": [-5.0, 3.0], "heights": [0.0], "frame": "LIDAR_TOP"},
+        "interop": {"petr-coords3d": {"depth_num": 64, "depth_start": 1.0, "lid": True, "position_range": list(_PETR_RANGE), "precision": "float32"}},
+    },
+    image_aug=bevdepth_test_aug(800, 320, bot_pct=(0.0, 0.0)),
+    image_aug_rule="PETR test-time: resize = max(320 / H, 800 / W), bottom-aligned crop (1600x900 -> resize 0.5, crop [0, 130])",
+    sources=(
+        _src("camera_order", "camera_types = ['CAM_FRONT', 'CAM_FRONT_RIGHT', 'CAM_FRONT_LEFT', 'CAM_BACK', 'CAM_BACK_LEFT', 'CAM_BACK_RIGHT'] (the info files)",
+             _MMDET3D[0], "tools/data_converter/nuscenes_converter.py", _MMDET3D[1]),
+        _src("image_aug", "ida_aug_conf final_dim (320, 800), H 900, W 1600, bot_pct_lim (0.0, 0.0); test_pipeline ResizeCropFlipImage(training=False), "
+             "PadMultiViewImage(size_divisor=32) (800x320: no padding)", _PETR, *_PETR_CONFIG),
+        _src("image_aug", "_sample_augmentation (test): resize = max(fH / H, fW / W), crop_h = int((1 - mean(bot_pct_lim)) * newH) - fH, "
+             "crop_w = int(max(0, newW - fW) / 2); intrinsics[:2, :3] = post_rot @ intrinsics[:2, :3], intrinsics[:2, 2] += post_tran",
+             _PETR, "projects/mmdet3d_plugin/datasets/pipelines/transform_3d.py", "0677620645e3a4746c5ac6840f6b39432f098a80"),
+        _src("feature", "img_backbone VoVNetCP out_features ('stage4', 'stage5'), CPFPN num_outs=2; position_level = 0 (stride 16: 50 x 20); "
+             "coords_w = arange(W) * pad_w / W (pixel j at input j * 16)", _PETR, *_PETR_HEAD),
+        _src("bev", "get_data_info: lidar2img = viewpad @ lidar2cam_rt.T (the lidar frame); point_cloud_range [-51.2, -51.2, -5.0, 51.2, 51.2, 3.0] "
+             "(PETR has no BEV grid: bev: only sizes the grid/ group every store holds)",
+             _PETR, "projects/mmdet3d_plugin/datasets/nuscenes_dataset.py", "3f789cea950e69f642ac672842d9f27294bb8ee8"),
+        _src("interop.petr-coords3d", "pts_bbox_head: LID=True, position_range=[-61.2, -61.2, -10.0, 61.2, 61.2, 10.0]; PETRHead defaults depth_num=64, depth_start=1",
+             _PETR, *_PETR_CONFIG),
+        _src("interop.petr-coords3d", "position_embeding: coords_d = depth_start + bin_size * index * (index + 1), bin_size = (position_range[3] - depth_start) / "
+             "(depth_num * (1 + depth_num)); img2lidars = inv(lidar2img); coords3d normalised by position_range; coords_mask = count outside [0, 1] > D * 0.5",
+             _PETR, *_PETR_HEAD),
+    ),
+    proof="tests/rig/test_presets.py::test_petr_preset_equals_petr_position_embeding",
+    notes=(
+        "PETR's product is its 3D position embedding input (interop petr-coords3d: bevcompile export-interop), not a BEV grid; "
+        "its transformer attends to every feature pixel, so gather tables do not apply.",
+    ),
 ))
 
 
