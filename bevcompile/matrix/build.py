@@ -11,11 +11,11 @@ Conventions (README "Sparse aggregation matrices"; stored in the ``matrix/`` gro
 * ``mode="frustum"`` columns: ``col = ((cam * D + d) * H_f + v) * W_f + u`` — the flattening
   of BEVDet's ``(N, D, H, W)`` depth x feature outer product. The point of column
   ``(cam, d, v, u)`` is the feature-pixel centre ``(u, v)`` lifted to depth ``bins[d]`` along
-  the optical axis, in ego metres, evaluated exactly as
-  ``ray_ego = R[:, 0] * x_n + R[:, 1] * y_n + R[:, 2]`` (``(x_n, y_n, 1)`` = the undistorted
+  the optical axis, in BEV-frame metres (``bev.frame``), evaluated exactly as
+  ``ray_bev = R[:, 0] * x_n + R[:, 1] * y_n + R[:, 2]`` (``(x_n, y_n, 1)`` = the undistorted
   normalised ray of :func:`bevcompile.rig.geometry.unproject_image_to_cam`) and
-  ``p_ego = t + d * ray_ego`` (``ego_from_cam = [R | t]``) — the same point as
-  :func:`bevcompile.rig.geometry.unproject_feature_to_ego` (to ~1e-13 m), written elementwise so
+  ``p_bev = t + d * ray_bev`` (``bev_from_cam = [R | t]``, the pose in the BEV frame) — the same point as
+  :func:`bevcompile.rig.geometry.unproject_feature_to_bev` (to ~1e-13 m), written elementwise so
   that every build (streamed, reference, any chunking) gets identical bits.
 * Cell coordinates ``f_x = (x - x_min) / dx``, ``f_y = (y - y_min) / dy``,
   ``f_z = (z - z_min) / dz``; a point is in range iff its cell index ``i = floor(f)``
@@ -826,9 +826,13 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
     if frustum:
         attrs["depth_bins"] = list(rig.depth.values())
         attrs["n_depth_bins"] = rig.depth.n_bins
+        pose = (
+            "p_ego = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with ego_from_cam = [R | t]"
+            if rig.bev_frame_sensor is None
+            else f"p_bev = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with bev_from_cam = [R | t] (the pose in the {rig.bev.frame} frame)"
+        )
         attrs["point_formula"] = (
-            "p_ego = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with ego_from_cam = [R | t] and (x_n, y_n, 1) the "
-            "undistorted normalised ray of the feature-pixel centre (u, v) (geometry.unproject_image_to_cam)"
+            f"{pose} and (x_n, y_n, 1) the undistorted normalised ray of the feature-pixel centre (u, v) (geometry.unproject_image_to_cam)"
         )
         attrs["range_rule"] = (
             "f = (p - min) / step per axis (x, y and the z band); in range iff "
