@@ -192,15 +192,16 @@ def frustum_points_bev(
     return points_bev.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
 
 
-def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
+def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype: type[np.floating[Any]] = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, kept)``: ``f = (p - lower) / step`` ``(..., 3)`` in ``dtype`` and the keep mask
+    (``np.float32``: float32 ``lower``/``step``, BEVDet's tensors, each rounded once from float64).
 
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
     fails every comparison, so unprojectable points are never kept.
     """
-    lower = np.asarray(grid.lower, dtype=np.float64)
-    step = np.asarray(grid.step, dtype=np.float64)
-    scaled = (np.asarray(points_bev, dtype=np.float64) - lower) / step
+    lower = np.asarray(grid.lower, dtype=np.float64).astype(dtype)
+    step = np.asarray(grid.step, dtype=np.float64).astype(dtype)
+    scaled = (np.asarray(points_bev, dtype=dtype) - lower) / step
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
@@ -263,19 +264,6 @@ def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | N
     for i in range(3):
         out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
     return out
-
-
-def _voxel_scaled_float32(points: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_voxel_scaled` in float32: ``(p - lower) / step`` with float32 ``lower``/``step`` (BEVDet's tensors)."""
-    lower = np.asarray(grid.lower, dtype=np.float64).astype(np.float32)
-    step = np.asarray(grid.step, dtype=np.float64).astype(np.float32)
-    scaled = (np.asarray(points, dtype=np.float32) - lower) / step
-    kept = np.ones(scaled.shape[:-1], dtype=bool)
-    for axis, n in enumerate(grid.size):
-        f = scaled[..., axis]
-        kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
-        kept &= f < n
-    return scaled, kept
 
 
 def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -371,7 +359,7 @@ def build_bevpoolv2(rig: RigConfig, options: BevPoolOptions | None = None, progr
         for d0 in range(0, n_d, d_step):
             d1 = min(n_d, d0 + d_step)
             if float32:  # BEVDet's own float32 op sequence
-                scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, options.rounding)
+                scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, options.rounding, np.float32)
             else:
                 points, _ok = frustum_points_bev(frig, cam, slice(d0, d1), rays)  # NaN where not ok
                 scaled, kept = _voxel_scaled(points, grid, options.rounding)
@@ -487,7 +475,7 @@ def reference_frustum_pool(
     out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
     for cam in range(n_cam):
         if options.precision == "float32":
-            scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam), grid, options.rounding)
+            scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam), grid, options.rounding, np.float32)
             coords = np.where(kept[..., None], scaled, 0).astype(np.int64)
         else:
             points, ok = frustum_points_bev(frig, cam)

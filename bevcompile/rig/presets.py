@@ -138,7 +138,7 @@ class Preset:
         return {
             "name": self.name,
             "title": self.title,
-            "fields": _plain(self.fields),
+            "fields": plain_data(self.fields),
             "image_aug_rule": self.image_aug_rule,
             "sources": [s.to_json() for s in self.sources],
             "proof": self.proof,
@@ -146,11 +146,13 @@ class Preset:
         }
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
+    """Frozen data (mappings, mapping proxies, tuples) -> plain dicts (str keys) and lists, as
+    JSON and YAML writers take it (the rig's attributes and presets; ``report.diff`` uses it too)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_data(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_data(v) for v in value]
     return value
 
 
