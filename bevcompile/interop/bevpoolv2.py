@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from ..matrix.entries import CameraRays, camera_rays
-from ..rig.config import INTEROP_CHOICES, FeatureSpec, RigConfig
+from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
 from ..rig.geometry import bev_from_cam_matrix
 
 ProgressFn = Callable[[int], None]
@@ -210,6 +210,22 @@ def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype:
     return scaled, kept
 
 
+def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
+    """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
+    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
+
+    Raises:
+        UsageError: the camera has a distortion model.
+    """
+    camera = rig.cameras[cam_index]
+    if camera.distortion.model != "none":
+        raise UsageError(
+            f"--precision float32 restates {restates}; camera {camera.name} has a "
+            f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    return camera
+
+
 def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
     """``torch.linspace(start, end, steps, dtype=torch.float)`` restated: the step in float32,
     ``start + step * i`` below the halfway index and ``end - step * (steps - 1 - i)`` from it,
@@ -217,9 +233,24 @@ def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[
     f32 = np.float32
     step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
     i = np.arange(steps, dtype=np.float64)
-    low = float(f32(start)) + step * i
-    high = float(f32(end)) - step * (steps - 1 - i)
-    return np.where(i < steps // 2, low, high).astype(np.float32)
+    low = _sum_rounded_once_float32(float(f32(start)), step * i)  # step * i: exact in float64
+    high = _sum_rounded_once_float32(float(f32(end)), -(step * (steps - 1 - i)))
+    return np.where(i < steps // 2, low, high)
+
+
+def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+    """``float32(a + b)`` of the EXACT sum (one rounding, half to even), not of the float64 sum:
+    where the float64 sum lands exactly halfway between two float32 values, its rounding error
+    (TwoSum) decides the side, as a single float32 rounding of the exact sum does."""
+    total = a + b
+    b_virtual = total - a
+    error = (a - (total - b_virtual)) + (b - b_virtual)  # total + error == a + b exactly
+    out = total.astype(np.float32)
+    nearest = out.astype(np.float64)
+    other = np.nextafter(out, np.where(total > nearest, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
+    tie = (nearest != total) & ((nearest + other) / 2.0 == total) & (error != 0.0)
+    toward_other = np.sign(error) == np.sign(other - nearest)
+    return np.where(tie & toward_other, other.astype(np.float32), out)
 
 
 def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
@@ -231,12 +262,7 @@ def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | N
     camera pose in the BEV frame.
 
     Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates BEVDet's pinhole lift; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
+    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
     f32 = np.float32
     w_in, h_in = rig.input_size
     w_f, h_f = rig.feature_size
