@@ -93,8 +93,10 @@ def fastbev_lut_torch(
     commit b0603230c89f7ef4d422672cb6fda476727aa78b).
 
     ``cameras``: per camera ``rotation_wxyz``, ``translation``, ``intrinsic``, ``resize``, ``crop``
-    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar`` of one
-    static pose (:func:`mmdet3d_sensor2lidar`). Returns the LUT in Fast-BEV's volume order
+    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
+    (:func:`mmdet3d_sensor2lidar`) of one static pose, or of one sample's ego poses when the
+    camera and ``lidar`` dicts hold ``ego2global`` = ``(rotation matrix, translation)`` (the ego
+    pose when that sensor fired). Returns the LUT in Fast-BEV's volume order
     ``(X, Y, Z)``: ``(cam * H_f + y) * W_f + x`` of the feature pixel the voxel takes (later cameras
     overwrite earlier ones, as ``volume[:, valid[i]] = ...`` does), -1 where none sees it."""
     import torch
@@ -110,7 +112,7 @@ def fastbev_lut_torch(
     flat = torch.cat([points.view(3, -1), torch.ones(1, points[0].numel())], dim=0)  # (4, P)
     lut = torch.full((flat.shape[1],), -1, dtype=torch.long)
     for cam_index, cam in enumerate(cameras):
-        rot, tran = mmdet3d_sensor2lidar(cam, lidar)
+        rot, tran = mmdet3d_sensor2lidar(cam, lidar, *lidar.get("ego2global", (None, (0.0, 0.0, 0.0))), *cam.get("ego2global", (None, (0.0, 0.0, 0.0))))
         post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
         post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
         ret_rot, ret_tran = np.eye(3), np.zeros(3)

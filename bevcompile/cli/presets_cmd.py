@@ -63,6 +63,7 @@ def presets(
         print_json([p.to_json() for p in PRESETS.values()])
         return
     table = new_table("model presets (preset: <name>; bevcompile presets NAME: every value and its source)", "preset", "model", "frame", "feature maps", "BEV")
+    table.columns[0].no_wrap = True  # a preset name is what a config copies: never split it
     for chosen in PRESETS.values():
         row = _summary(dict(chosen.fields))
         table.add_row(chosen.name, chosen.title, row["frame"], row["feature"], row["bev"])

@@ -58,7 +58,7 @@ from ..matrix.entries import (
 from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
-from ..rig.config import INTEROP_CHOICES, FeatureSpec, RigConfig
+from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
 from ..rig.geometry import bev_from_cam_matrix
 
 ProgressFn = Callable[[int], None]
@@ -206,21 +206,38 @@ def frustum_points_bev(
     return points_bev.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
 
 
-def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
+def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype: type[np.floating[Any]] = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, kept)``: ``f = (p - lower) / step`` ``(..., 3)`` in ``dtype`` and the keep mask
+    (``np.float32``: float32 ``lower``/``step``, BEVDet's tensors, each rounded once from float64).
 
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
     fails every comparison, so unprojectable points are never kept.
     """
-    lower = np.asarray(grid.lower, dtype=np.float64)
-    step = np.asarray(grid.step, dtype=np.float64)
-    scaled = (np.asarray(points_bev, dtype=np.float64) - lower) / step
+    lower = np.asarray(grid.lower, dtype=np.float64).astype(dtype)
+    step = np.asarray(grid.step, dtype=np.float64).astype(dtype)
+    scaled = (np.asarray(points_bev, dtype=dtype) - lower) / step
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
         kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
         kept &= f < n
     return scaled, kept
+
+
+def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
+    """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
+    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
+
+    Raises:
+        UsageError: the camera has a distortion model.
+    """
+    camera = rig.cameras[cam_index]
+    if camera.distortion.model != "none":
+        raise UsageError(
+            f"--precision float32 restates {restates}; camera {camera.name} has a "
+            f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    return camera
 
 
 def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
@@ -230,9 +247,24 @@ def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[
     f32 = np.float32
     step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
     i = np.arange(steps, dtype=np.float64)
-    low = float(f32(start)) + step * i
-    high = float(f32(end)) - step * (steps - 1 - i)
-    return np.where(i < steps // 2, low, high).astype(np.float32)
+    low = _sum_rounded_once_float32(float(f32(start)), step * i)  # step * i: exact in float64
+    high = _sum_rounded_once_float32(float(f32(end)), -(step * (steps - 1 - i)))
+    return np.where(i < steps // 2, low, high)
+
+
+def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+    """``float32(a + b)`` of the EXACT sum (one rounding, half to even), not of the float64 sum:
+    where the float64 sum lands exactly halfway between two float32 values, its rounding error
+    (TwoSum) decides the side, as a single float32 rounding of the exact sum does."""
+    total = a + b
+    b_virtual = total - a
+    error = (a - (total - b_virtual)) + (b - b_virtual)  # total + error == a + b exactly
+    out = total.astype(np.float32)
+    nearest = out.astype(np.float64)
+    other = np.nextafter(out, np.where(total > nearest, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
+    tie = (nearest != total) & ((nearest + other) / 2.0 == total) & (error != 0.0)
+    toward_other = np.sign(error) == np.sign(other - nearest)
+    return np.where(tie & toward_other, other.astype(np.float32), out)
 
 
 def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
@@ -244,12 +276,7 @@ def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | N
     camera pose in the BEV frame.
 
     Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates BEVDet's pinhole lift; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
+    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
     f32 = np.float32
     w_in, h_in = rig.input_size
     w_f, h_f = rig.feature_size
@@ -277,19 +304,6 @@ def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | N
     for i in range(3):
         out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
     return out
-
-
-def _voxel_scaled_float32(points: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_voxel_scaled` in float32: ``(p - lower) / step`` with float32 ``lower``/``step`` (BEVDet's tensors)."""
-    lower = np.asarray(grid.lower, dtype=np.float64).astype(np.float32)
-    step = np.asarray(grid.step, dtype=np.float64).astype(np.float32)
-    scaled = (np.asarray(points, dtype=np.float32) - lower) / step
-    kept = np.ones(scaled.shape[:-1], dtype=bool)
-    for axis, n in enumerate(grid.size):
-        f = scaled[..., axis]
-        kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
-        kept &= f < n
-    return scaled, kept
 
 
 def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -464,7 +478,7 @@ def _float32_ranks(
     for cam in range(n_cam):
         for d0 in range(0, n_d, d_step):
             d1 = min(n_d, d0 + d_step)
-            scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, rounding)
+            scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, rounding, np.float32)
             flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
             c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
             bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
@@ -641,7 +655,7 @@ def reference_frustum_pool(
     out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
     for cam in range(n_cam):
         if options.precision == "float32":
-            scaled, kept = _voxel_scaled_float32(bevdet_points_float32(frig, cam), grid, options.rounding)
+            scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam), grid, options.rounding, np.float32)
             coords = np.where(kept[..., None], scaled, 0).astype(np.int64)
         else:
             points, ok = frustum_points_bev(frig, cam)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig
+from ..rig.presets import plain_data
 from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare
 from .bevpoolv2 import (
     BEVPOOL_ARRAYS,
@@ -64,17 +65,9 @@ GEOMETRY_CHECK = "bevpoolv2_matches_rebuild"
 """The stored BEVPoolv2 arrays equal a rebuild from the stored config and ``build_options``."""
 
 
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _thaw(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_thaw(v) for v in value]
-    return value
-
-
 def _build_options(attrs: Mapping[str, Any]) -> dict[str, Any]:
     recorded = attrs.get("build_options")
-    return _thaw(recorded) if isinstance(recorded, Mapping) else {}
+    return plain_data(recorded) if isinstance(recorded, Mapping) else {}
 
 
 def _targets(arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[str]:
@@ -348,21 +341,14 @@ def _verify_petr(ctx: CheckContext, arrays: Mapping[str, np.ndarray], options: P
 
 
 def _check_fastbev_level0(ctx: CheckContext, arrays: Mapping[str, np.ndarray], options: FastBevOptions) -> list[Check]:
-    out: list[Check] = []
+    out = _check_lut_range(ctx, arrays)
+    if not out[-1].passed or out[-1].name != "index_range":
+        return out
     where = f"{GROUP}/{FASTBEV_LUT_ARRAY}"
-    if FASTBEV_LUT_ARRAY not in arrays:
-        return [Check("present", where, False, "array missing or unreadable")]
     lut = np.asarray(arrays[FASTBEV_LUT_ARRAY])
     rig = ctx.rig
     w_f, h_f = rig.feature_size
-    shape = (len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
-    if lut.dtype != np.int32 or lut.shape != shape:
-        return [Check("dtype_shape", where, False, f"expected int32 {shape}, got {lut.dtype} {lut.shape}")]
-    n_flat = rig.n_cam * h_f * w_f
-    ok = bool(lut.min() >= -1 and lut.max() < n_flat) if lut.size else True
-    out.append(Check("index_range", where, ok, f"values [{lut.min()}, {lut.max()}] within [-1, {n_flat})"))
-    if not ok:
-        return out
+    shape = lut.shape  # (n_heights, ny, nx), checked by _check_lut_range
     valid = ctx.grid_arrays.get("valid")
     coords = ctx.grid_arrays.get("coords")
     if valid is None or coords is None:  # a store without grid/ (matrix + export-interop): the projection itself

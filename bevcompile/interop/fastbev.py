@@ -25,7 +25,7 @@ from ..errors import UsageError
 from ..grid.ipm import SamplingGrid, compute_sampling_grid
 from ..rig.config import INTEROP_CHOICES, RigConfig
 from ..rig.geometry import cam_from_bev_matrix
-from .bevpoolv2 import INT32_MAX
+from .bevpoolv2 import INT32_MAX, pinhole_for_float32
 
 OVERLAP_POLICIES = INTEROP_CHOICES["fastbev-lut"]["overlap"]
 PRECISIONS = INTEROP_CHOICES["fastbev-lut"]["precision"]
@@ -164,12 +164,7 @@ def fastbev_projection_float32(rig: RigConfig, cam_index: int) -> npt.NDArray[np
     ``_compute_projection``): ``viewpad = post_rot @ K`` with ``post_rot = float32(resize)`` (a torch
     tensor), ``viewpad[:, 2] += post_tran = -crop``, ``lidar2img = float32(viewpad @ cam_from_bev)``
     in float64, then ``diag(1/s, 1/s, 1) @ lidar2img[:3]`` in float32 (``intrinsic[:2] /= stride``)."""
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates Fast-BEV's pinhole projection; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
+    camera = pinhole_for_float32(rig, cam_index, "Fast-BEV's pinhole projection")
     aug = camera.image_aug
     resize = float(np.float32(aug.resize))
     k = np.array(camera.intrinsic, dtype=np.float64)

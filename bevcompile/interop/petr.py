@@ -38,6 +38,7 @@ import numpy.typing as npt
 from ..errors import UsageError
 from ..rig.config import INTEROP_CHOICES, INTEROP_INT_OPTIONS, RigConfig
 from ..rig.geometry import bev_from_cam_matrix, cam_from_bev_matrix, transform_points, unproject_image_to_cam
+from .bevpoolv2 import pinhole_for_float32
 
 PETR_COORDS_ARRAY = "petr_coords3d"
 PETR_MASK_ARRAY = "petr_coords_mask"
@@ -216,12 +217,7 @@ def petr_lidar2img(rig: RigConfig, cam_index: int) -> npt.NDArray[np.float64]:
 
 def _points_float32(rig: RigConfig, cam_index: int, depths: np.ndarray) -> np.ndarray:
     """``(D, H_f, W_f, 3)`` float32 BEV-frame points of one camera in PETR's op sequence."""
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates PETR's pinhole position embedding; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
+    pinhole_for_float32(rig, cam_index, "PETR's pinhole position embedding")
     f32 = np.float32
     u_in, v_in = petr_input_px(rig)
     u = u_in.astype(f32)[None, None, :]

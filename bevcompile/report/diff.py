@@ -36,6 +36,7 @@ from ..errors import StoreError, UsageError
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig, config_to_dict
 from ..rig.geometry import bev_from_cam_matrix
+from ..rig.presets import plain_data
 from ..store.loader import LoadedStore, load, matrix_layout
 from ..store.plugins import psnr_db
 from ..store.verify import DEFAULT_CHANNELS, check_feature_options, random_depth_probs
@@ -726,8 +727,8 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         which = "neither store has" if not (has_old or has_new) else ("only OLD has" if has_old else "only NEW has")
         notes.append(f"matrix/: skipped: {which} a matrix/ group (`bevcompile matrix` writes it)")
         return None
-    opts_old = _plain(old["matrix"].attrs.get("build_options"))
-    opts_new = _plain(new["matrix"].attrs.get("build_options"))
+    opts_old = plain_data(old["matrix"].attrs.get("build_options"))
+    opts_new = plain_data(new["matrix"].attrs.get("build_options"))
     if opts_old != opts_new:
         keys = sorted(set(opts_old) | set(opts_new)) if isinstance(opts_old, dict) and isinstance(opts_new, dict) else []
         differing = [f"{k} {opts_old.get(k)!r} vs {opts_new.get(k)!r}" for k in keys if opts_old.get(k) != opts_new.get(k)]
@@ -781,15 +782,6 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         rows_changed=changed,
         output=acc.result("matrix COO", 1.0 if peak <= 0 else peak),
     )
-
-
-def _plain(value: Any) -> Any:
-    """Frozen attributes (mapping proxies, tuples) -> plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------------------------

@@ -57,13 +57,18 @@ def bevdet_test_aug(input_w: int, input_h: int, resize_test: float = 0.0, crop_h
     (the bottom of the image is kept), ``crop_w = int(max(0, newW - fW) / 2)``."""
 
     def rule(width: int, height: int) -> dict[str, Any]:
-        resize = float(input_w) / float(width) + resize_test
-        new_w, new_h = int(width * resize), int(height * resize)
-        top = int((1 - (crop_h[0] + crop_h[1]) / 2) * new_h) - input_h
-        left = int(max(0, new_w - input_w) / 2)
-        return {"resize": resize, "crop": [left, top], "input_size": [input_w, input_h]}
+        return _bottom_aligned(width, height, float(input_w) / float(width) + resize_test, input_w, input_h, crop_h)
 
     return rule
+
+
+def _bottom_aligned(width: int, height: int, resize: float, input_w: int, input_h: int, pct: tuple[float, float]) -> dict[str, Any]:
+    """BEVDet's test crop of an image resized by ``resize`` to ``(int(W r), int(H r))``: ``top =
+    int((1 - mean(pct)) newH) - fH`` (the bottom kept), ``left = int(max(0, newW - fW) / 2)``."""
+    new_w, new_h = int(width * resize), int(height * resize)
+    top = int((1 - (pct[0] + pct[1]) / 2) * new_h) - input_h
+    left = int(max(0, new_w - input_w) / 2)
+    return {"resize": resize, "crop": [left, top], "input_size": [input_w, input_h]}
 
 
 def bevdepth_test_aug(input_w: int, input_h: int, bot_pct: tuple[float, float] = (0.0, 0.0)) -> AugRule:
@@ -72,11 +77,7 @@ def bevdepth_test_aug(input_w: int, input_h: int, bot_pct: tuple[float, float] =
     (bottom kept by ``bot_pct_lim``, centred horizontally)."""
 
     def rule(width: int, height: int) -> dict[str, Any]:
-        resize = max(input_h / height, input_w / width)
-        new_w, new_h = int(width * resize), int(height * resize)
-        top = int((1 - (bot_pct[0] + bot_pct[1]) / 2) * new_h) - input_h
-        left = int(max(0, new_w - input_w) / 2)
-        return {"resize": resize, "crop": [left, top], "input_size": [input_w, input_h]}
+        return _bottom_aligned(width, height, max(input_h / height, input_w / width), input_w, input_h, bot_pct)
 
     return rule
 
@@ -138,7 +139,7 @@ class Preset:
         return {
             "name": self.name,
             "title": self.title,
-            "fields": _plain(self.fields),
+            "fields": plain_data(self.fields),
             "image_aug_rule": self.image_aug_rule,
             "sources": [s.to_json() for s in self.sources],
             "proof": self.proof,
@@ -146,11 +147,13 @@ class Preset:
         }
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
+    """Frozen data (mappings, mapping proxies, tuples) -> plain dicts (str keys) and lists, as
+    JSON and YAML writers take it (the rig's attributes and presets; ``report.diff`` uses it too)."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_data(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_data(v) for v in value]
     return value
 
 

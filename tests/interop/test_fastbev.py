@@ -58,9 +58,9 @@ def test_float32_lut_equals_fastbev_float32_code_path_bit_for_bit() -> None:
     (rts2proj, _compute_projection, get_points, backproject_inplace, restated in tests/upstream.py),
     cell for cell, in its (X, Y, Z) voxel order. Measured on nuScenes (160,000 voxels, 153,085
     seen): 0 cells differ; the float64 LUT (nearest pixel of the exact geometry, ties half up)
-    differs in 2 cells, overlap ``first`` in 20,365 (its own float32 arithmetic otherwise), and crop top 140
-    instead of Fast-BEV's centred 70
-    in 157,204."""
+    differs in 2 cells, overlap ``first`` in 20,365 (its own float32 arithmetic otherwise), crop top 140
+    instead of Fast-BEV's centred 70 in 157,204, and ``point_cloud_range`` written as ``bev.x``/``y``
+    (cell centres instead of Fast-BEV's voxel corners) in 110,507."""
     rig = parse_config(fastbev_m0_data())
     theirs = fastbev_upstream_lut()
     assert theirs.shape == (200, 200, 4) and int(np.count_nonzero(theirs >= 0)) == 153_085
@@ -72,6 +72,8 @@ def test_float32_lut_equals_fastbev_float32_code_path_bit_for_bit() -> None:
     assert int(np.count_nonzero(xyz_layout(first) != theirs)) == 20_365
     crop140 = parse_config(fastbev_m0_data() | {"image_aug": {"resize": 0.44, "crop": [0, 140], "input_size": [704, 256]}})
     assert int(np.count_nonzero(xyz_layout(build_fastbev_lut(crop140, FastBevOptions("last", precision="float32")).lut) != theirs)) == 157_204
+    centres = parse_config(fastbev_m0_data() | {"bev": fastbev_m0_data()["bev"] | {"x": [-50.0, 50.0, 0.5], "y": [-50.0, 50.0, 0.5]}})
+    assert int(np.count_nonzero(xyz_layout(build_fastbev_lut(centres, FastBevOptions("last", precision="float32")).lut) != theirs)) == 110_507
 
 
 def test_convention_fastbev_xyz_layout_is_the_volume_order() -> None:

@@ -21,7 +21,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bevcompile.errors import UsageError
@@ -56,7 +56,7 @@ from .. import rigs
 
 
 def bevdet_voxel_pooling_prepare_v2(
-    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1
+    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1, sensor2ego: np.ndarray | None = None
 ) -> list[np.ndarray]:
     """BEVDet for batch ``batch`` (the same rig in every item), transcribed from ``create_frustum`` /
     ``get_lidar_coor`` / ``voxel_pooling_prepare_v2`` of mmdet3d/models/necks/view_transformer.py
@@ -65,7 +65,9 @@ def bevdet_voxel_pooling_prepare_v2(
     ``sensor2ego[:3, :3] @ inv(cam2imgs)``, ``+ sensor2ego[:3, 3]``, then
     ``((coor - lower) / interval).long()``, keep, ranks, (stable) argsort, intervals. ``sensor2ego``
     is the camera's pose in the rig's BEV frame (``bev_from_cam``); with ``dtype=torch.float32``
-    every tensor is float32, as BEVDet runs (its inputs are ``torch.Tensor``s)."""
+    every tensor is float32, as BEVDet runs (its inputs are ``torch.Tensor``s). ``sensor2ego``
+    ``(n_cam, 4, 4)``, when given, replaces the rig's poses (e.g. BEVDet's per-sample
+    ``sensor2keyegos``, computed from the raw records)."""
     w_in, h_in = rig.input_size
     s = rig.feature.stride
     H, W = h_in // s, w_in // s
@@ -75,7 +77,7 @@ def bevdet_voxel_pooling_prepare_v2(
     ys = torch.linspace(0, h_in - 1, H, dtype=dtype).view(1, H, 1).expand(D, H, W)
     frustum = torch.stack((xs, ys, ds), -1)
     B, N = batch, rig.n_cam
-    poses = np.stack([bev_from_cam_matrix(rig, c) for c in rig.cameras])
+    poses = np.stack([bev_from_cam_matrix(rig, c) for c in rig.cameras]) if sensor2ego is None else np.asarray(sensor2ego)
     sensor2ego = torch.tensor(poses, dtype=dtype).view(1, N, 4, 4).expand(B, N, 4, 4)
     intrins = torch.tensor([c.intrinsic for c in rig.cameras], dtype=dtype).view(1, N, 3, 3).expand(B, N, 3, 3)
     post_rots = torch.zeros(B, N, 3, 3, dtype=dtype)
@@ -172,6 +174,7 @@ def test_bevpoolv2_float32_equals_bevdet_float32_run_bit_for_bit(nuscenes: RigCo
 
 @settings(max_examples=40, deadline=None)
 @given(st.floats(-50.0, 50.0, width=32), st.floats(1.0, 4000.0, width=32), st.integers(2, 400))
+@example(-2.664597055882926e-40, 1.0, 14)  # float64 sum exactly halfway between two float32: the exact sum decides
 def test_torch_linspace_float32_restatement_equals_torch(start: float, span: float, steps: int) -> None:
     from bevcompile.interop.bevpoolv2 import torch_linspace_float32
 

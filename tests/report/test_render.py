@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -113,6 +114,14 @@ def test_coverage_colours_match_grid_valid_at_known_cells(nuscenes_store: Path, 
         assert np.abs(allowed - got).max(axis=1).min() <= 1.5 / 255, f"cell iy={iy} ix={ix} cams={np.flatnonzero(seen)}: {got}"
 
 
+def camera_centroid(result: Any, image: np.ndarray, names: list[str], name: str) -> tuple[float, float]:
+    """(row, column) centroid of the pixels drawn in camera ``name``'s colour."""
+    colour = np.asarray(result.colours[names.index(name)])
+    rows, cols = np.nonzero(np.all(np.abs(image - colour) < 1.5 / 255, axis=-1))
+    assert rows.size > 1000
+    return float(rows.mean()), float(cols.mean())
+
+
 def test_convention_render_orientation_x_forward_up_y_left_left(nuscenes_store: Path, nuscenes: RigConfig, tmp_path: Path) -> None:
     """Found from the pixels alone: the front camera's colour sits above the back camera's, and
     the front-left camera's colour left of the front-right camera's."""
@@ -121,10 +130,7 @@ def test_convention_render_orientation_x_forward_up_y_left_left(nuscenes_store: 
     names = list(nuscenes.camera_names)
 
     def centroid(name: str) -> tuple[float, float]:
-        colour = np.asarray(result.colours[names.index(name)])
-        rows, cols = np.nonzero(np.all(np.abs(image - colour) < 1.5 / 255, axis=-1))
-        assert rows.size > 1000
-        return float(rows.mean()), float(cols.mean())
+        return camera_centroid(result, image, names, name)
 
     front, back = centroid("CAM_FRONT"), centroid("CAM_BACK")
     front_left, front_right = centroid("CAM_FRONT_LEFT"), centroid("CAM_FRONT_RIGHT")
@@ -148,10 +154,7 @@ def test_render_of_a_lidar_frame_store_keeps_forward_up_and_left_left(tmp_path: 
     names = list(rig.camera_names)
 
     def centroid(name: str) -> tuple[float, float]:
-        colour = np.asarray(result.colours[names.index(name)])
-        rows, cols = np.nonzero(np.all(np.abs(image - colour) < 1.5 / 255, axis=-1))
-        assert rows.size > 1000
-        return float(rows.mean()), float(cols.mean())
+        return camera_centroid(result, image, names, name)
 
     front, back = centroid("CAM_FRONT"), centroid("CAM_BACK")
     front_left, front_right = centroid("CAM_FRONT_LEFT"), centroid("CAM_FRONT_RIGHT")

@@ -19,7 +19,7 @@ from bevcompile.cli import app
 from bevcompile.errors import ConfigError
 from bevcompile.grid.ipm import compute_sampling_grid
 from bevcompile.interop.bevpoolv2 import BevPoolOptions, build_bevpoolv2
-from bevcompile.interop.fastbev import FastBevOptions, fastbev_level_arrays, xyz_layout
+from bevcompile.interop.fastbev import FastBevOptions, build_fastbev_lut, fastbev_level_arrays, xyz_layout
 from bevcompile.rig.config import config_sha256, config_to_dict, load_config, parse_config
 from bevcompile.rig.presets import BEVDET_ORDER, NUSCENES_ORDER, PRESETS
 from bevcompile.store.loader import load
@@ -121,7 +121,8 @@ def test_bevdet_r50_preset_equals_bevdet_dev3_code_path(tmp_path: Path) -> None:
     crop top int(396) - 256 = 140; configs/bevdet/bevdet-r50.py and
     mmdet3d/datasets/pipelines/loading.py of the dev3.0 fork byounghun24/BEVDet @d5132c4 / @15e21d4),
     and ``get_lidar_coor`` + ``voxel_pooling_prepare_v2`` in float32 (the transcription of
-    tests/interop/test_interop.py)."""
+    tests/interop/test_interop.py). Measured: with the calibration's own (nuScenes) camera order
+    instead, 148,658 of BEVDet's 179,806 (voxel, depth, feature) triples are missing."""
     from ..interop.test_interop import NAMES, bevdet_voxel_pooling_prepare_v2
 
     config = write_yaml(tmp_path / "bevdet.yaml", calibration_with("bevdet-r50"))
@@ -139,32 +140,39 @@ def test_bevdet_r50_preset_equals_bevdet_dev3_code_path(tmp_path: Path) -> None:
     for name, want in zip(NAMES, ref, strict=True):
         assert np.array_equal(interop[f"bevpoolv2_{name}"], want), name
     assert dict(interop.attrs["build_options"]["bevpoolv2"]) == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1, "precision": "float32"}
+    # the camera order matters: nuScenes' order (the calibration's) loses 148,658 of BEVDet's
+    # 179,806 (voxel, depth, feature) triples
+    nuscenes_order = build_bevpoolv2(parse_config(calibration_with("bevdet-r50", camera_order=list(NUSCENES_ORDER))), BevPoolOptions(precision="float32"))
+    theirs = set(zip(*(a.tolist() for a in ref[:3]), strict=True))
+    ours = set(zip(nuscenes_order.ranks_bev.tolist(), nuscenes_order.ranks_depth.tolist(), nuscenes_order.ranks_feat.tolist(), strict=True))
+    assert len(theirs - ours) == 148_658
     assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0
 
 
-def bevdepth_geometry(rig: Any) -> list[np.ndarray]:
-    """BEVDepth's ``create_frustum`` + ``get_geometry`` + voxel index in float64
+def bevdepth_geometry(rig: Any, dtype: torch.dtype = torch.float64) -> list[np.ndarray]:
+    """BEVDepth's ``create_frustum`` + ``get_geometry`` + voxel index in float64 (or ``dtype``)
     (Megvii-BaseDetection/BEVDepth bevdepth/layers/backbones/base_lss_fpn.py @056cf66): 4x4
     ``ida_mat`` (resize, crop) inverted, ``(x d, y d, d, 1)``, ``sensor2ego @ inverse(intrin)``,
     ``((geom - (voxel_coord - voxel_size / 2)) / voxel_size).int()`` (toward zero), kept iff
-    ``0 <= index < voxel_num``. Returns the voxel of every frustum point, -1 where dropped."""
+    ``0 <= index < voxel_num`` (``voxel_coord = x_bound[0] + x_bound[2] / 2`` per axis, a tensor
+    of ``dtype`` as its buffers are). Returns the voxel of every frustum point, -1 where dropped."""
     ogf_h, ogf_w = 256, 704
     fh, fw = ogf_h // 16, ogf_w // 16
-    d = torch.arange(2.0, 58.0, 0.5, dtype=torch.float64).view(-1, 1, 1).expand(-1, fh, fw)
-    xs = torch.linspace(0, ogf_w - 1, fw, dtype=torch.float64).view(1, 1, fw).expand(d.shape[0], fh, fw)
-    ys = torch.linspace(0, ogf_h - 1, fh, dtype=torch.float64).view(1, fh, 1).expand(d.shape[0], fh, fw)
+    d = torch.arange(2.0, 58.0, 0.5, dtype=dtype).view(-1, 1, 1).expand(-1, fh, fw)
+    xs = torch.linspace(0, ogf_w - 1, fw, dtype=dtype).view(1, 1, fw).expand(d.shape[0], fh, fw)
+    ys = torch.linspace(0, ogf_h - 1, fh, dtype=dtype).view(1, fh, 1).expand(d.shape[0], fh, fw)
     frustum = torch.stack((xs, ys, d, torch.ones_like(d)), -1)
-    lower = torch.tensor([-51.2, -51.2, -5.0], dtype=torch.float64)
-    size = torch.tensor([0.8, 0.8, 8.0], dtype=torch.float64)
+    size = torch.tensor([0.8, 0.8, 8.0], dtype=dtype)  # voxel_size, voxel_coord: buffers of x/y/z_bound
+    lower = torch.tensor([-51.2 + 0.8 / 2.0, -51.2 + 0.8 / 2.0, -5.0 + 8.0 / 2.0], dtype=dtype) - size / 2.0
     out = []
     for cam in rig.cameras:
         a = cam.image_aug
-        ida = torch.eye(4, dtype=torch.float64)
+        ida = torch.eye(4, dtype=dtype)
         ida[0, 0] = ida[1, 1] = a.resize
         ida[0, 3], ida[1, 3] = -a.crop_left, -a.crop_top
-        intrin = torch.eye(4, dtype=torch.float64)
-        intrin[:3, :3] = torch.tensor(cam.intrinsic, dtype=torch.float64)
-        sensor2ego = torch.tensor(cam.ego_from_cam, dtype=torch.float64)
+        intrin = torch.eye(4, dtype=dtype)
+        intrin[:3, :3] = torch.tensor(cam.intrinsic, dtype=dtype)
+        sensor2ego = torch.tensor(cam.ego_from_cam, dtype=dtype)
         points = ida.inverse().matmul(frustum.unsqueeze(-1))
         points = torch.cat((points[..., :2, :] * points[..., 2:3, :], points[..., 2:, :]), -2)
         geom = (sensor2ego.matmul(torch.inverse(intrin)) @ points).squeeze(-1)[..., :3]
@@ -178,17 +186,24 @@ def bevdepth_geometry(rig: Any) -> list[np.ndarray]:
 def test_bevdepth_r50_preset_equals_bevdepth_get_geometry() -> None:
     """``preset: bevdepth-r50``: depth bins [2, 58, 0.5] (112), BEVDet's camera order, resize
     max(256/900, 704/1600) = 0.44, crop top 140 (bevdepth/exps/nuscenes/base_exp.py @03a4caa):
-    the BEVPoolv2 arrays (float64) hold exactly BEVDepth's point -> voxel assignment of its
-    get_geometry restated in float64 (every kept point and its voxel)."""
+    the BEVPoolv2 arrays hold exactly BEVDepth's point -> voxel assignment of its get_geometry
+    (every kept point and its voxel): the preset's float32 arrays that of BEVDepth's float32 run,
+    the float64 arrays that of the same code in float64. Measured on nuScenes: the two runs
+    differ in 6 of the 473,088 frustum points (float32 rounding at a voxel boundary)."""
     rig = parse_config(calibration_with("bevdepth-r50"))
     assert rig.depth.n_bins == 112 and rig.camera_names == BEVDET_ORDER
-    arrays = build_bevpoolv2(rig, BevPoolOptions(**{k: v for k, v in rig.interop_options("bevpoolv2").items() if k != "precision"}))
-    voxels = np.concatenate([v.reshape(-1) for v in bevdepth_geometry(rig)])
-    kept = np.flatnonzero(voxels >= 0)
-    assert kept.size > 300_000
-    order = np.argsort(arrays.ranks_depth)
-    assert np.array_equal(arrays.ranks_depth[order], kept)
-    assert np.array_equal(arrays.ranks_bev[order], voxels[kept])
+    assert rig.interop_options("bevpoolv2")["precision"] == "float32"
+    runs = {}
+    for precision, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+        arrays = build_bevpoolv2(rig, BevPoolOptions(**(rig.interop_options("bevpoolv2") | {"precision": precision})))
+        voxels = np.concatenate([v.reshape(-1) for v in bevdepth_geometry(rig, dtype)])
+        kept = np.flatnonzero(voxels >= 0)
+        assert kept.size > 300_000
+        order = np.argsort(arrays.ranks_depth)
+        assert np.array_equal(arrays.ranks_depth[order], kept), precision
+        assert np.array_equal(arrays.ranks_bev[order], voxels[kept]), precision
+        runs[precision] = voxels
+    assert runs["float32"].size == 473_088 and int(np.count_nonzero(runs["float32"] != runs["float64"])) == 6
 
 
 def bevformer_point_sampling(rig: Any, bev_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -319,3 +334,93 @@ def test_petr_preset_equals_petr_position_embeding(tmp_path: Path) -> None:
     assert np.array_equal(interop["petr_coords3d"], coords)
     assert np.array_equal(interop["petr_coords_mask"], mask)
     assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0
+
+
+# -- per-sample ego motion (docs/models.md "Per-sample ego motion") ---------------------------------
+
+EGO_POSES = ROOT / "tests" / "data" / "calib" / "nuscenes_ego_poses.yaml"
+
+
+def _record_matrix(record: dict[str, Any]) -> np.ndarray:
+    """A nuScenes record's ``rotation_wxyz`` + ``translation`` as a 4x4 (pyquaternion's matrix)."""
+    matrix = np.eye(4)
+    matrix[:3, :3] = upstream.quaternion_matrix(record["rotation_wxyz"])
+    matrix[:3, 3] = record["translation"]
+    return matrix
+
+
+def with_sample_poses(data: dict[str, Any], key_sensor: str) -> dict[str, Any]:
+    """``data`` with every camera's pose replaced by ``sensor2ego = inv(ego2global[key]) @
+    ego2global[camera] @ camera2ego``: the camera in the ego frame of the moment ``key_sensor``
+    fired (what docs/models.md tells a user to write)."""
+    poses = yaml.safe_load(EGO_POSES.read_text())["ego_poses"]
+    out = copy.deepcopy(data)
+    global_from_key = _record_matrix(poses[key_sensor])
+    for camera in out["cameras"]:
+        matrix = np.linalg.inv(global_from_key) @ _record_matrix(poses[camera["name"]]) @ _record_matrix(camera)
+        del camera["rotation_wxyz"], camera["translation"]
+        camera["sensor2ego"] = matrix.tolist()
+    return out
+
+
+def test_per_sample_ego_motion_bevdet_sensor2keyegos() -> None:
+    """BEVDet dev3.0 folds the ego motion between exposures into each sample's poses
+    (``prepare_inputs``: ``sensor2keyegos = (inverse(keyego2global.double()) @ ego2globals.double()
+    @ sensor2egos.double()).float()``, key = camera 0 = CAM_FRONT_LEFT; byounghun24/BEVDet
+    mmdet3d/models/detectors/bevdet.py @15e21d4), and ``get_bev_pool_input`` (its TensorRT
+    export) bakes one sample's into the arrays. Writing those poses as the cameras' ``sensor2ego``
+    (docs/models.md) gives BEVDet's float32 run with them, bit for bit. Measured on the bundled
+    sample (its ego_pose records): the car moved up to 0.374 m between exposures (CAM_FRONT_LEFT to
+    CAM_BACK_LEFT, 42.6 ms later), and 40,424
+    of the 249,216 frustum points land in another voxel (or in / out of the grid) than with the
+    static calibration."""
+    from ..interop.test_interop import NAMES, bevdet_voxel_pooling_prepare_v2
+
+    poses = yaml.safe_load(EGO_POSES.read_text())["ego_poses"]
+    data = yaml.safe_load(CALIBRATION.read_text())
+    by_name = {c["name"]: c for c in data["cameras"]}
+    key = torch.tensor(_record_matrix(poses[BEVDET_ORDER[0]]), dtype=torch.float64)
+    sensor2keyegos = torch.stack(
+        [torch.inverse(key) @ torch.tensor(_record_matrix(poses[n]), dtype=torch.float64) @ torch.tensor(_record_matrix(by_name[n]), dtype=torch.float64) for n in BEVDET_ORDER]
+    ).float()
+    moved = [float(torch.linalg.norm((torch.inverse(key) @ torch.tensor(_record_matrix(poses[n])))[:3, 3])) for n in BEVDET_ORDER]
+    assert max(moved) == pytest.approx(0.374, abs=5e-4) and int(np.argmax(moved)) == BEVDET_ORDER.index("CAM_BACK_LEFT")
+    rig = parse_config(with_sample_poses(calibration_with("bevdet-r50"), BEVDET_ORDER[0]))
+    theirs = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32, sensor2ego=sensor2keyegos.numpy())
+    ours = build_bevpoolv2(rig, BevPoolOptions(**rig.interop_options("bevpoolv2"))).arrays()
+    for name, got, want in zip(NAMES, ours.values(), theirs, strict=True):
+        assert np.array_equal(got, want), name
+    static = bevdet_voxel_pooling_prepare_v2(parse_config(calibration_with("bevdet-r50")), dtype=torch.float32)
+    a = dict(zip(static[1].tolist(), static[0].tolist(), strict=True))
+    b = dict(zip(theirs[1].tolist(), theirs[0].tolist(), strict=True))
+    assert len({k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}) == 40_424
+
+
+def test_per_sample_ego_motion_mmdet3d_sensor2lidar_fastbev() -> None:
+    """mmdet3d's info files (Fast-BEV, BEVFormer, PETR) fold it in through ``obtain_sensor2top``
+    (the camera sample's and the lidar sample's ego poses; tests/upstream.py). Cameras written
+    with ``sensor2ego = inv(ego2global[LIDAR_TOP]) @ ego2global[camera] @ camera2ego`` and
+    ``bev.frame: LIDAR_TOP``: the pose is that ``sensor2lidar`` to 2e-13 (the global translation
+    is ~1,700 m), and ``preset: fastbev-m0`` gives Fast-BEV's own float32 LUT of that sample cell
+    for cell. Measured: 69,930 of its 160,000 cells differ from the static calibration's LUT."""
+    from bevcompile.rig.geometry import bev_from_cam_matrix
+
+    from ..interop.test_fastbev import FASTBEV_M0, fastbev_upstream_lut
+
+    poses = yaml.safe_load(EGO_POSES.read_text())["ego_poses"]
+    data = yaml.safe_load(CALIBRATION.read_text())
+    rig = parse_config(with_sample_poses(calibration_with("fastbev-m0"), "LIDAR_TOP"))
+
+    def ego2global(name: str) -> tuple[np.ndarray, np.ndarray]:
+        matrix = _record_matrix(poses[name])
+        return matrix[:3, :3], matrix[:3, 3]
+
+    lidar = dict(data["sensors"][0], ego2global=ego2global("LIDAR_TOP"))
+    cameras = [dict(c, resize=0.44, crop=[0, 70], ego2global=ego2global(c["name"])) for c in data["cameras"]]
+    for i, camera in enumerate(rig.cameras):
+        rotation, translation = upstream.mmdet3d_sensor2lidar(data["cameras"][i], lidar, *lidar["ego2global"], *cameras[i]["ego2global"])
+        np.testing.assert_allclose(bev_from_cam_matrix(rig, camera)[:3], np.column_stack([rotation, translation]), rtol=0, atol=2e-13)
+    theirs = upstream.fastbev_lut_torch(cameras, lidar, 4, rig.feature_size, **FASTBEV_M0)
+    ours = build_fastbev_lut(rig, FastBevOptions(**rig.interop_options("fastbev-lut"))).lut
+    assert np.array_equal(xyz_layout(ours), theirs)
+    assert int(np.count_nonzero(theirs != fastbev_upstream_lut(4, 70))) == 69_930
