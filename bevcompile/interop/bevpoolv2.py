@@ -34,7 +34,6 @@ voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -58,10 +57,9 @@ from ..matrix.entries import (
 from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
+from ..progress import ProgressFn
 from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
 from ..rig.geometry import bev_from_cam_matrix
-
-ProgressFn = Callable[[int], None]
 
 FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
 ROUNDINGS = INTEROP_CHOICES["bevpoolv2"]["rounding"]

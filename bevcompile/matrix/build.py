@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ from ..errors import StoreConflictError, StoreError, UsageError, check_int_optio
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
 from ..parallel import resolve_jobs
+from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, is_store, open_store, store_path, write_groups
@@ -103,6 +104,7 @@ __all__ = [
     "int8_errors",
     "matrix_attributes",
     "matrix_group",
+    "matrix_pass_units",
     "matrix_work_units",
     "n_columns",
     "quantize_rows_int8",
@@ -115,7 +117,6 @@ __all__ = [
     "tile_scales_and_int8",
 ]
 
-ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -316,9 +317,18 @@ def _peak_rss_bytes() -> int:
 def matrix_work_units(rig: RigConfig, options: MatrixOptions) -> int:
     """Total of the ``progress(n)`` calls of :func:`build_matrix` (points per pass, or grid cells)."""
     if options.mode == "grid":
+        return matrix_pass_units(rig, options)
+    return 2 * matrix_pass_units(rig, options)  # pass 1 (histogram, or row counts when K = 0) + pass 2
+
+
+def matrix_pass_units(rig: RigConfig, options: MatrixOptions) -> int:
+    """Units of the first counted phase of :func:`build_matrix` (what a progress bar's first
+    phase counts; frustum mode's pass 2 starts a phase of as many, see
+    :func:`bevcompile.progress.start_phase`): frustum points, or grid samples."""
+    if options.mode == "grid":
         return rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
     w_f, h_f = rig.feature_size
-    return 2 * rig.n_cam * rig.depth.n_bins * w_f * h_f  # pass 1 (histogram, or row counts when K = 0) + pass 2
+    return rig.n_cam * rig.depth.n_bins * w_f * h_f
 
 
 def n_columns(rig: RigConfig, mode: str) -> int:
@@ -443,6 +453,7 @@ def build_matrix(
         phases = {"grid_entries_topk": time.perf_counter() - t0}
         selection = {"candidates": len(entries), "largest_sort": len(entries), "compactions": 0}
     t1 = time.perf_counter()
+    start_phase(progress, "laying out COO / ELL / tiles")
     products = assemble_products(rig, options, kept, total_mass, counts, t0)
     products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
     products.extra["selection"] = selection
@@ -953,6 +964,7 @@ def run_matrix(
     t0 = time.perf_counter()
     products = build_matrix(rig, options, progress=progress, jobs=jobs)
     seconds = time.perf_counter() - t0
+    start_phase(progress, f"writing {path.name}")
     report = write_groups(
         path,
         root_attrs=attrs,

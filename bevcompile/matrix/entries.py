@@ -33,13 +33,13 @@ from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
 from ..memory import release_free_memory
 from ..parallel import ordered_map
+from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
 
 __all__ = ["CameraRays", "Entries", "FrustumResult", "FrustumStream", "camera_rays", "frustum_entries", "grid_entries", "select_topk"]
 
-ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 F64 = npt.NDArray[np.float64]

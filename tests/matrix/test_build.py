@@ -650,6 +650,29 @@ def test_progress_reports_every_work_unit() -> None:
         assert sum(seen) == matrix_mod.matrix_work_units(MULTI, options) and len(seen) > 1
 
 
+def test_progress_phases_name_each_pass_the_select_and_the_write(tmp_path: Path) -> None:
+    """A progress with ``phase`` (the CLI's bar) sees pass 2, the Top-K select, the layout and the
+    write as phases of their own, each pass counting exactly ``matrix_pass_units`` points."""
+    events: list[tuple[str, int | None]] = []
+    counted = [0]
+
+    class Recorder:
+        def __call__(self, n: int) -> None:
+            counted[0] += n
+
+        def phase(self, label: str, total: int | None, unit: str) -> None:
+            events.append((label, total))
+            assert counted[0] == (matrix_mod.matrix_pass_units(MULTI, options) if label.startswith("pass 2/2") else counted[0])
+            counted[0] = 0
+
+    options = MatrixOptions(topk=4)
+    matrix_mod.run_matrix(MULTI, tmp_path, options, progress=Recorder())
+    labels = [label for label, _total in events]
+    assert labels[0] == "pass 2/2: collecting Top-K candidates" and events[0][1] == matrix_mod.matrix_pass_units(MULTI, options)
+    assert labels[1].startswith("selecting the top 4 of ") and labels[1].endswith(" candidates")
+    assert labels[2:] == ["laying out COO / ELL / tiles", f"writing {MULTI.name}.zarr"]
+
+
 def test_rig_that_sees_nothing_gives_empty_but_valid_products(tmp_path: Path) -> None:
     data = small_rig_data()
     data["bev"]["x"] = [500.0, 510.0, 1.0]  # 500 m ahead: no frustum point reaches it
