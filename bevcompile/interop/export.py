@@ -104,8 +104,9 @@ def interop_command_targets(
     :class:`UsageError` for a bad value."""
     configured = rig.interop_targets if rig is not None else ()
     if not to and not configured:
-        names_none = "" if rig is None else " (the store's config names no interop targets)"
-        raise UsageError(f"--to is required: one or more of {', '.join(INTEROP_TARGETS)}{names_none}")
+        if rig is None:
+            raise UsageError(f"--to is required: one or more of {', '.join(INTEROP_TARGETS)}")
+        raise UsageError("give --to bevpoolv2, --to fastbev-lut and/or --to petr-coords3d (the store's config names no interop targets)")
     requested = [canonical_choice(target, INTEROP_TARGETS) for target in to] if to else list(configured)
     for name in requested:
         if name not in INTEROP_TARGETS:

@@ -113,7 +113,7 @@ def test_grid_gather_of_a_feature_level_samples_that_levels_features(tmp_path: P
     """``feature.levels`` (stride 8 and 16, normalized): ``GridGather(store, level=1)`` takes the
     level-1 features ``(N, n_cam, C, 4, 6)`` and equals torch ``grid_sample`` on ``grid_l1/norm``
     (the sum over cameras); level 0 keeps the 12x8 map. A level the store lacks is a usage error."""
-    from ..grid.test_build import multi_level_rig
+    from ..grid.test_build_levels import multi_level_rig
 
     store = run_grid(multi_level_rig(), tmp_path).store
     loaded = load(store)
