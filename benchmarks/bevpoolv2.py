@@ -6,7 +6,7 @@ passes over the culled frustum blocks, writing the int32 ranks straight into the
 the way BEVDet's ``voxel_pooling_prepare_v2`` is: every frustum point of every camera at once
 (float64 ego coordinates, int64 voxel coordinates, int64 ranks), then the keep mask, then one
 argsort of all kept ranks. Same arithmetic (the frustum points come from
-:func:`bevcompile.interop.frustum_points_ego`), so the five arrays must be bit-identical; the
+:func:`bevcompile.interop.frustum_points_bev`), so the five arrays must be bit-identical; the
 script checks their hash. Each build runs in its own fresh process (``ru_maxrss`` = that build's
 peak), one BLAS thread.
 
@@ -45,7 +45,7 @@ def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
 
     from bevcompile.interop.bevpoolv2 import (
         BevPoolOptions,
-        frustum_points_ego,
+        frustum_points_bev,
         frustum_rig,
         frustum_shape,
         intervals_of,
@@ -56,7 +56,7 @@ def baseline_bevpoolv2(rig: Any) -> dict[str, Any]:
     frig = frustum_rig(rig, options.frustum_mapping)
     grid = voxel_grid(rig, options.z_bins)
     n_cam, n_d, h_f, w_f = frustum_shape(rig)
-    points = np.stack([frustum_points_ego(frig, cam)[0] for cam in range(n_cam)])  # (N, D, H, W, 3) float64
+    points = np.stack([frustum_points_bev(frig, cam)[0] for cam in range(n_cam)])  # (N, D, H, W, 3) float64
     num_points = points.size // 3
     ranks_depth = np.arange(num_points, dtype=np.int64)
     ranks_feat = np.broadcast_to(np.arange(num_points // n_d, dtype=np.int64).reshape(n_cam, 1, h_f, w_f), (n_cam, n_d, h_f, w_f)).reshape(-1)

@@ -270,7 +270,7 @@ def markdown(rows: list[dict[str, Any]], pool: list[dict[str, Any]], machine: di
 
 
 def targets(rows: list[dict[str, Any]], pool: list[dict[str, Any]]) -> list[str]:
-    """One line per target of issue 19: met or the measured distance."""
+    """One line per performance target of the streamed build: met or the measured distance."""
     def find(rig: str, millions: int, jobs: int) -> dict[str, Any] | None:
         return next((r for r in rows if r["rig"] == rig and r["millions"] == millions and r["jobs"] == jobs), None)
 

@@ -1,7 +1,8 @@
 """The conventions every product follows, stated once.
 
-These exact sentences appear in the README ("Conventions") and in every store's root
-attribute ``conventions``; ``tests/test_conventions.py`` pins both.
+These exact sentences appear in docs/conventions.md and in every store's root attribute
+``conventions``; ``tests/test_conventions.py`` pins both. Append-only: a sentence never
+changes meaning; new ones are added at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ CONVENTIONS: dict[str, str] = {
     "invalid_cells": "Invalid cells hold coords (-2, -2), two pixels outside the map, so bilinear grid_sample with zeros padding returns exactly 0 there.",
     "grid_sample": "norm follows torch.nn.functional.grid_sample: align_corners=False norm = (2 u + 1) / W_f - 1; align_corners=True norm = 2 u / (W_f - 1) - 1; bilinear, padding_mode zeros.",
     "depth": "LSS depth bins are distances along the camera's optical axis (camera z), d_k = start + k * step for k < ceil((stop - start) / step).",
+    "bev_frame": "BEV frame (bev.frame): the BEV cells, heights and z band are coordinates in the ego frame (default) or in the frame of a listed sensor (pose sensor -> ego, like a camera's); a camera's pose in it is bev_from_cam = inv(ego_from_sensor) @ ego_from_cam.",
+    "feature_size_rule": "Feature map size (feature.size_rule): exact (default) W_f = W_in / s, the input divisible by s; ceil W_f = ceil(W_in / s) (strided convolutions with padding); pixel_mapping normalized places input u_in at feature u_in * W_f / W_in - 1/2 under both rules (feature pixel j at input (j + 1/2) * W_in / W_f).",
+    "feature_levels": "Feature levels (feature.levels): each level has its own stride, pixel_mapping and feature map (n_cam, H_l, W_l); level 0's tables are grid/, gather/, delta/, level l's grid_l<l>/, gather_l<l>/, delta_l<l>/, each indexing its own level's features; matrix/ and the BEVPoolv2 arrays use level 0, the Fast-BEV LUT has one table per level.",
 }
 
 REGION_CONVENTIONS: dict[str, str] = {

@@ -107,6 +107,65 @@ def distorted_rig() -> RigConfig:
     return load_config(DISTORTED_YAML)
 
 
+SMALL_TOP_SENSOR = {
+    "name": "LIDAR_TOP",
+    # yaw -90 deg (sensor x -> ego -y, sensor y -> ego +x), 1.9 m up, 0.4 m ahead, 0.1 m left
+    "sensor2ego": [[0.0, 1.0, 0.0, 0.4], [-1.0, 0.0, 0.0, 0.1], [0.0, 0.0, 1.0, 1.9], [0.0, 0.0, 0.0, 1.0]],
+}
+
+
+def small_rig_with_sensor_data(**kwargs: Any) -> dict[str, Any]:
+    """:func:`small_rig_data` plus a yawed ``LIDAR_TOP`` sensor (frame still ego)."""
+    data = small_rig_data(**kwargs)
+    data["sensors"] = [copy.deepcopy(SMALL_TOP_SENSOR)]
+    return data
+
+
+def in_lidar_frame(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a config listing LIDAR_TOP) with ``bev.frame: LIDAR_TOP`` and its own name."""
+    out = copy.deepcopy(data)
+    out["bev"]["frame"] = "LIDAR_TOP"
+    out["name"] = f"{out['name']}-lidar"
+    return out
+
+
+def _pose(entry: dict[str, Any]) -> Any:
+    import numpy as np
+
+    from bevcompile.rig.config import rotation_from_quaternion_wxyz
+
+    if "sensor2ego" in entry:
+        return np.array(entry["sensor2ego"], dtype=np.float64)
+    m = np.eye(4)
+    m[:3, :3] = rotation_from_quaternion_wxyz(entry["rotation_wxyz"])
+    m[:3, 3] = entry["translation"]
+    return m
+
+
+def lidar_from_cam_numpy(data: dict[str, Any], cam_index: int) -> Any:
+    """Independent cam -> LIDAR_TOP 4x4: ``inv(lidar2ego) @ cam2ego`` with numpy's matmul and
+    ``linalg.inv`` (the product as mmdet3d's infos hold it for one static pose)."""
+    import numpy as np
+
+    lidar = next(s for s in data["sensors"] if s["name"] == "LIDAR_TOP")
+    return np.linalg.inv(_pose(lidar)) @ _pose(data["cameras"][cam_index])
+
+
+def lidar_poses_as_ego(data: dict[str, Any]) -> dict[str, Any]:
+    """The same rig with every camera given ``sensor2ego`` = its cam -> LIDAR_TOP matrix and the
+    ego frame: what a user had to hand-make before ``bev.frame`` (same geometry, other numbers)."""
+    out = copy.deepcopy(data)
+    for i, cam in enumerate(out["cameras"]):
+        matrix = lidar_from_cam_numpy(data, i)
+        for key in ("rotation_wxyz", "translation"):
+            cam.pop(key, None)
+        cam["sensor2ego"] = [[float(v) for v in row] for row in matrix[:3]] + [[0.0, 0.0, 0.0, 1.0]]
+    out.pop("sensors", None)
+    out["bev"].pop("frame", None)
+    out["name"] = f"{data['name']}-handmade"
+    return out
+
+
 def write_yaml(path: Path, data: Any) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -24,6 +24,7 @@ from . import diff_cmd  # noqa: F401
 from . import export_cmd  # noqa: F401
 from . import fleet_cmd  # noqa: F401
 from . import import_cmd  # noqa: F401
+from . import presets_cmd  # noqa: F401
 # isort: on
 
 

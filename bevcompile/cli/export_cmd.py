@@ -160,13 +160,18 @@ def _print_export(result: object) -> None:
         stdout_console.print(f"wrote [bold]{result.path}[/bold]")
 
 
-@cli_command("export-interop", short_help='BEVDet BEVPoolv2 arrays / Fast-BEV LUT into interop/ (and .npy files).')
+@cli_command("export-interop", short_help='BEVDet BEVPoolv2 arrays / Fast-BEV LUT / PETR position coordinates into interop/ (and .npy files).')
 def export_interop_command(
     store: StoreArg,
     to: Annotated[
-        list[str],
-        typer.Option("--to", metavar="bevpoolv2|fastbev-lut", help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays) or fastbev-lut (repeatable)."),
-    ],
+        list[str] | None,
+        typer.Option(
+            "--to", metavar="bevpoolv2|fastbev-lut|petr-coords3d",
+            help="bevpoolv2 (BEVDet BEVPoolv2 / TensorRT arrays), fastbev-lut or petr-coords3d (PETR's 3D position coordinates; "
+            "depth bins and position range from the config's interop: section) (repeatable; default: the targets the config's interop: section names).",
+            show_default=False,
+        ),
+    ] = None,
     npy: Annotated[Path | None, typer.Option("--npy", help="Also write the arrays as .npy files into this folder.")] = None,
     frustum_mapping: Annotated[
         str | None,
@@ -187,26 +192,43 @@ def export_interop_command(
     overlap: Annotated[
         str | None, typer.Option("--overlap", metavar="first|last|nearest-centre", help="fastbev-lut: first, last (Fast-BEV's loop order) or nearest-centre (default: first).", show_default=False)
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            "--precision", metavar="float64|float32",
+            help="float64 (the exact geometry) or float32 (the upstream op sequence in float32, ties as upstream rounds them: "
+            "BEVDet's get_lidar_coor, Fast-BEV's projection, PETR's position_embeding) (default: float64).", show_default=False,
+        ),
+    ] = None,
+    xyz_layout: Annotated[
+        bool | None,
+        typer.Option("--xyz-layout/--no-xyz-layout", help="fastbev-lut: also write the LUT in Fast-BEV's voxel order (X, Y, Z) as fastbev_lut_xyz.", show_default=False),
+    ] = None,
     jobs: JobsOption = None,
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Write BEVDet BEVPoolv2 arrays and/or a Fast-BEV LUT into the store's interop/ group (and .npy files)."""
+    """Write BEVDet BEVPoolv2 arrays, a Fast-BEV LUT and/or PETR's position coordinates into the store's interop/ group (and .npy files)."""
     from ..interop.bevpoolv2 import frustum_shape
     from ..interop.export import interop_command_targets, run_export_interop
+    from ..interop.petr import PetrOptions
     from ..parallel import resolve_jobs
     from ..store.loader import load
 
+    loaded = load(store, verify=False)
     targets = interop_command_targets(
-        to, frustum_mapping=frustum_mapping, rounding=rounding, z_bins=z_bins, batch=batch, overlap=overlap
+        to, rig=loaded.rig, frustum_mapping=frustum_mapping, rounding=rounding, z_bins=z_bins, batch=batch, overlap=overlap,
+        precision=precision, xyz_layout=xyz_layout,
     )
     n_jobs = resolve_jobs(jobs)
-    loaded = load(store, verify=False)
     total = 0
     if "bevpoolv2" in targets:
         total += 2 * int(math.prod(frustum_shape(loaded.rig)))  # two streamed passes
     if "fastbev-lut" in targets:
-        total += int(math.prod(loaded.bev_shape))
+        total += int(math.prod(loaded.bev_shape)) * loaded.n_levels
+    if "petr-coords3d" in targets:
+        w_f, h_f = loaded.rig.level(0).feature_size
+        total += loaded.rig.n_cam * PetrOptions.from_dict(targets["petr-coords3d"]).depth_num * h_f * w_f
     with progress_bar("building interop arrays", total, enabled=not (quiet or json_output)) as advance:
         result = run_export_interop(loaded.path, targets, npy_dir=npy, progress=advance, jobs=n_jobs)
     if json_output:
@@ -221,7 +243,8 @@ def export_interop_command(
         n_cam, n_d, h_f, w_f = a["depth_shape"]
         x, y, z = a["grid_size"]
         table = new_table(
-            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z}, batch {a['batch']})",
+            f"{rig.name}: BEVPoolv2 (frustum {o['frustum_mapping']}, rounding {o['rounding']}, grid {x}x{y}x{z}, batch {a['batch']}"
+            + (f", {o['precision']}" if o.get("precision", "float64") != "float64" else "") + ")",
             "figure", "value", right=("value",),
         )
         batch_factor = f"{a['batch']} x " if a["batch"] > 1 else ""
@@ -232,10 +255,28 @@ def export_interop_command(
         print_table(table)
     if "fastbev-lut" in result.targets:
         a = result.attrs["fastbev-lut"]
-        table = new_table(f"{rig.name}: Fast-BEV LUT (overlap {a['overlap']})", "figure", "value", right=("value",))
+        table = new_table(
+            f"{rig.name}: Fast-BEV LUT (overlap {a['overlap']}" + (f", {a['precision']}" if "precision" in a else "") + ")",
+            "figure", "value", right=("value",),
+        )
         table.add_row("cells (heights x ny x nx)", f"{a['n_cells']:,}")
         table.add_row("seen by a camera", f"{a['n_seen']:,} ({100 * a['n_seen'] / max(1, a['n_cells']):.1f} %)")
         table.add_row("seen by more than one", f"{a['n_overlap']:,}")
+        for level in a.get("levels", [])[1:]:
+            table.add_row(f"level {level['level']}: seen by a camera", f"{level['n_seen']:,}")
+        print_table(table)
+    if "petr-coords3d" in result.targets:
+        a = result.attrs["petr-coords3d"]
+        o = result.attrs["build_options"]["petr-coords3d"]
+        w_f, h_f = a["feature_size"]
+        table = new_table(
+            f"{rig.name}: PETR position coordinates ({o['depth_num']} {'LID' if o['lid'] else 'uniform'} depths, {o['precision']}, {a['frame']} frame)",
+            "figure", "value", right=("value",),
+        )
+        table.add_row("pixels (cameras x H_f x W_f)", f"{rig.n_cam} x {h_f} x {w_f} = {rig.n_cam * h_f * w_f:,}")
+        table.add_row("depths (m)", f"{a['depths'][0]:.3f} .. {a['depths'][-1]:.3f}")
+        table.add_row("masked pixels", f"{a['n_masked']:,}")
+        table.add_row("coordinates inside position_range", f"{100 * a['inside_fraction']:.1f} %")
         print_table(table)
     sizes = new_table("interop/ arrays", "array", "shape", "dtype", "on disk", right=("on disk",))
     for name, array in result.arrays.items():

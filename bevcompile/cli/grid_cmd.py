@@ -118,6 +118,19 @@ def grid(
         v = f"{cam.v_range[0]:.2f} .. {cam.v_range[1]:.2f}" if cam.v_range else "-"
         table.add_row(cam.name, *(_percent(c) for c in cam.coverage), u, v)
     print_table(table)
+    levels: list[dict[str, Any]] = result.extra.get("levels") or []
+    if levels:  # feature.levels: one set of groups per level
+        level_table = new_table(
+            f"{len(levels)} feature levels (each level's tables index its own features (n_cam, H_l, W_l))",
+            "level", "groups", "stride", "pixel_mapping", "feature map", "coverage", right=("stride", "coverage"),
+        )
+        for level in levels:
+            w_l, h_l = level["feature_size"]
+            level_table.add_row(
+                str(level["level"]), " ".join(f"{g}/" for g in level["groups"]), str(level["stride"]),
+                level["pixel_mapping"], f"{w_l}x{h_l}", _percent(level["coverage"]),
+            )
+        print_table(level_table)
     sizes = new_table("bytes written", "array", "shape", "dtype", "on disk", right=("on disk",))
     arrays: dict[str, Any] = result.extra.get("arrays", {})
     for key, nbytes in result.write.bytes_per_array.items():

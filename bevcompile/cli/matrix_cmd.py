@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from ..matrix.build import MatrixOptions, MatrixRunResult, matrix_work_units, run_matrix
+from ..matrix.build import MatrixOptions, MatrixRunResult, matrix_pass_units, run_matrix
 from ..parallel import resolve_jobs
 from ..rig.config import load_config
 from ._app import cli_command
@@ -86,8 +86,9 @@ def matrix(
     )
     n_jobs = resolve_jobs(jobs)
     rig = load_config(config)
-    label = "lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
-    with progress_bar(label, matrix_work_units(rig, options), enabled=not (quiet or json_output)) as advance:
+    label = "pass 1/2: lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
+    unit = "points" if options.mode == "frustum" else "samples"
+    with progress_bar(label, matrix_pass_units(rig, options), enabled=not (quiet or json_output), unit=unit) as advance:
         result = run_matrix(rig, out, options, force=force, progress=advance, jobs=n_jobs)
     if not result.products.figures.nnz:  # on stderr, also under --quiet/--json
         stderr_console.print(
@@ -139,7 +140,8 @@ def _print_summary(result: MatrixRunResult) -> None:
         )
     if f.int8_max_rel_error is not None:
         table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
-    table.add_row("build time", f"{result.build_seconds:.2f} s ({p.extra.get('jobs', 1)} threads)")
+    table.add_row("build time", f"{result.build_seconds:.2f} s")
+    table.add_row("threads (--jobs)", f"{p.extra.get('jobs', 1)}")
     table.add_row("peak memory (ru_maxrss)", human_bytes(result.peak_rss_bytes))
     print_table(table)
     sizes = new_table("bytes per product", "product", "in memory", right=("in memory",))

@@ -27,13 +27,17 @@ def render(
         float | None,
         typer.Option("--height", help="Draw the coverage at this sampling height in metres (default: at any height).", show_default=False),
     ] = None,
+    level: Annotated[
+        int,
+        typer.Option("--level", help="Feature level whose coverage to draw (feature.levels; level 0 is grid/).", min=0),
+    ] = 0,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
     """Draw camera coverage on the BEV plane (x forward up) and the matrix's per-cell weight."""
     from ..report.render import render_store
 
-    result = render_store(store, out, height=height)
+    result = render_store(store, out, height=height, level=level)
     if json_output:
         print_json(result.to_json())
         return

@@ -38,6 +38,7 @@ from ..errors import DependencyError, StoreError, UsageError
 from ..grid.gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS, bilinear_corners
 from ..grid.ipm import norm_to_feature_px
 from ..store.loader import LoadedStore, load
+from ..store.plugins import level_group
 
 try:
     import torch
@@ -108,26 +109,27 @@ def bilinear_tables_from_norm(
     return (cam_base + pixel_index).astype(np.int32), weight.astype(np.float32)
 
 
-def _lut_tables(store: LoadedStore, table_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _lut_tables(store: LoadedStore, table_shape: tuple[int, ...], level: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``(weight_u8, lut)`` of ``gather/``, checked against the index table's shape.
 
     Convention: ``weight_u8`` uint8 ``table_shape`` (last axis the codes ``(cu0, cu1, cv0, cv1)``),
     ``lut`` float32 ``(L,)`` with every code ``< L``.
     """
-    group = store["gather"]
+    group = store.level_group("gather", level)
+    gname = group.name
     for name in ("weight_u8", "lut"):
         if name not in group:
-            raise StoreError(f"{store.path}: gather/ has no {name}; rebuild it with `bevcompile grid`")
+            raise StoreError(f"{store.path}: {gname}/ has no {name}; rebuild it with `bevcompile grid`")
     codes = np.asarray(group["weight_u8"])
     lut = np.asarray(group["lut"])
     if codes.dtype != np.uint8 or codes.shape != table_shape:
-        raise StoreError(f"{store.path}: gather/weight_u8 is {codes.dtype} {codes.shape}; expected uint8 {table_shape} like gather/index")
+        raise StoreError(f"{store.path}: {gname}/weight_u8 is {codes.dtype} {codes.shape}; expected uint8 {table_shape} like {gname}/index")
     if lut.ndim != 1 or lut.size == 0 or (codes.size and int(codes.max()) >= lut.size):
-        raise StoreError(f"{store.path}: gather/lut has shape {lut.shape}; every weight_u8 code must index it")
+        raise StoreError(f"{store.path}: {gname}/lut has shape {lut.shape}; every weight_u8 code must index it")
     return codes, lut
 
 
-def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
+def _gather_tables(store: LoadedStore, source: str, level: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, str, str]:
     """``(index, weight, row_of_cell, source used, layout)``.
 
     ``layout`` ``"bev"``: tables ``(n_cam, n_h, ny, nx, 4)``, ``row_of_cell`` None. ``"flat"`` /
@@ -138,31 +140,32 @@ def _gather_tables(store: LoadedStore, source: str) -> tuple[np.ndarray, np.ndar
     n_h, ny, nx = store.bev_shape
     logical = (store.rig.n_cam, n_h, ny, nx, 4)
     n_cells = int(np.prod(logical[:-1]))
-    if source == "gather" or (source == "auto" and store.has_group("gather")):
-        group = store["gather"]
+    gather_name, grid_name = level_group("gather", level), level_group("grid", level)
+    if source == "gather" or (source == "auto" and store.has_group(gather_name)):
+        group = store[gather_name]
         index = np.asarray(group["index"])
         weight = np.asarray(group["weight"])
         if index.shape != weight.shape:
-            raise StoreError(f"{store.path}: gather/index {index.shape} and gather/weight {weight.shape} differ in shape")
+            raise StoreError(f"{store.path}: {gather_name}/index {index.shape} and {gather_name}/weight {weight.shape} differ in shape")
         if index.shape == logical:
             return index, weight, None, "gather", "bev"
         layout = str(group.attrs.get("layout", "flat"))
         if index.ndim != 2 or index.shape[1] != 4 or index.shape[0] < n_cells:
             raise StoreError(
-                f"{store.path}: gather/index has shape {index.shape}; expected {logical} or a padded ({n_cells}+, 4) layout"
+                f"{store.path}: {gather_name}/index has shape {index.shape}; expected {logical} or a padded ({n_cells}+, 4) layout"
             )
         if layout.startswith("flat_") or "perm_inverse" in group:
             row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
             if row_of_cell.shape != (n_cells,):
-                raise StoreError(f"{store.path}: gather/perm_inverse has shape {row_of_cell.shape}; expected ({n_cells},)")
+                raise StoreError(f"{store.path}: {gather_name}/perm_inverse has shape {row_of_cell.shape}; expected ({n_cells},)")
         else:
             row_of_cell = np.arange(n_cells, dtype=np.int64)
         return index, weight, row_of_cell, "gather", layout
     if source not in ("auto", "grid"):
         raise UsageError(f"source must be one of {', '.join(GRID_SOURCES)}, got {source!r}")
-    grid = store["grid"]
+    grid = store[grid_name]
     align = bool(grid.attrs.get("align_corners", False))
-    index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.feature_size, align)
+    index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.level_feature_size(level), align)
     return index, weight, None, "grid", "bev"
 
 
@@ -170,7 +173,10 @@ class GridGather(nn.Module):
     """IPM grid sampling as Gather + Mul + ReduceSum with the store's static tables.
 
     ``forward(features)``:
-        features ``(N, n_cam, C, H_f, W_f)`` float (cameras in the store's order).
+        features ``(N, n_cam, C, H_f, W_f)`` float (cameras in the store's order) -- with
+        ``level=l`` (``feature.levels``) the features of that level, ``(N, n_cam, C, H_l, W_l)``,
+        sampled with that level's groups ``gather_l<l>/`` (or ``grid_l<l>/``): one module per
+        level, as the model samples each level with its own map.
         returns ``(N, C, n_heights, ny, nx)`` (``collapse_heights=False``) or ``(N, C, ny, nx)``.
 
     ``out[n, c, h, iy, ix] = sum_cam sum_k weight[cam, h, iy, ix, k] * feats_flat[n, c, index[cam, h, iy, ix, k]]``
@@ -220,6 +226,7 @@ class GridGather(nn.Module):
         collapse_heights: bool = False,
         source: str = "auto",
         weights: str = "float32",
+        level: int = 0,
     ) -> None:
         super().__init__()
         if reduce not in REDUCTIONS:
@@ -231,25 +238,29 @@ class GridGather(nn.Module):
         if weights == "lut" and source == "grid":
             raise UsageError("weights='lut' reads gather/weight_u8 and gather/lut; source='grid' has no LUT codes (use source='auto' or 'gather')")
         loaded = load(store)
-        if weights == "lut" and not loaded.has_group("gather"):
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < loaded.n_levels:
+            raise UsageError(f"level must be a feature level of the store, 0 to {loaded.n_levels - 1}, got {level!r}")
+        gather_name = level_group("gather", level)
+        if weights == "lut" and not loaded.has_group(gather_name):
             raise StoreError(
-                f"{loaded.path}: weights='lut' needs the gather/ group (weight_u8 + lut) and this store has none; "
+                f"{loaded.path}: weights='lut' needs the {gather_name}/ group (weight_u8 + lut) and this store has none; "
                 "run `bevcompile grid` to write it"
             )
         self.weights = weights
+        self.level = level
         self.n_cam = loaded.rig.n_cam
-        self.feature_size = loaded.feature_size
+        self.feature_size = loaded.level_feature_size(level)
         self.bev_shape = loaded.bev_shape
         self.reduce = reduce
         self.collapse_heights = collapse_heights
-        index, weight, row_of_cell, used, layout = _gather_tables(loaded, source)
+        index, weight, row_of_cell, used, layout = _gather_tables(loaded, source, level)
         self.source = used
         self.layout = layout
         self.register_buffer("index", _buffer(index, np.int32), persistent=True)
         if weights == "float32":
             self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
         else:
-            codes, lut = _lut_tables(loaded, tuple(index.shape))
+            codes, lut = _lut_tables(loaded, tuple(index.shape), level)
             self.register_buffer("weight_u8", _buffer(codes, np.uint8), persistent=True)
             self.register_buffer("lut", _buffer(lut, np.float32), persistent=True)
             self.register_buffer("corner_u_code", torch.tensor(LUT_CORNER_U_CODE, dtype=torch.int32), persistent=False)
@@ -257,7 +268,7 @@ class GridGather(nn.Module):
         if row_of_cell is not None:
             self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
         if reduce == "mean":
-            valid = np.asarray(loaded["grid"]["valid"], dtype=bool)
+            valid = np.asarray(loaded.level_group("grid", level)["valid"], dtype=bool)
             count = valid.sum(axis=(0, 1)) if collapse_heights else valid.sum(axis=0)
             with np.errstate(divide="ignore"):
                 inv = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)
@@ -270,6 +281,7 @@ class GridGather(nn.Module):
             f"n_cam={self.n_cam}, feature={w_f}x{h_f}, bev={n_h}x{ny}x{nx}, reduce={self.reduce}, "
             f"collapse_heights={self.collapse_heights}, source={self.source}, layout={self.layout}"
             + ("" if self.weights == "float32" else f", weights={self.weights}")
+            + ("" if self.level == 0 else f", level={self.level}")
         )
 
     def corner_weights(self) -> torch.Tensor:

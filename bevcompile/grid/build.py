@@ -19,6 +19,7 @@ from ..errors import UsageError
 from ..memory import refuse_beyond_memory
 from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
+from ..store.plugins import level_group
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
 from .delta import (
@@ -262,6 +263,12 @@ class GridCommandBuild:
     summary: dict[str, Any]
 
 
+def grid_command_groups(rig: RigConfig) -> tuple[str, ...]:
+    """Every group ``bevcompile grid`` owns for ``rig``: :data:`GRID_COMMAND_GROUPS` at every
+    feature level (``grid``, ``gather``, ``delta``, then ``grid_l1``, ... for ``feature.levels``)."""
+    return tuple(level_group(base, level) for level in range(rig.n_levels) for base in GRID_COMMAND_GROUPS)
+
+
 def build_grid_command(
     rig: RigConfig,
     options: GridBuildOptions,
@@ -269,17 +276,56 @@ def build_grid_command(
     progress: ProgressFn | None = None,
     sampling: SamplingGrid | None = None,
 ) -> GridCommandBuild:
-    """Pure: compute every group ``bevcompile grid`` writes (no I/O).
+    """Pure: compute every group ``bevcompile grid`` writes (no I/O), at every feature level.
 
-    Options that depend on the rig (pixel_q range, delta escape resolution) are checked before
-    the grid is computed. ``sampling`` may pass a precomputed float64 grid of ``rig``.
+    Level 0 gives ``grid/``, ``gather/``, ``delta/`` and the build's products and summary; level
+    ``l >= 1`` of ``feature.levels`` gives ``grid_l<l>/``, ``gather_l<l>/``, ``delta_l<l>/``, each
+    the single-level build of :meth:`RigConfig.level` (its own feature map; ``summary["levels"]``
+    lists every level). Options that depend on the rig (pixel_q range, delta escape resolution)
+    are checked for every level before any grid is computed. ``sampling`` may pass a precomputed
+    float64 grid of level 0.
     """
     options = options.validated()
+    levels = [rig.level(index) for index in range(rig.n_levels)]
+    for level_rig in levels:
+        _check_level_options(level_rig, options)
+    built = _build_level(levels[0], options, progress, sampling)
+    if len(levels) == 1:
+        return built
+    summaries = [_level_summary(0, levels[0], built)]
+    for index, level_rig in enumerate(levels[1:], start=1):
+        other = _build_level(level_rig, options, progress, None)
+        built.groups.update({level_group(name, index): group for name, group in other.groups.items()})
+        summaries.append(_level_summary(index, level_rig, other))
+    built.summary["levels"] = summaries
+    return built
+
+
+def _level_summary(index: int, level_rig: RigConfig, built: GridCommandBuild) -> dict[str, Any]:
+    w_f, h_f = level_rig.feature_size
+    valid = built.products.valid
+    return {
+        "level": index,
+        "groups": [level_group(name, index) for name in built.groups],
+        "stride": level_rig.feature.stride,
+        "pixel_mapping": level_rig.feature.pixel_mapping,
+        "feature_size": [w_f, h_f],
+        "coverage": float(valid.any(axis=0).mean()) if valid.size else 0.0,
+    }
+
+
+def _check_level_options(rig: RigConfig, options: GridBuildOptions) -> None:
     bev_shape = (rig.bev.ny, rig.bev.nx)
     if "pixel_q" in options.formats:
         resolve_pixel_q_frac_bits(options.frac_bits, rig.feature_size, bev_shape)
     if options.npu:
         check_escape_resolution(rig.feature_size, options.max_error_px)
+
+
+def _build_level(
+    rig: RigConfig, options: GridBuildOptions, progress: ProgressFn | None, sampling: SamplingGrid | None
+) -> GridCommandBuild:
+    """The groups of one single-level rig (``rig.level(i)``), named ``grid``, ``gather``, ``delta``."""
     if sampling is None:
         sampling = compute_sampling_grid(rig, progress=progress)
     start_phase(progress, "fixed-point formats")
@@ -534,13 +580,15 @@ def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid", block: int 
     if block is not None and block > 0:
         padded_ny = -(-rig.bev.ny // block) * block
         padded_nx = -(-rig.bev.nx // block) * block
-        padded = rig.n_cam * len(rig.bev.heights) * padded_ny * padded_nx
+        padded = rig.n_levels * rig.n_cam * len(rig.bev.heights) * padded_ny * padded_nx
         if padded > samples:
             samples = padded
             padding = f" (padded to {padded_ny} x {padded_nx} by --block {block})"
     refuse_beyond_memory(
         GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples,
-        f"{rig.source}: {what} of {rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
+        f"{rig.source}: {what} of "
+        + (f"{rig.n_levels} feature levels x " if rig.n_levels > 1 else "")
+        + f"{rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
         f"cells{padding} = {samples:,} samples",
         "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else ""),
     )
@@ -570,7 +618,7 @@ def run_grid(
 
     ``formats`` adds fixed-point formats to ``grid/``. ``npu=True`` (what ``bevcompile grid``
     always does) also writes ``gather/`` and ``delta/`` (see :func:`build_grid_command`).
-    Every group of :data:`GRID_COMMAND_GROUPS` not written is removed from an existing store,
+    Every group of :func:`grid_command_groups` not written is removed from an existing store,
     so a store never holds NPU tables of an older build. Options are validated before any
     work (:class:`~bevcompile.errors.UsageError`).
     """
@@ -595,7 +643,7 @@ def run_grid(
         root_attrs=attrs,
         groups=built.groups,
         force=force,
-        replace_groups=GRID_COMMAND_GROUPS,
+        replace_groups=grid_command_groups(rig),
     )
     extra = dict(built.summary)
     extra["arrays"] = {
@@ -607,7 +655,8 @@ def run_grid(
 
 
 def total_grid_cells(rig: RigConfig) -> int:
-    return rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+    """Samples of ``bevcompile grid``: camera x height x BEV cell, at every feature level."""
+    return rig.n_levels * rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
 
 
 def as_float_list(values: np.ndarray) -> list[float]:

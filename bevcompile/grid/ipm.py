@@ -6,7 +6,8 @@ tables, fixed-point formats, delta-LUT, matrices) is measured against.
 Conventions (README "Conventions"; stored in the ``grid`` group attributes):
 
 * BEV cell ``(iy, ix)`` has its centre at ``(x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy)``
-  in the ego frame and height ``heights[ih]``; arrays are ``[..., ny, nx]``.
+  in the BEV frame (``bev.frame``: ego or a sensor's frame) and height ``heights[ih]``;
+  arrays are ``[..., ny, nx]``.
 * ``coords`` are ``(u, v)`` feature-map pixels, integer = pixel centre.
 * VALID RULE: a cell is valid in a camera iff its centre is in front of the camera, inside
   the lens's monotonic field of view, and its *nearest feature pixel exists*:
@@ -29,7 +30,7 @@ import numpy.typing as npt
 
 from ..progress import ProgressFn
 from ..rig.config import BevSpec, RigConfig
-from ..rig.geometry import project_ego_to_feature
+from ..rig.geometry import project_bev_to_feature
 
 INVALID_PX = -2.0
 NORM_INT16_SCALE = 32767
@@ -37,11 +38,12 @@ ROWS_PER_CHUNK = 64  # BEV rows projected per step: bounds peak memory for huge 
 
 
 
-def bev_cell_centres_ego(bev: BevSpec) -> npt.NDArray[np.float64]:
-    """Ego coordinates of every BEV cell centre at every sampling height.
+def bev_cell_centres(bev: BevSpec) -> npt.NDArray[np.float64]:
+    """BEV-frame coordinates of every BEV cell centre at every sampling height.
 
     Convention:
-        returns ``(n_heights, ny, nx, 3)`` float64 metres ``(x, y, z)``, ego frame;
+        returns ``(n_heights, ny, nx, 3)`` float64 metres ``(x, y, z)`` in the BEV frame
+        (``bev.frame``: ego, or the named sensor's frame);
         ``[ih, iy, ix] = (x_min + (ix + 0.5) dx, y_min + (iy + 0.5) dy, heights[ih])``.
     """
     xs = bev.x.min + (np.arange(bev.x.n, dtype=np.float64) + 0.5) * bev.x.step
@@ -95,12 +97,12 @@ def compute_sampling_grid(rig: RigConfig, progress: ProgressFn | None = None) ->
     n_h, ny, nx = len(bev.heights), bev.ny, bev.nx
     coords = np.empty((rig.n_cam, n_h, ny, nx, 2), dtype=np.float64)
     valid = np.empty((rig.n_cam, n_h, ny, nx), dtype=np.bool_)
-    centres = bev_cell_centres_ego(bev)
+    centres = bev_cell_centres(bev)
     for cam_index, camera in enumerate(rig.cameras):
         for row0 in range(0, ny, ROWS_PER_CHUNK):
             row1 = min(ny, row0 + ROWS_PER_CHUNK)
-            points_ego = centres[:, row0:row1]
-            uv, ok = project_ego_to_feature(rig, camera, points_ego)
+            points_bev = centres[:, row0:row1]
+            uv, ok = project_bev_to_feature(rig, camera, points_bev)
             ok &= inside_feature_map(uv, rig.feature_size)
             coords[cam_index, :, row0:row1] = np.where(ok[..., None], uv, INVALID_PX)
             valid[cam_index, :, row0:row1] = ok

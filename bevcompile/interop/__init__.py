@@ -2,6 +2,7 @@
 
 * :mod:`.bevpoolv2` — BEVDet's five BEVPoolv2 arrays (``voxel_pooling_prepare_v2``), for a fixed batch.
 * :mod:`.fastbev` — the Fast-BEV look-up table (``backproject_inplace``), with its overlap policies.
+* :mod:`.petr` — PETR's 3D position coordinates and mask (``position_embeding``), a constant of the rig.
 * :mod:`.export` — the ``interop/`` group, ``.npy`` files and ``run_export_interop``.
 * :mod:`.checks` — the ``inspect`` / ``verify`` / ``--strict`` plug-in of ``interop/``.
 

@@ -27,7 +27,7 @@ Pooling: ``bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_
 Frustum point of ``(cam, d, v, u)``: the feature pixel ``(u, v)`` mapped to the network input
 (``linspace`` — BEVDet's ``torch.linspace(0, W_in - 1, W_f)`` — or the rig's ``stride``
 mapping), through the image augmentation and the lens model, at depth ``d_k`` along the
-optical axis, into the ego frame (:func:`bevcompile.rig.geometry.unproject_feature_to_ego`).
+optical axis, into the BEV frame (``bev.frame``; :func:`bevcompile.rig.geometry.unproject_feature_to_bev`).
 Voxel coordinate: ``c = (p - lower) / step`` per axis (x, y, z; float64), then ``trunc``
 (toward zero, BEVDet's ``.long()``: points up to one voxel *below* the lower bound land in
 voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
@@ -35,7 +35,6 @@ voxel 0) or ``floor``; kept iff ``0 <= c < n`` on every axis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,13 +58,14 @@ from ..matrix.entries import (
 from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
-from ..rig.config import FeatureSpec, RigConfig
+from ..progress import ProgressFn
+from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
+from ..rig.geometry import bev_from_cam_matrix
 from ..rig.region import region_table
 
-ProgressFn = Callable[[int], None]
-
-FRUSTUM_MAPPINGS = ("linspace", "stride", "rig")
-ROUNDINGS = ("trunc", "floor")
+FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
+ROUNDINGS = INTEROP_CHOICES["bevpoolv2"]["rounding"]
+PRECISIONS = INTEROP_CHOICES["bevpoolv2"]["precision"]
 BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
 BEVPOOL_PREFIX = "bevpoolv2_"
 INT32_MAX = np.iinfo(np.int32).max
@@ -85,13 +85,16 @@ class BevPoolOptions:
     ``feature.pixel_mapping``, as ``matrix/`` uses). ``rounding``: ``trunc`` (BEVDet's
     ``.long()``) or ``floor``. ``z_bins``: voxels along z over the rig's ``bev.z`` range
     (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
-    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`).
+    ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`). ``precision``: ``float64``
+    (default: the exact geometry) or ``float32`` (BEVDet's own op sequence in float32,
+    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras).
     """
 
     frustum_mapping: str = "linspace"
     rounding: str = "trunc"
     z_bins: int | None = None
     batch: int = 1
+    precision: str = "float64"
 
     def validate(self) -> None:
         if self.frustum_mapping not in FRUSTUM_MAPPINGS:
@@ -102,15 +105,26 @@ class BevPoolOptions:
             raise UsageError(f"--z-bins must be in [1, 4096], got {self.z_bins}")
         if isinstance(self.batch, bool) or not isinstance(self.batch, int) or not 1 <= self.batch <= MAX_BATCH:
             raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision == "float32" and self.frustum_mapping != "linspace":
+            raise UsageError(
+                f"--precision float32 restates BEVDet's own frustum (linspace); --frustum-mapping {self.frustum_mapping} "
+                "has no upstream float32 code path (use --precision float64)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
+        """The recorded build options; ``precision`` only when not the default (older stores keep their bytes)."""
+        out: dict[str, Any] = {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
+        if self.precision != "float64":
+            out["precision"] = self.precision
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> BevPoolOptions:
         if not isinstance(data, dict):
             raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch"}
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision"}
         if unknown:
             raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
         z_bins = data.get("z_bins")
@@ -122,6 +136,7 @@ class BevPoolOptions:
             rounding=str(data.get("rounding", "trunc")),
             z_bins=None if z_bins is None else int(z_bins),
             batch=batch,
+            precision=str(data.get("precision", "float64")),
         )
         options.validate()
         return options
@@ -152,7 +167,7 @@ def frustum_rig(rig: RigConfig, mapping: str) -> RigConfig:
     """``rig`` with its feature pixel mapping replaced (``rig`` keeps it)."""
     if mapping == "rig" or mapping == rig.feature.pixel_mapping:
         return rig
-    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping))
+    return replace(rig, feature=FeatureSpec(rig.feature.stride, mapping, rig.feature.size_rule))
 
 
 def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
@@ -161,18 +176,18 @@ def frustum_shape(rig: RigConfig) -> tuple[int, int, int, int]:
     return rig.n_cam, rig.depth.n_bins, h_f, w_f
 
 
-def frustum_points_ego(
+def frustum_points_bev(
     rig: RigConfig, cam_index: int, depth_slice: slice | None = None, rays: CameraRays | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Ego coordinates of one camera's LSS frustum points.
+    """BEV-frame coordinates of one camera's LSS frustum points.
 
     Convention:
-        returns ``points_ego`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) ego frame, for
+        returns ``points_bev`` float64 ``(D', H_f, W_f, 3)`` metres (x, y, z) in the BEV frame, for
         depth bins ``depth_slice`` (default all), pixel ``(u, v)`` = feature pixel centre under
         ``rig.feature.pixel_mapping``, depth along the optical axis; and ``ok`` bool
         ``(D', H_f, W_f)`` (False where the pixel has no preimage under the lens model; those
         points are NaN). The arithmetic is the ``matrix/`` builder's, term for term
-        (``origin_ego + d * ray_ego`` with the rays of
+        (``origin_bev + d * ray_bev`` with the rays of
         :func:`bevcompile.matrix.entries.camera_rays`), so a point on a voxel boundary falls on
         the same side in both products.
     """
@@ -181,25 +196,26 @@ def frustum_points_ego(
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
     if depth_slice is not None:
         depths = depths[depth_slice]
-    points_ego = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
+    points_bev = np.full((depths.size, h_f * w_f, 3), np.nan, dtype=np.float64)
     pixels = camera_rays_.pixel_index
     for axis in range(3):
-        points_ego[:, pixels, axis] = camera_rays_.origin_ego[axis] + depths[:, None] * camera_rays_.ray_ego[axis][None, :]
+        points_bev[:, pixels, axis] = camera_rays_.origin_bev[axis] + depths[:, None] * camera_rays_.ray_bev[axis][None, :]
     ok = np.zeros(h_f * w_f, dtype=bool)
     ok[pixels] = True
     shape = (depths.size, h_f, w_f)
-    return points_ego.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
+    return points_bev.reshape(*shape, 3), np.broadcast_to(ok.reshape(h_f, w_f), shape)
 
 
-def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(f, kept)``: ``f = (p - lower) / step`` float64 ``(..., 3)`` and the keep mask.
+def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype: type[np.floating[Any]] = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``(f, kept)``: ``f = (p - lower) / step`` ``(..., 3)`` in ``dtype`` and the keep mask
+    (``np.float32``: float32 ``lower``/``step``, BEVDet's tensors, each rounded once from float64).
 
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
     fails every comparison, so unprojectable points are never kept.
     """
-    lower = np.asarray(grid.lower, dtype=np.float64)
-    step = np.asarray(grid.step, dtype=np.float64)
-    scaled = (np.asarray(points_ego, dtype=np.float64) - lower) / step
+    lower = np.asarray(grid.lower, dtype=np.float64).astype(dtype)
+    step = np.asarray(grid.step, dtype=np.float64).astype(dtype)
+    scaled = (np.asarray(points_bev, dtype=dtype) - lower) / step
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
@@ -208,15 +224,97 @@ def _voxel_scaled(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tup
     return scaled, kept
 
 
-def voxel_coords(points_ego: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
+def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
+    """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
+    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
+
+    Raises:
+        UsageError: the camera has a distortion model.
+    """
+    camera = rig.cameras[cam_index]
+    if camera.distortion.model != "none":
+        raise UsageError(
+            f"--precision float32 restates {restates}; camera {camera.name} has a "
+            f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    return camera
+
+
+def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
+    """``torch.linspace(start, end, steps, dtype=torch.float)`` restated: the step in float32,
+    ``start + step * i`` below the halfway index and ``end - step * (steps - 1 - i)`` from it,
+    each rounded once to float32 (as torch's CPU kernel gives; checked against torch)."""
+    f32 = np.float32
+    step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
+    i = np.arange(steps, dtype=np.float64)
+    low = _sum_rounded_once_float32(float(f32(start)), step * i)  # step * i: exact in float64
+    high = _sum_rounded_once_float32(float(f32(end)), -(step * (steps - 1 - i)))
+    return np.where(i < steps // 2, low, high)
+
+
+def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
+    """``float32(a + b)`` of the EXACT sum (one rounding, half to even), not of the float64 sum:
+    where the float64 sum lands exactly halfway between two float32 values, its rounding error
+    (TwoSum) decides the side, as a single float32 rounding of the exact sum does."""
+    total = a + b
+    b_virtual = total - a
+    error = (a - (total - b_virtual)) + (b - b_virtual)  # total + error == a + b exactly
+    out = total.astype(np.float32)
+    nearest = out.astype(np.float64)
+    other = np.nextafter(out, np.where(total > nearest, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
+    tie = (nearest != total) & ((nearest + other) / 2.0 == total) & (error != 0.0)
+    toward_other = np.sign(error) == np.sign(other - nearest)
+    return np.where(tie & toward_other, other.astype(np.float32), out)
+
+
+def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
+    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
+    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
+    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
+    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
+    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
+    camera pose in the BEV frame.
+
+    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
+    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
+    f32 = np.float32
+    w_in, h_in = rig.input_size
+    w_f, h_f = rig.feature_size
+    depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
+    if depth_slice is not None:
+        depths = depths[depth_slice]
+    xs = torch_linspace_float32(0.0, w_in - 1, w_f)[None, None, :]
+    ys = torch_linspace_float32(0.0, h_in - 1, h_f)[None, :, None]
+    d = depths[:, None, None]
+    aug = camera.image_aug
+    inv_r = f32(1.0) / f32(aug.resize)
+    px = xs - (f32(0.0) - f32(aug.crop_left))  # post_tran = 0 - crop (float32)
+    py = ys - (f32(0.0) - f32(aug.crop_top))
+    qx, qy = inv_r * px, inv_r * py  # inverse(post_rots) @ points: the zero terms add exactly 0
+    p0, p1, p2 = qx * d, qy * d, np.broadcast_to(d, (depths.size, h_f, w_f)).astype(np.float32)
+    k = np.array(camera.intrinsic, dtype=np.float32)
+    inv_fx, inv_fy = f32(1.0) / k[0, 0], f32(1.0) / k[1, 1]
+    k_inv = np.array([[inv_fx, 0.0, -(k[0, 2] * inv_fx)], [0.0, inv_fy, -(k[1, 2] * inv_fy)], [0.0, 0.0, 1.0]], dtype=np.float32)
+    pose = bev_from_cam_matrix(rig, camera).astype(np.float32)
+    combine = np.empty((3, 3), dtype=np.float32)
+    for i in range(3):
+        for j in range(3):
+            combine[i, j] = (pose[i, 0] * k_inv[0, j] + pose[i, 1] * k_inv[1, j]) + pose[i, 2] * k_inv[2, j]
+    out = np.empty((depths.size, h_f, w_f, 3), dtype=np.float32)
+    for i in range(3):
+        out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
+    return out
+
+
+def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
     """Voxel coordinates of points.
 
     Convention:
-        points_ego ``(..., 3)`` float64 metres (x, y, z); returns int64 ``(..., 3)`` voxel
+        points_bev ``(..., 3)`` float64 metres (x, y, z), BEV frame; returns int64 ``(..., 3)`` voxel
         ``(ix, iy, iz)`` = ``trunc`` or ``floor`` of ``(p - lower) / step`` and ``kept`` bool
         ``(...)``: finite and ``0 <= i < size`` on every axis (index 0 where not kept).
     """
-    scaled, kept = _voxel_scaled(points_ego, grid, rounding)
+    scaled, kept = _voxel_scaled(points_bev, grid, rounding)
     coords = np.zeros(scaled.shape, dtype=np.int64)
     # kept values are > -1 (trunc) or >= 0 (floor): a cast truncates toward zero = the rounding
     coords[kept] = scaled[kept].astype(np.int64)
@@ -243,6 +341,7 @@ class BevPoolV2Arrays:
     depth_shape: tuple[int, int, int, int]
     grid: VoxelGrid
     options: BevPoolOptions
+    bev_frame: str = "ego"
 
     @property
     def batch(self) -> int:
@@ -299,50 +398,53 @@ def build_bevpoolv2(
         raise UsageError(
             f"batch {batch} x {n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
         )
-    voxels = _Voxelizer(frig, grid, options.rounding, jobs)
-    blocks = voxels.blocks
-    # pass 1: the kept points of every voxel, per block
-    per_block: list[tuple[np.ndarray, np.ndarray]] = []
-    total = np.zeros(grid.n_voxels, dtype=np.int64)
-    for block, (touched, counts) in zip(blocks, ordered_map(voxels.count, blocks, jobs), strict=True):
-        total[touched] += counts
-        per_block.append((touched, counts))
-        if progress is not None:
-            progress(voxels.work_units(block))
-    occupied = np.flatnonzero(total)
-    lengths = total[occupied]
-    del total
-    n_kept = int(lengths.sum())
-    starts = np.zeros(occupied.size, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    cursor = np.zeros(grid.n_voxels, dtype=np.int64)
-    cursor[occupied] = starts
-    first_slot = []
-    for touched, counts in per_block:  # each block's first slot per voxel: the blocks before it, in order
-        first_slot.append(cursor[touched])
-        cursor[touched] += counts
-    del per_block, cursor
-    release_free_memory()
-    # pass 2: every kept point into its slot (the batch copies follow)
-    ranks_depth = np.empty(batch * n_kept, dtype=np.int32)
-    ranks_feat = np.empty(batch * n_kept, dtype=np.int32)
+    if options.precision == "float32":  # BEVDet's own float32 op sequence: per camera, one sort
+        ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths = _float32_ranks(frig, grid, options.rounding, batch, progress)
+    else:
+        voxels = _Voxelizer(frig, grid, options.rounding, jobs)
+        blocks = voxels.blocks
+        # pass 1: the kept points of every voxel, per block
+        per_block: list[tuple[np.ndarray, np.ndarray]] = []
+        total = np.zeros(grid.n_voxels, dtype=np.int64)
+        for block, (touched, counts) in zip(blocks, ordered_map(voxels.count, blocks, jobs), strict=True):
+            total[touched] += counts
+            per_block.append((touched, counts))
+            if progress is not None:
+                progress(voxels.work_units(block))
+        occupied = np.flatnonzero(total)
+        lengths = total[occupied]
+        del total
+        n_kept = int(lengths.sum())
+        starts = np.zeros(occupied.size, dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        cursor = np.zeros(grid.n_voxels, dtype=np.int64)
+        cursor[occupied] = starts
+        first_slot = []
+        for touched, counts in per_block:  # each block's first slot per voxel: the blocks before it, in order
+            first_slot.append(cursor[touched])
+            cursor[touched] += counts
+        del per_block, cursor
+        release_free_memory()
+        # pass 2: every kept point into its slot (the batch copies follow)
+        ranks_depth = np.empty(batch * n_kept, dtype=np.int32)
+        ranks_feat = np.empty(batch * n_kept, dtype=np.int32)
 
-    def place(i: int) -> int:
-        voxels.place(blocks[i], first_slot[i], ranks_depth, ranks_feat)
-        return voxels.work_units(blocks[i])
+        def place(i: int) -> int:
+            voxels.place(blocks[i], first_slot[i], ranks_depth, ranks_feat)
+            return voxels.work_units(blocks[i])
 
-    for units in ordered_map(place, range(len(blocks)), jobs):
-        if progress is not None:
-            progress(units)
-    ranks_bev = np.empty(batch * n_kept, dtype=np.int32)
-    _fill_runs(ranks_bev[:n_kept], occupied, starts)
-    interval_starts = _repeat_with_offset(starts, batch, n_kept)
-    interval_lengths = np.tile(lengths.astype(np.int32), batch)
-    for b in range(1, batch):  # batch b: b is the most significant digit of every rank; still sorted and stable
-        segment = slice(b * n_kept, (b + 1) * n_kept)
-        np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
-        np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
-        np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
+        for units in ordered_map(place, range(len(blocks)), jobs):
+            if progress is not None:
+                progress(units)
+        ranks_bev = np.empty(batch * n_kept, dtype=np.int32)
+        _fill_runs(ranks_bev[:n_kept], occupied, starts)
+        interval_starts = _repeat_with_offset(starts, batch, n_kept)
+        interval_lengths = np.tile(lengths.astype(np.int32), batch)
+        for b in range(1, batch):  # batch b: b is the most significant digit of every rank; still sorted and stable
+            segment = slice(b * n_kept, (b + 1) * n_kept)
+            np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
+            np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
+            np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
     return BevPoolV2Arrays(
         ranks_bev=ranks_bev,
         ranks_depth=ranks_depth,
@@ -352,7 +454,51 @@ def build_bevpoolv2(
         depth_shape=(n_cam, n_d, h_f, w_f),
         grid=grid,
         options=options,
+        bev_frame=rig.bev.frame,
     )
+
+
+_POINTS_PER_STEP = 1 << 21  # float32 build: frustum points unprojected per step
+
+
+def _float32_ranks(
+    frig: RigConfig, grid: VoxelGrid, rounding: str, batch: int, progress: ProgressFn | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths`` of the float32
+    build (:func:`bevdet_points_float32`): the points chunk by chunk in ``ranks_depth`` order, then
+    one stable sort by voxel (the float32 path restates upstream for checking a deployment, on
+    upstream-sized rigs; the float64 build streams in bounded memory)."""
+    n_cam, n_d, h_f, w_f = frustum_shape(frig)
+    n_points = n_cam * n_d * h_f * w_f
+    plane = h_f * w_f
+    d_step = max(1, _POINTS_PER_STEP // plane)
+    x_size, y_size, _ = grid.size
+    bev_parts: list[np.ndarray] = []
+    depth_parts: list[np.ndarray] = []
+    for cam in range(n_cam):
+        for d0 in range(0, n_d, d_step):
+            d1 = min(n_d, d0 + d_step)
+            scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam, slice(d0, d1)), grid, rounding, np.float32)
+            flat_kept = np.flatnonzero(kept.reshape(-1))  # ascending = ranks_depth order
+            c = scaled.reshape(-1, 3)[flat_kept].astype(np.int64)  # trunc toward zero = the rounding (kept)
+            bev_parts.append(((c[:, 2] * y_size + c[:, 1]) * x_size + c[:, 0]).astype(np.int32))
+            depth_parts.append((flat_kept + (cam * n_d + d0) * plane).astype(np.int32))
+            if progress is not None:
+                progress(2 * (d1 - d0) * plane)  # the float64 build's two passes
+    ranks_bev = np.concatenate(bev_parts) if bev_parts else np.zeros(0, np.int32)
+    ranks_depth = np.concatenate(depth_parts) if depth_parts else np.zeros(0, np.int32)
+    order = np.argsort(ranks_bev, kind="stable")
+    ranks_bev, ranks_depth = ranks_bev[order], ranks_depth[order]
+    ranks_feat = feat_rank_from_depth_rank(ranks_depth, (n_cam, n_d, h_f, w_f))
+    starts, lengths = intervals_of(ranks_bev)
+    if batch > 1:  # batch b: every rank gets b as its most significant digit; still sorted and stable
+        n_kept_one = int(ranks_bev.size)
+        ranks_bev = _repeat_with_offset(ranks_bev, batch, grid.n_voxels)
+        ranks_depth = _repeat_with_offset(ranks_depth, batch, n_points)
+        ranks_feat = _repeat_with_offset(ranks_feat, batch, n_cam * plane)
+        starts = _repeat_with_offset(starts, batch, n_kept_one)
+        lengths = np.tile(lengths, batch)
+    return ranks_bev, ranks_depth, ranks_feat, starts, lengths
 
 
 def _fill_runs(out: npt.NDArray[np.int32], values: np.ndarray, starts: np.ndarray) -> None:
@@ -518,9 +664,13 @@ def reference_frustum_pool(
     x_size, y_size, z_size = grid.size
     out = np.zeros((c, z_size * y_size * x_size), dtype=np.float64)
     for cam in range(n_cam):
-        points, ok = frustum_points_ego(frig, cam)
-        coords, kept = voxel_coords(points, grid, options.rounding)
-        kept &= ok
+        if options.precision == "float32":
+            scaled, kept = _voxel_scaled(bevdet_points_float32(frig, cam), grid, options.rounding, np.float32)
+            coords = np.where(kept[..., None], scaled, 0).astype(np.int64)
+        else:
+            points, ok = frustum_points_bev(frig, cam)
+            coords, kept = voxel_coords(points, grid, options.rounding)
+            kept &= ok
         d_idx, v_idx, u_idx = np.nonzero(kept)
         cell = (coords[kept][:, 2] * y_size + coords[kept][:, 1]) * x_size + coords[kept][:, 0]
         values = depth[cam, d_idx, v_idx, u_idx].astype(np.float64)[None, :] * features[cam][:, v_idx, u_idx].astype(np.float64)
@@ -552,12 +702,18 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
         "ranks_bev": "((b * Z + z) * Y + y) * X + x",
         "batch_layout": "the batch-1 arrays repeated B times with the rank offsets above; interval_starts offset by b * n_kept / B",
         "voxel_coordinate": (
-            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), float64; "
+            f"{result.options.rounding}((p - grid_lower) / grid_step) per axis (x, y, z), {result.options.precision}; "
             "kept iff 0 <= i < grid_size on every axis"
         ),
         "frustum": (
             "feature pixel (u, v) centre under pixel mapping "
-            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> ego"
+            f"{result.options.frustum_mapping!r} -> input -> image (aug, lens) at depth d_k along the optical axis -> "
+            + ("ego" if result.bev_frame == "ego" else f"the {result.bev_frame} frame (bev.frame)")
+        ),
+        **(
+            {"precision": "float32: BEVDet's create_frustum + get_lidar_coor op sequence in float32 (torch.linspace, post_rots, "
+                          "inverse(cam2img), 3x3 products summed in order), voxel coordinate in float32"}
+            if result.options.precision == "float32" else {}
         ),
         "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
         "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",

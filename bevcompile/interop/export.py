@@ -20,15 +20,25 @@ from .bevpoolv2 import (
     BEVPOOL_ARRAYS,
     BEVPOOL_PREFIX,
     FRUSTUM_MAPPINGS,
+    PRECISIONS,
     ROUNDINGS,
     BevPoolOptions,
     ProgressFn,
     bevpoolv2_attrs,
     build_bevpoolv2,
 )
-from .fastbev import FASTBEV_LUT_ARRAY, OVERLAP_POLICIES, FastBevLut, FastBevOptions, build_fastbev_lut, fastbev_attrs
+from .fastbev import (
+    FASTBEV_LUT_ARRAY,
+    FASTBEV_LUT_XYZ_ARRAY,
+    FASTBEV_N_VIEWS_ARRAY,
+    OVERLAP_POLICIES,
+    FastBevOptions,
+    fastbev_attrs,
+    fastbev_level_arrays,
+)
+from .petr import PETR_ARRAYS, PETR_COORDS_ARRAY, PETR_MASK_ARRAY, PetrOptions, build_petr_coords, petr_attrs
 
-INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
+INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut", "petr-coords3d")
 
 
 # --------------------------------------------------------------------------------------
@@ -36,20 +46,21 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut")
 # --------------------------------------------------------------------------------------
 
 
-INTEROP_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
-    "bevpoolv2_ranks_bev": ("point",),
-    "bevpoolv2_ranks_depth": ("point",),
-    "bevpoolv2_ranks_feat": ("point",),
-    "bevpoolv2_interval_starts": ("interval",),
-    "bevpoolv2_interval_lengths": ("interval",),
-    "fastbev_lut": ("height", "y", "x"),
-    "fastbev_n_views": ("height", "y", "x"),
-}
-"""``interop/`` axes: BEVPoolv2's kept ``point`` s and ``interval`` s, Fast-BEV's ``(height, y, x)`` voxels."""
-
-
-def _fastbev_arrays(result: FastBevLut) -> dict[str, np.ndarray]:
-    return {FASTBEV_LUT_ARRAY: result.lut, "fastbev_n_views": result.n_views}
+def interop_dimension_names(name: str) -> tuple[str, ...]:
+    """``interop/`` axes of the array ``name``: BEVPoolv2's kept ``point`` s and ``interval`` s,
+    Fast-BEV's ``(height, y, x)`` voxels (``(x, y, height)`` in its own voxel order, ``_xyz``; the
+    same for every feature level ``_l<l>``), PETR's ``(camera, coord, feature_y, feature_x)``."""
+    if name.startswith(BEVPOOL_PREFIX):
+        return ("interval",) if name.startswith(BEVPOOL_PREFIX + "interval_") else ("point",)
+    if name.startswith(FASTBEV_LUT_XYZ_ARRAY):
+        return ("x", "y", "height")
+    if name.startswith((FASTBEV_LUT_ARRAY, FASTBEV_N_VIEWS_ARRAY)):
+        return ("height", "y", "x")
+    if name == PETR_COORDS_ARRAY:
+        return ("camera", "petr_coord", "feature_y", "feature_x")
+    if name == PETR_MASK_ARRAY:
+        return ("camera", "feature_y", "feature_x")
+    raise StoreError(f"interop/{name}: no dimension names defined for this array")
 
 
 def build_target(
@@ -61,59 +72,92 @@ def build_target(
         bev = build_bevpoolv2(rig, BevPoolOptions.from_dict(build_options), progress=progress, jobs=jobs)
         return {BEVPOOL_PREFIX + k: v for k, v in bev.arrays().items()}, bevpoolv2_attrs(bev)
     if target == "fastbev-lut":
-        lut = build_fastbev_lut(rig, FastBevOptions.from_dict(build_options))
+        arrays, luts = fastbev_level_arrays(rig, FastBevOptions.from_dict(build_options))
         if progress is not None:
-            progress(int(lut.lut.size))
-        return _fastbev_arrays(lut), fastbev_attrs(lut, rig)
+            progress(sum(int(lut.lut.size) for lut in luts))
+        return arrays, fastbev_attrs(luts, rig)
+    if target == "petr-coords3d":
+        petr = build_petr_coords(rig, PetrOptions.from_dict(build_options))
+        if progress is not None:
+            progress(int(petr.coords3d.size // 3))
+        return petr.arrays(), petr_attrs(petr, rig)
     raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {target!r}")
 
 
 def interop_command_targets(
-    to: Sequence[str],
+    to: Sequence[str] | None,
     *,
+    rig: RigConfig | None = None,
     frustum_mapping: str | None = None,
     rounding: str | None = None,
     z_bins: int | None = None,
     batch: int | None = None,
     overlap: str | None = None,
+    precision: str | None = None,
+    xyz_layout: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Validated ``targets`` of :func:`run_export_interop` from the values of ``bevcompile
     export-interop`` as a user gives them (``--to`` repeatable, enumerated values in any case; an
     option of a target that is not requested is refused): what the CLI and a fleet manifest's
-    ``export-interop:`` product both build with. :class:`UsageError` for a bad value."""
-    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to]
-    if not requested:
-        raise UsageError(f"--to is required: one or more of {', '.join(INTEROP_TARGETS)}")
+    ``export-interop:`` product both build with. With ``rig``, its config's (or preset's)
+    ``interop:`` section gives the default targets and options; explicit values override them.
+    :class:`UsageError` for a bad value."""
+    configured = rig.interop_targets if rig is not None else ()
+    if not to and not configured:
+        if rig is None:
+            raise UsageError(f"--to is required: one or more of {', '.join(INTEROP_TARGETS)}")
+        raise UsageError("give --to bevpoolv2, --to fastbev-lut and/or --to petr-coords3d (the store's config names no interop targets)")
+    requested = [canonical_choice(target, INTEROP_TARGETS) for target in to] if to else list(configured)
     for name in requested:
         if name not in INTEROP_TARGETS:
             raise UsageError(f"--to must be one of {', '.join(INTEROP_TARGETS)}, got {name!r}")
     names = set(requested)
-    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap}
+    given = {"--frustum-mapping": frustum_mapping, "--rounding": rounding, "--z-bins": z_bins, "--batch": batch, "--overlap": overlap, "--xyz-layout": xyz_layout}
     for flag, value in given.items():
-        applies = "fastbev-lut" if flag == "--overlap" else "bevpoolv2"
+        applies = "fastbev-lut" if flag in ("--overlap", "--xyz-layout") else "bevpoolv2"
         if value is not None and applies not in names:
             raise UsageError(f"{flag} applies to --to {applies} only, which is not requested (--to {', '.join(sorted(names))})")
     targets: dict[str, dict[str, Any]] = {}
     for name in requested:
+        fixed = rig.interop_options(name) if rig is not None else {}  # explicit options override the config's
+        chosen_precision = canonical_choice(precision or fixed.get("precision", "float64"), PRECISIONS)
         if name == "bevpoolv2":
             bev_options = BevPoolOptions(
-                canonical_choice(frustum_mapping or "linspace", FRUSTUM_MAPPINGS), canonical_choice(rounding or "trunc", ROUNDINGS),
-                z_bins, 1 if batch is None else batch,
+                canonical_choice(frustum_mapping or fixed.get("frustum_mapping", "linspace"), FRUSTUM_MAPPINGS),
+                canonical_choice(rounding or fixed.get("rounding", "trunc"), ROUNDINGS),
+                z_bins if z_bins is not None else fixed.get("z_bins"),
+                batch if batch is not None else fixed.get("batch", 1),
+                chosen_precision,
             )
             bev_options.validate()
             targets[name] = bev_options.to_dict()
+        elif name == "petr-coords3d":
+            targets[name] = PetrOptions.from_dict(dict(fixed) | {"precision": chosen_precision}).to_dict()
         else:
-            lut_options = FastBevOptions(canonical_choice(overlap or "first", OVERLAP_POLICIES))
+            lut_options = FastBevOptions(
+                canonical_choice(overlap or fixed.get("overlap", "first"), OVERLAP_POLICIES),
+                chosen_precision,
+                bool(xyz_layout) if xyz_layout is not None else bool(fixed.get("xyz_layout", False)),
+            )
             lut_options.validate()
             targets[name] = lut_options.to_dict()
     return targets
 
 
-def target_arrays(target: str) -> tuple[str, ...]:
-    """Names of the ``interop/`` arrays a target owns."""
+def target_arrays(target: str, rig: RigConfig | None = None, build_options: Any = None) -> tuple[str, ...]:
+    """Names of the ``interop/`` arrays a target owns (the Fast-BEV LUT: per feature level of
+    ``rig``, and in Fast-BEV's voxel order too when its ``build_options`` ask for it)."""
     if target == "bevpoolv2":
         return tuple(BEVPOOL_PREFIX + name for name in BEVPOOL_ARRAYS)
-    return (FASTBEV_LUT_ARRAY, "fastbev_n_views")
+    if target == "petr-coords3d":
+        return PETR_ARRAYS
+    n_levels = rig.n_levels if rig is not None else 1
+    xyz = isinstance(build_options, Mapping) and build_options.get("xyz_layout") is True
+    names: list[str] = []
+    for level in range(n_levels):
+        suffix = "" if level == 0 else f"_l{level}"
+        names += [FASTBEV_LUT_ARRAY + suffix, FASTBEV_N_VIEWS_ARRAY + suffix] + ([FASTBEV_LUT_XYZ_ARRAY + suffix] if xyz else [])
+    return tuple(names)
 
 
 def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_attrs: dict[str, Any]) -> dict[str, Any]:
@@ -159,11 +203,12 @@ class InteropRunResult:
         }
 
 
-def npy_names(target: str) -> dict[str, str]:
-    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2)."""
+def npy_names(target: str, rig: RigConfig | None = None, build_options: Any = None) -> dict[str, str]:
+    """``interop/`` array name -> ``.npy`` file name (BEVDet's own names for BEVPoolv2; the
+    Fast-BEV LUT and PETR arrays under their own names)."""
     if target == "bevpoolv2":
         return {BEVPOOL_PREFIX + name: f"{name}.npy" for name in BEVPOOL_ARRAYS}
-    return {FASTBEV_LUT_ARRAY: "fastbev_lut.npy", "fastbev_n_views": "fastbev_n_views.npy"}
+    return {name: f"{name}.npy" for name in target_arrays(target, rig, build_options)}
 
 
 def run_export_interop(
@@ -181,8 +226,8 @@ def run_export_interop(
     array names) plus ``interop.json`` (the group attributes).
 
     ``targets`` maps target name -> build options (``BevPoolOptions.to_dict()`` /
-    ``FastBevOptions.to_dict()``). ``jobs``: threads of the BEVPoolv2 build (default: the cores
-    this process may use; the bytes do not depend on it).
+    ``FastBevOptions.to_dict()`` / ``PetrOptions.to_dict()``). ``jobs``: threads of the BEVPoolv2
+    build (default: the cores this process may use; the bytes do not depend on it).
     """
     import json
     import os
@@ -241,20 +286,20 @@ def run_export_interop(
         except OSError as exc:
             raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
         for target in [t for t in INTEROP_TARGETS if t in targets]:
-            for file_name in npy_names(target).values():
+            for file_name in npy_names(target, rig, build_options[target]).values():
                 if (folder / file_name).is_dir():
                     raise StoreError(f"{folder / file_name}: is a directory, cannot write the .npy file there")
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
-        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: INTEROP_DIMENSION_NAMES[name] for name in arrays})},
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: interop_dimension_names(name) for name in arrays})},
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []
     if folder is not None:
         try:
             for target in [t for t in INTEROP_TARGETS if t in targets]:
-                for array_name, file_name in npy_names(target).items():
+                for array_name, file_name in npy_names(target, rig, build_options[target]).items():
                     path = folder / file_name
                     tmp = folder / f".{file_name}.tmp-{os.getpid()}"
                     with open(tmp, "wb") as fh:

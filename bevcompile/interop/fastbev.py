@@ -23,13 +23,17 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from ..grid.ipm import SamplingGrid, compute_sampling_grid
-from ..rig.config import RigConfig
-from .bevpoolv2 import INT32_MAX
+from ..rig.config import INTEROP_CHOICES, RigConfig
+from ..rig.geometry import cam_from_bev_matrix
+from .bevpoolv2 import INT32_MAX, pinhole_for_float32
 
-OVERLAP_POLICIES = ("first", "last", "nearest-centre")
+OVERLAP_POLICIES = INTEROP_CHOICES["fastbev-lut"]["overlap"]
+PRECISIONS = INTEROP_CHOICES["fastbev-lut"]["precision"]
 
 
 FASTBEV_LUT_ARRAY = "fastbev_lut"
+FASTBEV_N_VIEWS_ARRAY = "fastbev_n_views"
+FASTBEV_LUT_XYZ_ARRAY = "fastbev_lut_xyz"
 
 
 # --------------------------------------------------------------------------------------
@@ -39,25 +43,46 @@ FASTBEV_LUT_ARRAY = "fastbev_lut"
 
 @dataclass(frozen=True)
 class FastBevOptions:
-    """``overlap``: which camera a cell seen by several takes (see module docstring)."""
+    """``overlap``: which camera a cell seen by several takes (see module docstring).
+    ``precision``: ``float64`` (default: the nearest pixel of the float64 grid, the VALID RULE,
+    ties rounded half up) or ``float32`` (Fast-BEV's own op sequence in float32, see
+    :func:`fastbev_lut_float32`). ``xyz_layout``: also write the LUT in Fast-BEV's voxel order
+    ``(X, Y, Z)`` (``fastbev_lut_xyz``)."""
 
     overlap: str = "first"
+    precision: str = "float64"
+    xyz_layout: bool = False
 
     def validate(self) -> None:
         if self.overlap not in OVERLAP_POLICIES:
             raise UsageError(f"--overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {self.overlap!r}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not isinstance(self.xyz_layout, bool):
+            raise UsageError(f"fastbev-lut xyz_layout must be a boolean, got {self.xyz_layout!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"overlap": self.overlap}
+        """The recorded build options; the defaults of later options are left out, so stores
+        written before they existed keep their bytes."""
+        out: dict[str, Any] = {"overlap": self.overlap}
+        if self.precision != "float64":
+            out["precision"] = self.precision
+        if self.xyz_layout:
+            out["xyz_layout"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> FastBevOptions:
         if not isinstance(data, dict):
             raise UsageError(f"fastbev-lut build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"overlap"}
+        unknown = set(data) - {"overlap", "precision", "xyz_layout"}
         if unknown:
             raise UsageError(f"unknown fastbev-lut build option(s): {', '.join(sorted(unknown))}")
-        options = cls(overlap=str(data.get("overlap", "first")))
+        options = cls(
+            overlap=str(data.get("overlap", "first")),
+            precision=str(data.get("precision", "float64")),
+            xyz_layout=data.get("xyz_layout", False),
+        )
         options.validate()
         return options
 
@@ -134,9 +159,98 @@ def fastbev_lut_from_grid(grid: SamplingGrid, options: FastBevOptions | None = N
     return FastBevLut(lut, n_views, grid.feature_size, options)
 
 
+def fastbev_projection_float32(rig: RigConfig, cam_index: int) -> npt.NDArray[np.float32]:
+    """Fast-BEV's float32 ``projection`` (3 x 4) of one camera, restated (``rts2proj`` +
+    ``_compute_projection``): ``viewpad = post_rot @ K`` with ``post_rot = float32(resize)`` (a torch
+    tensor), ``viewpad[:, 2] += post_tran = -crop``, ``lidar2img = float32(viewpad @ cam_from_bev)``
+    in float64, then ``diag(1/s, 1/s, 1) @ lidar2img[:3]`` in float32 (``intrinsic[:2] /= stride``)."""
+    camera = pinhole_for_float32(rig, cam_index, "Fast-BEV's pinhole projection")
+    aug = camera.image_aug
+    resize = float(np.float32(aug.resize))
+    k = np.array(camera.intrinsic, dtype=np.float64)
+    viewpad = np.eye(4)
+    viewpad[:3, :3] = np.diag([resize, resize, 1.0]) @ k
+    viewpad[0, 2] += -float(np.float32(aug.crop_left))
+    viewpad[1, 2] += -float(np.float32(aug.crop_top))
+    lidar2img = (viewpad @ cam_from_bev_matrix(rig, camera)).astype(np.float32)
+    scale = np.float32(1.0) / np.float32(rig.feature.stride)
+    projection = lidar2img[:3].copy()
+    projection[:2] = projection[:2] * scale
+    return projection
+
+
+def fastbev_lut_float32(rig: RigConfig, options: FastBevOptions | None = None) -> FastBevLut:
+    """The LUT Fast-BEV's own code computes, in its float32 arithmetic (``backproject_inplace``):
+    the voxel points in float32, ``p = projection @ (x, y, z, 1)`` (:func:`fastbev_projection_float32`;
+    products summed in order), ``u = round(p0 / p2)``, ``v = round(p1 / p2)`` rounded half to even
+    (``torch.round``), valid iff ``0 <= u < W_f``, ``0 <= v < H_f`` and ``p2 > 0``; then the overlap
+    policy (``last`` = Fast-BEV's loop, later cameras overwriting). Pinhole cameras only."""
+    options = options or FastBevOptions(precision="float32")
+    options.validate()
+    bev = rig.bev
+    w_f, h_f = rig.feature_size
+    n_h = len(bev.heights)
+    xs = (bev.x.min + (np.arange(bev.nx, dtype=np.float64) + 0.5) * bev.x.step).astype(np.float32)
+    ys = (bev.y.min + (np.arange(bev.ny, dtype=np.float64) + 0.5) * bev.y.step).astype(np.float32)
+    hs = np.asarray(bev.heights, dtype=np.float64).astype(np.float32)
+    z, y, x = np.meshgrid(hs, ys, xs, indexing="ij")  # (n_h, ny, nx)
+    coords = np.full((rig.n_cam, n_h, bev.ny, bev.nx, 2), -2.0, dtype=np.float64)
+    valid = np.zeros((rig.n_cam, n_h, bev.ny, bev.nx), dtype=bool)
+    pixel = np.zeros((rig.n_cam, n_h, bev.ny, bev.nx), dtype=np.int64)
+    for cam_index in range(rig.n_cam):
+        m = fastbev_projection_float32(rig, cam_index)
+        p = [((m[i, 0] * x + m[i, 1] * y) + m[i, 2] * z) + m[i, 3] for i in range(3)]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u_f, v_f = p[0] / p[2], p[1] / p[2]
+        u, v = np.rint(u_f), np.rint(v_f)  # half to even, as torch.round
+        ok = (u >= 0) & (v >= 0) & (u < w_f) & (v < h_f) & (p[2] > 0)
+        valid[cam_index] = ok
+        coords[cam_index] = np.where(ok[..., None], np.stack([u_f, v_f], axis=-1).astype(np.float64), -2.0)
+        pixel[cam_index] = np.where(ok, (cam_index * h_f + np.where(ok, v, 0).astype(np.int64)) * w_f + np.where(ok, u, 0).astype(np.int64), -1)
+    cam = choose_camera(coords, valid, (w_f, h_f), options.overlap)
+    pick = np.clip(cam, 0, rig.n_cam - 1)
+    chosen = np.take_along_axis(pixel, pick[None], axis=0)[0]
+    lut = np.where(cam >= 0, chosen, -1).astype(np.int32)
+    return FastBevLut(lut, valid.sum(axis=0).astype(np.uint8), (w_f, h_f), options)
+
+
 def build_fastbev_lut(rig: RigConfig, options: FastBevOptions | None = None) -> FastBevLut:
-    """The Fast-BEV LUT of ``rig`` (recomputes the float64 grid; deterministic)."""
+    """The Fast-BEV LUT of ``rig`` (a single feature level; recomputes the grid; deterministic)."""
+    options = options or FastBevOptions()
+    options.validate()
+    if options.precision == "float32":
+        return fastbev_lut_float32(rig, options)
     return fastbev_lut_from_grid(compute_sampling_grid(rig), options)
+
+
+def fastbev_level_arrays(rig: RigConfig, options: FastBevOptions) -> tuple[dict[str, np.ndarray], list[FastBevLut]]:
+    """Every feature level's LUT (``feature.levels``: Fast-BEV's multi-stride volumes):
+    ``fastbev_lut``/``fastbev_n_views`` for level 0, ``fastbev_lut_l<l>``/``fastbev_n_views_l<l>``
+    for level ``l``, and with ``xyz_layout`` each LUT also as ``fastbev_lut_xyz[_l<l>]``."""
+    arrays: dict[str, np.ndarray] = {}
+    luts: list[FastBevLut] = []
+    for level in range(rig.n_levels):
+        result = build_fastbev_lut(rig.level(level), options)
+        suffix = "" if level == 0 else f"_l{level}"
+        arrays[f"{FASTBEV_LUT_ARRAY}{suffix}"] = result.lut
+        arrays[f"{FASTBEV_N_VIEWS_ARRAY}{suffix}"] = result.n_views
+        if options.xyz_layout:
+            arrays[f"{FASTBEV_LUT_XYZ_ARRAY}{suffix}"] = xyz_layout(result.lut)
+        luts.append(result)
+    return arrays, luts
+
+
+def xyz_layout(lut: np.ndarray) -> npt.NDArray[np.int32]:
+    """The LUT in Fast-BEV's voxel order: ``(n_heights, ny, nx)`` -> ``(nx, ny, n_heights)``, so
+    ``lut_xyz.reshape(-1)[(ix * ny + iy) * nz + iz]`` is the voxel ``backproject_inplace``
+    enumerates there (``points.view(3, -1)`` of ``meshgrid(arange(X), arange(Y), arange(Z))``)."""
+    return np.ascontiguousarray(np.transpose(np.asarray(lut), (2, 1, 0)), dtype=np.int32)
+
+
+def level_of_array(name: str) -> int:
+    """The feature level of a LUT array name (``fastbev_lut_l2`` -> 2; 0 without a suffix)."""
+    base, _, tail = name.rpartition("_l")
+    return int(tail) if base and tail.isdigit() else 0
 
 
 def fastbev_gather(lut: np.ndarray, features: np.ndarray) -> npt.NDArray[np.float64]:
@@ -150,23 +264,44 @@ def fastbev_gather(lut: np.ndarray, features: np.ndarray) -> npt.NDArray[np.floa
     return np.where(index >= 0, rows[:, np.clip(index, 0, None)], 0.0)
 
 
-def fastbev_attrs(result: FastBevLut, rig: RigConfig) -> dict[str, Any]:
+def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
+    """The ``interop/`` attributes of the Fast-BEV LUT(s): formulas and measured figures (level 0
+    at the top level, every level under ``levels`` when ``feature.levels`` lists several)."""
+    result = luts[0]
+    options = result.options
     w_f, h_f = result.feature_size
-    return {
+    attrs: dict[str, Any] = {
         "shape_order": "(n_heights, ny, nx)",
         "heights": list(rig.bev.heights),
         "feature_size": [w_f, h_f],
         "value": "(cam * H_f + v) * W_f + u of the nearest feature pixel, -1 where no camera sees the cell",
-        "nearest_pixel": "u = floor(u_f + 0.5), v = floor(v_f + 0.5) of grid coords (the VALID RULE's pixel)",
-        "overlap": result.options.overlap,
+        "nearest_pixel": (
+            "u = floor(u_f + 0.5), v = floor(v_f + 0.5) of grid coords (the VALID RULE's pixel)"
+            if options.precision == "float64"
+            else "Fast-BEV's float32 backproject_inplace: u = round_half_even(p0 / p2), v = round_half_even(p1 / p2) of "
+            "p = projection @ (x, y, z, 1) in float32; valid iff 0 <= u < W_f, 0 <= v < H_f, p2 > 0"
+        ),
+        "overlap": options.overlap,
         "overlap_rule": {
             "first": "lowest camera index that sees the cell",
             "last": "highest camera index that sees the cell (Fast-BEV's sequential loop: later cameras overwrite)",
             "nearest-centre": "camera whose sampling point is closest (feature px) to ((W_f-1)/2, (H_f-1)/2); ties to the lower index",
-        }[result.options.overlap],
+        }[options.overlap],
         "n_cells": int(result.lut.size),
         "n_seen": result.n_seen,
         "n_overlap": result.n_overlap,
     }
-
-
+    if options.precision != "float64":
+        attrs["precision"] = options.precision
+    if options.xyz_layout:
+        attrs["xyz_layout"] = (
+            "fastbev_lut_xyz[ix, iy, ih] = fastbev_lut[ih, iy, ix]: Fast-BEV's voxel order (X, Y, Z); "
+            "volume (C, X, Y, Z) = feats_rows[:, lut_xyz] (0 where -1), then (Z*C, X, Y) = volume.permute(3, 0, 1, 2).reshape(Z*C, X, Y)"
+        )
+    if len(luts) > 1:
+        attrs["levels"] = [
+            {"level": i, "arrays": [f"fastbev_lut{'' if i == 0 else f'_l{i}'}"], "feature_size": list(lut.feature_size),
+             "n_seen": lut.n_seen, "n_overlap": lut.n_overlap}
+            for i, lut in enumerate(luts)
+        ]
+    return attrs

@@ -11,11 +11,11 @@ Conventions (README "Sparse aggregation matrices"; stored in the ``matrix/`` gro
 * ``mode="frustum"`` columns: ``col = ((cam * D + d) * H_f + v) * W_f + u`` — the flattening
   of BEVDet's ``(N, D, H, W)`` depth x feature outer product. The point of column
   ``(cam, d, v, u)`` is the feature-pixel centre ``(u, v)`` lifted to depth ``bins[d]`` along
-  the optical axis, in ego metres, evaluated exactly as
-  ``ray_ego = R[:, 0] * x_n + R[:, 1] * y_n + R[:, 2]`` (``(x_n, y_n, 1)`` = the undistorted
+  the optical axis, in BEV-frame metres (``bev.frame``), evaluated exactly as
+  ``ray_bev = R[:, 0] * x_n + R[:, 1] * y_n + R[:, 2]`` (``(x_n, y_n, 1)`` = the undistorted
   normalised ray of :func:`bevcompile.rig.geometry.unproject_image_to_cam`) and
-  ``p_ego = t + d * ray_ego`` (``ego_from_cam = [R | t]``) — the same point as
-  :func:`bevcompile.rig.geometry.unproject_feature_to_ego` (to ~1e-13 m), written elementwise so
+  ``p_bev = t + d * ray_bev`` (``bev_from_cam = [R | t]``, the pose in the BEV frame) — the same point as
+  :func:`bevcompile.rig.geometry.unproject_feature_to_bev` (to ~1e-13 m), written elementwise so
   that every build (streamed, reference, any chunking) gets identical bits.
 * Cell coordinates ``f_x = (x - x_min) / dx``, ``f_y = (y - y_min) / dy``,
   ``f_z = (z - z_min) / dz``; a point is in range iff its cell index ``i = floor(f)``
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ from ..errors import StoreConflictError, StoreError, UsageError, check_int_optio
 from ..grid.build import check_grid_memory
 from ..memory import refuse_beyond_memory
 from ..parallel import resolve_jobs
+from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
 from ..rig.region import RegionTable, region_table
 from ..store.root import root_attributes
@@ -105,6 +106,7 @@ __all__ = [
     "int8_errors",
     "matrix_attributes",
     "matrix_group",
+    "matrix_pass_units",
     "matrix_work_units",
     "n_columns",
     "quantize_rows_int8",
@@ -117,7 +119,6 @@ __all__ = [
     "tile_scales_and_int8",
 ]
 
-ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -322,9 +323,18 @@ def _peak_rss_bytes() -> int:
 def matrix_work_units(rig: RigConfig, options: MatrixOptions) -> int:
     """Total of the ``progress(n)`` calls of :func:`build_matrix` (points per pass, or grid cells)."""
     if options.mode == "grid":
+        return matrix_pass_units(rig, options)
+    return 2 * matrix_pass_units(rig, options)  # pass 1 (histogram, or row counts when K = 0) + pass 2
+
+
+def matrix_pass_units(rig: RigConfig, options: MatrixOptions) -> int:
+    """Units of the first counted phase of :func:`build_matrix` (what a progress bar's first
+    phase counts; frustum mode's pass 2 starts a phase of as many, see
+    :func:`bevcompile.progress.start_phase`): frustum points, or grid samples."""
+    if options.mode == "grid":
         return rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
     w_f, h_f = rig.feature_size
-    return 2 * rig.n_cam * rig.depth.n_bins * w_f * h_f  # pass 1 (histogram, or row counts when K = 0) + pass 2
+    return rig.n_cam * rig.depth.n_bins * w_f * h_f
 
 
 def n_columns(rig: RigConfig, mode: str) -> int:
@@ -462,6 +472,7 @@ def build_matrix(
     t1 = time.perf_counter()
     if table is not None:  # the zero row (row n_kept): no entry, no mass
         total_mass = np.r_[total_mass, 0.0]
+    start_phase(progress, "laying out COO / ELL / tiles")
     products = assemble_products(rig, options, kept, total_mass, counts, t0, table)
     products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
     products.extra["selection"] = selection
@@ -897,9 +908,13 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
     if frustum:
         attrs["depth_bins"] = list(rig.depth.values())
         attrs["n_depth_bins"] = rig.depth.n_bins
+        pose = (
+            "p_ego = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with ego_from_cam = [R | t]"
+            if rig.bev_frame_sensor is None
+            else f"p_bev = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with bev_from_cam = [R | t] (the pose in the {rig.bev.frame} frame)"
+        )
         attrs["point_formula"] = (
-            "p_ego = t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2]) with ego_from_cam = [R | t] and (x_n, y_n, 1) the "
-            "undistorted normalised ray of the feature-pixel centre (u, v) (geometry.unproject_image_to_cam)"
+            f"{pose} and (x_n, y_n, 1) the undistorted normalised ray of the feature-pixel centre (u, v) (geometry.unproject_image_to_cam)"
         )
         attrs["range_rule"] = (
             "f = (p - min) / step per axis (x, y and the z band); in range iff "
@@ -1022,6 +1037,7 @@ def run_matrix(
     t0 = time.perf_counter()
     products = build_matrix(rig, options, progress=progress, jobs=jobs)
     seconds = time.perf_counter() - t0
+    start_phase(progress, f"writing {path.name}")
     report = write_groups(
         path,
         root_attrs=attrs,

@@ -5,7 +5,7 @@
 The frustum mode streams over **blocks** ``(camera, depth bins [d0, d1))`` of about
 ``CHUNK_POINTS`` live points (:func:`plan_blocks`; fixed by the rig, never by ``--jobs``):
 
-* per camera, once (:class:`CameraPlan`): the feature-pixel rays in ego, reordered so that the
+* per camera, once (:class:`CameraPlan`): the feature-pixel rays in the BEV frame, reordered so that the
   rays that can still be in the BEV box at depth bin ``j`` are a prefix (conservative slab culling),
   and the camera's **tie groups** (:func:`_tie_groups`): rays whose ego x and y components are
   bitwise equal (a level camera's pixel columns, identical cameras) put their points on the same
@@ -33,14 +33,14 @@ from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
 from ..memory import release_free_memory
 from ..parallel import ordered_map
+from ..progress import ProgressFn
 from ..rig.config import RigConfig
-from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
+from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
 from .region import RegionStream
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
 
 __all__ = ["CameraRays", "Entries", "FrustumResult", "FrustumStream", "camera_rays", "frustum_entries", "grid_entries", "select_topk"]
 
-ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
 I32 = npt.NDArray[np.int32]
 F64 = npt.NDArray[np.float64]
@@ -64,25 +64,25 @@ PREFILTER_MARGIN = 1e-9
 
 @dataclass(frozen=True)
 class CameraRays:
-    """Viewing rays of one camera's feature-pixel centres, in ego.
+    """Viewing rays of one camera's feature-pixel centres, in the BEV frame (``bev.frame``).
 
     Convention:
-        origin_ego: ``(3,)`` float64 metres, camera centre ``t`` in ego.
-        ray_ego: ``(3, P)`` float64 ``R @ (x_n, y_n, 1)`` (a point at depth d along the optical
-        axis is ``origin_ego + d * ray_ego``), for the P feature pixels that have a preimage.
+        origin_bev: ``(3,)`` float64 metres, camera centre ``t`` in the BEV frame.
+        ray_bev: ``(3, P)`` float64 ``R @ (x_n, y_n, 1)`` (a point at depth d along the optical
+        axis is ``origin_bev + d * ray_bev``), for the P feature pixels that have a preimage.
         pixel_index: ``(P,)`` int64 flat feature pixel ``v * W_f + u`` of each ray.
     """
 
-    origin_ego: F64
-    ray_ego: F64
+    origin_bev: F64
+    ray_bev: F64
     pixel_index: I64
 
 
 def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
     """The rays of every feature-pixel centre of camera ``cam_index``.
 
-    Convention: see :class:`CameraRays`; ``ray_ego[i] = R[i, 0] * x_n + R[i, 1] * y_n + R[i, 2]``
-    evaluated elementwise (``ego_from_cam = [R | t]``, ``(x_n, y_n, 1)`` from
+    Convention: see :class:`CameraRays`; ``ray_bev[i] = R[i, 0] * x_n + R[i, 1] * y_n + R[i, 2]``
+    evaluated elementwise (``bev_from_cam = [R | t]``, the camera pose in the BEV frame; ``(x_n, y_n, 1)`` from
     :func:`bevcompile.rig.geometry.unproject_image_to_cam` at depth 1); pixels without a lens
     preimage are left out.
     """
@@ -93,15 +93,15 @@ def camera_rays(rig: RigConfig, cam_index: int) -> CameraRays:
     del u, v
     points_cam_unit, ok = unproject_image_to_cam(camera, feature_px_to_image_px(rig, camera, uv_feature_px), 1.0)
     del uv_feature_px
-    ego_from_cam = ego_from_cam_matrix(camera)
+    bev_from_cam = bev_from_cam_matrix(rig, camera)
     pixel_index = np.flatnonzero(ok).astype(np.int64)
     x_n = points_cam_unit[pixel_index, 0]
     y_n = points_cam_unit[pixel_index, 1]
     del points_cam_unit
     ray = np.empty((3, pixel_index.size), dtype=np.float64)
     for i in range(3):
-        ray[i] = ego_from_cam[i, 0] * x_n + ego_from_cam[i, 1] * y_n + ego_from_cam[i, 2]
-    return CameraRays(ego_from_cam[:3, 3].copy(), ray, pixel_index)
+        ray[i] = bev_from_cam[i, 0] * x_n + bev_from_cam[i, 1] * y_n + bev_from_cam[i, 2]
+    return CameraRays(bev_from_cam[:3, 3].copy(), ray, pixel_index)
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ class CameraPlan:
     the prefix ``[:n_alive[j]]``; and its tie groups (K > 0)."""
 
     cam_index: int
-    origin_ego: F64
-    ray_ego: F64  # (3, P), reordered
+    origin_bev: F64
+    ray_bev: F64  # (3, P), reordered
     pixel_index: I32  # (P,), reordered
     n_alive: I64  # (D,)
     ties: TieGroups | None = None
@@ -176,8 +176,8 @@ def plan_camera(bev: BevBox, trunc: bool, cam_index: int, rays: CameraRays, dept
     ):
         low = lo - lo_pad * step - CULL_MARGIN_M
         high = lo + n * step + CULL_MARGIN_M
-        origin = float(rays.origin_ego[axis])
-        ray = rays.ray_ego[axis]
+        origin = float(rays.origin_bev[axis])
+        ray = rays.ray_bev[axis]
         moving = ray != 0.0
         safe = np.where(moving, ray, 1.0)
         leave = np.maximum((low - origin) / safe, (high - origin) / safe)
@@ -187,13 +187,13 @@ def plan_camera(bev: BevBox, trunc: bool, cam_index: int, rays: CameraRays, dept
     order = np.argsort(-j_hi, kind="stable")
     n_alive = np.array([int(np.count_nonzero(j_hi > j)) for j in range(depths.size)], dtype=np.int64)
     return CameraPlan(
-        cam_index, rays.origin_ego, np.ascontiguousarray(rays.ray_ego[:, order]), rays.pixel_index[order].astype(np.int32), n_alive
+        cam_index, rays.origin_bev, np.ascontiguousarray(rays.ray_bev[:, order]), rays.pixel_index[order].astype(np.int32), n_alive
     )
 
 
 def _tie_groups(plan: CameraPlan, k: int, n_depths: int) -> TieGroups | None:
     """The camera's groups of more than ``k`` rays with bitwise-equal ego x and y (None if none)."""
-    rx, ry = plan.ray_ego[0], plan.ray_ego[1]
+    rx, ry = plan.ray_bev[0], plan.ray_bev[1]
     n = rx.size
     if k <= 0 or n <= k:
         return None
@@ -251,7 +251,7 @@ def own_plan(plan: CameraPlan) -> CameraPlan:
     ties = plan.ties
     if ties is not None:
         ties = TieGroups(ties.group.copy(), ties.rank.copy(), ties.members.copy(), ties.start.copy(), ties.n_groups, ties.max_size)
-    return CameraPlan(plan.cam_index, plan.origin_ego.copy(), plan.ray_ego.copy(), plan.pixel_index.copy(), plan.n_alive.copy(), ties)
+    return CameraPlan(plan.cam_index, plan.origin_bev.copy(), plan.ray_bev.copy(), plan.pixel_index.copy(), plan.n_alive.copy(), ties)
 
 
 def plan_blocks(n_bins: int, plans: list[CameraPlan]) -> list[tuple[CameraPlan, int, int]]:
@@ -296,8 +296,8 @@ def block_coordinates(box: BevBox, trunc: bool, depths: F64, piece: Piece) -> tu
     d = depths[d0:d1, None]
     out = []
     for axis, lo, step in ((0, box.x_min, box.dx), (1, box.y_min, box.dy), (2, box.z_min, box.dz)):
-        f = d * plan.ray_ego[axis, r0:r1]
-        f += plan.origin_ego[axis]
+        f = d * plan.ray_bev[axis, r0:r1]
+        f += plan.origin_bev[axis]
         f -= lo
         f /= step
         out.append(f.ravel())
@@ -394,7 +394,7 @@ class FrustumStream:
         def plan(cam: int) -> CameraPlan:
             p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
             ties = _tie_groups(p, k, rig.depth.n_bins)
-            return p if ties is None else CameraPlan(p.cam_index, p.origin_ego, p.ray_ego, p.pixel_index, p.n_alive, ties)
+            return p if ties is None else CameraPlan(p.cam_index, p.origin_bev, p.ray_bev, p.pixel_index, p.n_alive, ties)
 
         self.plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs))]
         release_free_memory()

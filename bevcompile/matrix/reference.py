@@ -8,7 +8,7 @@ every entry at once, one full ``lexsort``. Nothing here streams or prunes.
   ``lexsort`` by (row, -weight, dist2, col), the first K of each row. The benchmark's
   baseline; the streamed build must equal it exactly.
 * :func:`bev_pool` — BEVDet-style voxel pooling of ``depth x feature`` (sum, or mean) with
-  points from :func:`bevcompile.rig.geometry.unproject_feature_to_ego` (the geometry module's own
+  points from :func:`bevcompile.rig.geometry.unproject_feature_to_bev` (the geometry module's own
   formula, not the matrix's elementwise one) and ``np.add.at`` scatter; nearest (BEVDet) or
   bilinear splat. ``W @ (depth x feat)`` with K = 0 must equal it up to float rounding.
 * :func:`grid_pool` — sum over cameras and heights of ``grid_sample`` (numpy
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from ..grid.ipm import compute_sampling_grid, feature_px_to_norm
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig
-from ..rig.geometry import ego_from_cam_matrix, feature_px_to_image_px, unproject_feature_to_ego, unproject_image_to_cam
+from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_feature_to_bev, unproject_image_to_cam
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -43,11 +43,11 @@ def _feature_pixel_centres(rig: RigConfig) -> F64:
     return uv
 
 
-def frustum_points_ego(rig: RigConfig, cam_index: int) -> tuple[F64, npt.NDArray[np.bool_]]:
+def frustum_points_bev(rig: RigConfig, cam_index: int) -> tuple[F64, npt.NDArray[np.bool_]]:
     """Every frustum point of one camera, by the matrix's canonical formula.
 
     Convention:
-        returns ``points_ego`` ``(D, H_f, W_f, 3)`` float64 metres (ego) and ``ok``
+        returns ``points_bev`` ``(D, H_f, W_f, 3)`` float64 metres (BEV frame) and ``ok``
         ``(H_f, W_f)`` bool (the pixel has a lens preimage). Point ``[d, v, u]`` is
         ``t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2])`` with ``(x_n, y_n, 1)`` the
         undistorted ray of feature pixel ``(u, v)``.
@@ -55,11 +55,11 @@ def frustum_points_ego(rig: RigConfig, cam_index: int) -> tuple[F64, npt.NDArray
     camera = rig.cameras[cam_index]
     uv_image = feature_px_to_image_px(rig, camera, _feature_pixel_centres(rig))
     ray_cam, ok = unproject_image_to_cam(camera, uv_image, 1.0)
-    matrix = ego_from_cam_matrix(camera)
+    matrix = bev_from_cam_matrix(rig, camera)
     rotation, translation = matrix[:3, :3], matrix[:3, 3]
-    ray_ego = rotation[:, 0] * ray_cam[..., 0:1] + rotation[:, 1] * ray_cam[..., 1:2] + rotation[:, 2]
+    ray_bev = rotation[:, 0] * ray_cam[..., 0:1] + rotation[:, 1] * ray_cam[..., 1:2] + rotation[:, 2]
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
-    points = translation + depths[:, None, None, None] * ray_ego[None]
+    points = translation + depths[:, None, None, None] * ray_bev[None]
     return points, ok
 
 
@@ -103,7 +103,7 @@ def reference_frustum_entries(
     out_w: list[F64] = []
     out_d: list[F64] = []
     for cam_index in range(rig.n_cam):
-        points, ok = frustum_points_ego(rig, cam_index)
+        points, ok = frustum_points_bev(rig, cam_index)
         fx = (points[..., 0] - bev.x.min) / bev.x.step
         fy = (points[..., 1] - bev.y.min) / bev.y.step
         fz = (points[..., 2] - bev.z.min) / bev.z.step
@@ -296,7 +296,7 @@ def bev_pool(
         features ``(n_cam, C, H_f, W_f)``, depth_probs ``(n_cam, D, H_f, W_f)``.
         returns ``(n_cam, C, ny, nx)`` float64: camera c's contribution to every BEV cell
         (their sum over cameras is the pooled BEV feature). Points from
-        :func:`bevcompile.rig.geometry.unproject_feature_to_ego`; voxel index
+        :func:`bevcompile.rig.geometry.unproject_feature_to_bev`; voxel index
         ``floor``/``trunc((p - min) / step)`` on x, y, z (BEVDet ``.long()`` is trunc);
         nearest splat adds to the voxel's cell, bilinear to the four nearest cell centres
         (outside cells dropped); ``mean`` divides by the pooled weight of the cell (all
@@ -313,7 +313,7 @@ def bev_pool(
     uv = _feature_pixel_centres(rig)
     for cam_index, camera in enumerate(rig.cameras):
         uv_all = np.broadcast_to(uv[None], (depths.size, *uv.shape))
-        points, ok = unproject_feature_to_ego(rig, camera, uv_all, depths[:, None, None])
+        points, ok = unproject_feature_to_bev(rig, camera, uv_all, depths[:, None, None])
         cx = (points[..., 0] - bev.x.min) / bev.x.step
         cy = (points[..., 1] - bev.y.min) / bev.y.step
         cz = (points[..., 2] - bev.z.min) / bev.z.step

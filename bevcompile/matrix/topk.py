@@ -42,8 +42,8 @@ import numpy.typing as npt
 
 from ..memory import release_free_memory
 from ..parallel import ordered_map
+from ..progress import ProgressFn, start_phase
 
-ProgressFn = Callable[[int], None]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -485,6 +485,7 @@ def stream_topk(
             check_row_nnz(counts[:, 0])
         threshold = np.full(stream.n_cells, n_bins, dtype=np.int64)
     del counts
+    start_phase(progress, "pass 2/2: collecting Top-K candidates" if k > 0 else "pass 2/2: collecting entries", sum(stream.work_units(b) for b in blocks), "points")
     stream.begin_collect(threshold, n_bins, k)
     buffer = CandidateBuffer(k, stream.n_cells, candidate_budget(stream.n_cells, k) if k else 0, jobs)
     in_range = 0
@@ -506,6 +507,7 @@ def stream_topk(
         total_mass = np.bincount(every.row, weights=every.weight, minlength=stream.n_cells).astype(np.float64)
         del every
     n_candidates = buffer.accepted
+    start_phase(progress, f"selecting the top {k} of {n_candidates:,} candidates" if k > 0 else "sorting the entries")
     kept = buffer.select()
     phase("topk_select")
     return StreamResult(kept, total_mass, n_candidates, buffer.largest, buffer.compactions, phases)

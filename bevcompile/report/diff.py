@@ -35,6 +35,8 @@ import numpy.typing as npt
 from ..errors import StoreError, UsageError
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig, config_to_dict
+from ..rig.geometry import bev_from_cam_matrix
+from ..rig.presets import plain_data
 from ..store.loader import LoadedStore, load, matrix_layout
 from ..store.plugins import psnr_db
 from ..store.verify import DEFAULT_CHANNELS, check_feature_options, random_depth_probs
@@ -137,9 +139,10 @@ class CameraDiff:
     """One camera: pose change, grid change over all heights (``total``) and per height.
 
     Convention:
-        ``rotation_deg``: angle of ``R_old^T R_new`` (camera -> ego rotations), degrees.
+        ``rotation_deg``: angle of ``R_old^T R_new`` (camera -> BEV frame rotations, ``bev_from_cam``;
+        camera -> ego with ``bev.frame: ego``), degrees.
         ``translation_mm``: ``|t_new - t_old|``; ``translation_delta_mm``: ``t_new - t_old``
-        in the ego frame (x forward, y left, z up), millimetres. ``heights`` pairs each
+        in the BEV frame (ego: x forward, y left, z up), millimetres. ``heights`` pairs each
         sampling height (m) with its :class:`ShiftStats`. ``failures``: gate figures this
         camera exceeds (empty = passed or no gate).
     """
@@ -376,9 +379,11 @@ def rotation_angle_deg(rotation_old: npt.ArrayLike, rotation_new: npt.ArrayLike)
 
 
 def pose_change(old: RigConfig, new: RigConfig, index: int) -> tuple[float, float, tuple[float, float, float]]:
-    """``(rotation_deg, translation_mm, translation_delta_mm)`` of camera ``index`` (see :class:`CameraDiff`)."""
-    a = np.asarray(old.cameras[index].ego_from_cam, dtype=np.float64)
-    b = np.asarray(new.cameras[index].ego_from_cam, dtype=np.float64)
+    """``(rotation_deg, translation_mm, translation_delta_mm)`` of camera ``index`` (see :class:`CameraDiff`),
+    of its pose in the BEV frame (``bev_from_cam``: with ``bev.frame`` a sensor, a recalibrated
+    sensor moves every camera's pose, as it moves the tables)."""
+    a = bev_from_cam_matrix(old, old.cameras[index])
+    b = bev_from_cam_matrix(new, new.cameras[index])
     delta_mm = (b[:3, 3] - a[:3, 3]) * 1000.0
     return (
         rotation_angle_deg(a[:3, :3], b[:3, :3]),
@@ -410,7 +415,7 @@ def grid_align_corners(store: LoadedStore) -> bool:
 
 def check_comparable(old: LoadedStore, new: LoadedStore) -> None:
     """Raise :class:`UsageError` ``cannot compare: <first difference>`` unless both stores
-    have the same cameras (names, order), feature map, BEV x/y grid, heights and grid
+    have the same cameras (names, order), feature map, BEV frame, BEV x/y grid, heights and grid
     ``align_corners``."""
     a, b = old.rig, new.rig
     names_a, names_b = a.camera_names, b.camera_names
@@ -424,6 +429,8 @@ def check_comparable(old: LoadedStore, new: LoadedStore) -> None:
     (wa, ha), (wb, hb) = a.feature_size, b.feature_size
     if (wa, ha) != (wb, hb):
         raise UsageError(f"cannot compare: feature map {wa}x{ha} vs {wb}x{hb}")
+    if a.bev.frame != b.bev.frame:
+        raise UsageError(f"cannot compare: BEV frame {a.bev.frame} vs {b.bev.frame} (the cells are not the same places)")
     for axis in ("x", "y"):
         spec_a, spec_b = getattr(a.bev, axis), getattr(b.bev, axis)
         if _axis(spec_a) != _axis(spec_b):
@@ -720,8 +727,8 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         which = "neither store has" if not (has_old or has_new) else ("only OLD has" if has_old else "only NEW has")
         notes.append(f"matrix/: skipped: {which} a matrix/ group (`bevcompile matrix` writes it)")
         return None
-    opts_old = _plain(old["matrix"].attrs.get("build_options"))
-    opts_new = _plain(new["matrix"].attrs.get("build_options"))
+    opts_old = plain_data(old["matrix"].attrs.get("build_options"))
+    opts_new = plain_data(new["matrix"].attrs.get("build_options"))
     if opts_old != opts_new:
         keys = sorted(set(opts_old) | set(opts_new)) if isinstance(opts_old, dict) and isinstance(opts_new, dict) else []
         differing = [f"{k} {opts_old.get(k)!r} vs {opts_new.get(k)!r}" for k in keys if opts_old.get(k) != opts_new.get(k)]
@@ -775,15 +782,6 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         rows_changed=changed,
         output=acc.result("matrix COO", 1.0 if peak <= 0 else peak),
     )
-
-
-def _plain(value: Any) -> Any:
-    """Frozen attributes (mapping proxies, tuples) -> plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 # --------------------------------------------------------------------------------------

@@ -7,11 +7,16 @@ turns with the car), axes in metres, cell ``(iy, ix)`` drawn as the square centr
 default at ANY sampling height; ``height=`` picks one; a store without ``grid/`` -- matrix
 only -- uses the VALID RULE on the stored config's float64 projection instead, and the panel
 title says so) is painted in the camera's colour;
-a cell seen by several cameras gets the mean of their colours (overlaps are visibly mixed)
+a cell seen by several cameras is striped with their colours (overlaps are visibly mixed)
 and each camera's footprint is outlined in its colour. Cells no camera sees are light grey.
 The cameras are drawn at their ego position with an arrow along the ground projection of
 their optical axis; the ego box is the cameras' footprint grown by 0.5 m (the config has no
 vehicle dimensions; it is labelled "nominal").
+
+A BEV grid in a sensor's frame (``bev.frame``, e.g. nuScenes ``LIDAR_TOP``: x right, y forward)
+is drawn in that frame, turned so that the vehicle still drives UP: the BEV axis closest to
+ego forward is drawn upwards and the other one with ego left on the left (``LIDAR_TOP``: y UP,
+x RIGHT); axes are labelled with the frame's name, cameras are drawn at their pose in it.
 
 Right panel — ``matrix/camera_mass`` summed over cameras when the store has a matrix group
 (else the matrix's per-cell nnz from ``coo_row``), or, without a matrix group, the number of
@@ -39,6 +44,8 @@ import numpy.typing as npt
 from ..errors import BevcompileError, DependencyError, StoreError, UsageError
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig, parse_config
+from ..rig.geometry import bev_from_cam_matrix, bev_from_ego_matrix
+from ..store.plugins import level_group
 from ..store.zarr_io import STDIO, StoreReader, open_store, output_file, the_one_store
 
 FIGSIZE_IN = (15.0, 7.5)
@@ -122,10 +129,12 @@ class RenderResult:
     second_panel: str
     bev_to_display: npt.NDArray[np.float64]  # 3x3 affine
     coverage_source: str = "grid/valid"  # or "stored config's projection, no grid/" (a matrix-only store)
+    up_axis: int = 0  # the BEV axis drawn upwards: 0 = x (ego), 1 = y (e.g. LIDAR_TOP)
 
     def pixel_of(self, x_m: float, y_m: float) -> tuple[int, int]:
-        """``(column, row)`` of the PNG pixel showing ego point ``(x_m, y_m)`` (row 0 = top)."""
-        disp = self.bev_to_display @ np.array([y_m, x_m, 1.0])
+        """``(column, row)`` of the PNG pixel showing BEV-frame point ``(x_m, y_m)`` (row 0 = top)."""
+        data = [y_m, x_m] if self.up_axis == 0 else [x_m, y_m]
+        disp = self.bev_to_display @ np.array([*data, 1.0])
         return math.floor(float(disp[0])), math.floor(self.height_px - float(disp[1]))
 
     def to_json(self) -> dict[str, Any]:
@@ -224,8 +233,11 @@ def _learned_panel(reader: StoreReader, rig: RigConfig) -> np.ndarray | None:
     return mass - before
 
 
-def render_store(path: str | Path, out: str | Path | None = None, *, height: float | None = None) -> RenderResult:
-    """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically).
+def render_store(
+    path: str | Path, out: str | Path | None = None, *, height: float | None = None, level: int = 0
+) -> RenderResult:
+    """Draw the coverage picture of the store at ``path`` into ``out`` (PNG, written atomically):
+    the coverage of feature level ``level`` (``grid/`` for 0, ``grid_l<l>/`` for ``feature.levels``).
 
     Raises :class:`StoreError` for a store that cannot be drawn (not a store, ``grid/valid``
     unreadable), :class:`UsageError` for a bad ``out``/``height``, :class:`DependencyError`
@@ -239,24 +251,27 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
 
         not_a_store_root(store, "render")
     rig = _read_rig(reader)
-    out_path = Path(out) if out is not None else default_output(store, rig.name)
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < rig.n_levels:
+        raise UsageError(f"--level {level} is not a feature level of this store (0 to {rig.n_levels - 1})")
+    grid_name = level_group("grid", level)
+    out_path = Path(out) if out is not None else default_output(store, rig.name if level == 0 else f"{rig.name}_l{level}")
     if str(out_path) != STDIO:
         if out_path.is_dir():
             raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
         if out_path.suffix.lower() != ".png":
             raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
     output_file(out_path)  # its folder exists and is writable (none is created); '-' not a terminal
-    if reader.has_group("grid"):
-        valid = reader.read("grid", "valid")
+    if reader.has_group(grid_name):
+        valid = reader.read(grid_name, "valid")
         expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
         if valid.dtype != np.bool_ or valid.shape != expected:
-            raise StoreError(f"{store}: grid/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
-        source = "grid/valid"
+            raise StoreError(f"{store}: {grid_name}/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
+        source = f"{grid_name}/valid"
     else:
         # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
         # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
-        valid = compute_sampling_grid(rig).valid
-        source = "stored config's projection, no grid/"
+        valid = compute_sampling_grid(rig.level(level)).valid
+        source = f"stored config's projection, no {grid_name}/"
     coverage, height_label = _select_coverage(rig, valid, height)
     matrix = _matrix_panel(reader, rig)
 
@@ -270,10 +285,11 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.445, 0.92), fontsize=8, frameon=False, title="cameras", title_fontsize=9)
     inset = fig.add_axes(INSET_AXES_RECT)
     _draw_coverage(inset, rig, coverage, colours, half_m=INSET_HALF_M)
+    view = bev_view(rig)
     inset.set_title(f"ego area, +-{INSET_HALF_M:g} m", fontsize=8)
     inset.tick_params(labelsize=7)
-    inset.set_xlabel("y [m]", fontsize=7)
-    inset.set_ylabel("x [m]", fontsize=7)
+    inset.set_xlabel(view.label(view.across, short=True), fontsize=7)
+    inset.set_ylabel(view.label(view.up, short=True), fontsize=7)
 
     cax = fig.add_axes(COLORBAR_AXES_RECT)
     learned = _learned_panel(reader, rig)
@@ -295,7 +311,12 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         )
     fig.suptitle(
         f"{rig.name}: {rig.n_cam} cameras, BEV {rig.bev.nx} x {rig.bev.ny} cells of {rig.bev.x.step:g} x {rig.bev.y.step:g} m"
-        "  —  seen from above, x forward UP, y left LEFT",
+        + (
+            "  —  seen from above, x forward UP, y left LEFT"
+            if view.frame == "ego"
+            else f"  —  {view.frame} frame seen from above, ego forward UP ({view.frame} "
+            f"{'+' if view.up_sign > 0 else '-'}{'xy'[view.up]} UP, {'+' if view.right_sign > 0 else '-'}{'xy'[view.across]} RIGHT)"
+        ),
         fontsize=12,
     )
     fig.canvas.draw()
@@ -310,7 +331,7 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
         fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
         sys.stdout.buffer.write(buffer.getvalue())
         sys.stdout.buffer.flush()
-        return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source)
+        return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
     tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
@@ -320,7 +341,67 @@ def render_store(path: str | Path, out: str | Path | None = None, *, height: flo
     finally:
         if tmp.exists():
             tmp.unlink()
-    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source)
+    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
+
+
+@dataclass(frozen=True)
+class _View:
+    """How the BEV plane is laid on the picture: ``up`` is the BEV axis (0 = x, 1 = y) drawn
+    upwards, increasing upwards iff ``up_sign > 0``; the other axis increases to the right iff
+    ``right_sign > 0``. Ego frame: x up, y increasing to the LEFT."""
+
+    up: int
+    up_sign: float
+    right_sign: float
+    frame: str
+
+    @property
+    def across(self) -> int:
+        return 1 - self.up
+
+    def label(self, axis: int, short: bool = False) -> str:
+        name = "xy"[axis]
+        if short:
+            return f"{name} [m]"
+        if self.frame == "ego":  # the automotive wording of ego pictures
+            return "ego y [m]  (left is +y, drawn to the LEFT)" if axis == 1 else "ego x [m]  (forward is +x, drawn UP)"
+        side = ("UP" if self.up_sign > 0 else "DOWN") if axis == self.up else ("RIGHT" if self.right_sign > 0 else "LEFT")
+        return f"{self.frame} {name} [m]  (+{name} drawn {side})"
+
+    def hv(self, point: npt.ArrayLike) -> tuple[float, float]:
+        """(horizontal, vertical) data coordinates of a BEV-frame point ``(x, y[, z])``."""
+        p = np.asarray(point, dtype=np.float64)
+        return float(p[self.across]), float(p[self.up])
+
+
+def bev_view(rig: RigConfig) -> _View:
+    """The picture's orientation: ego forward UP and ego left LEFT, in the BEV frame."""
+    sensor = rig.bev_frame_sensor
+    if sensor is None:
+        return _View(0, 1.0, -1.0, "ego")
+    rotation = np.array(sensor.ego_from_sensor, dtype=np.float64)[:3, :3]
+    forward_bev, left_bev = rotation[0, :2], rotation[1, :2]  # ego x and y axes in the BEV frame
+    up = int(np.argmax(np.abs(forward_bev)))
+    across = 1 - up
+    return _View(up, float(np.sign(forward_bev[up]) or 1.0), float(-np.sign(left_bev[across]) or 1.0), rig.bev.frame)
+
+
+def _axis_spec(rig: RigConfig, axis: int) -> Any:
+    return rig.bev.x if axis == 0 else rig.bev.y
+
+
+def _limits(spec: Any, sign: float) -> tuple[float, float]:
+    return (spec.min, spec.max) if sign > 0 else (spec.max, spec.min)
+
+
+def _image(view: _View, values: np.ndarray) -> np.ndarray:
+    """``(ny, nx, ...)`` -> rows along the up axis, columns along the other (origin lower)."""
+    return np.swapaxes(values, 0, 1) if view.up == 0 else values
+
+
+def _extent(rig: RigConfig, view: _View) -> tuple[float, float, float, float]:
+    h, v = _axis_spec(rig, view.across), _axis_spec(rig, view.up)
+    return (h.min, h.max, v.min, v.max)
 
 
 def _draw_coverage(
@@ -328,61 +409,60 @@ def _draw_coverage(
 ) -> None:
     """Coverage image, footprint outlines, ego box and cameras (coloured dot, black arrow along
     the optical axis projected on the ground); ``half_m`` zooms on the ego."""
-    bev = rig.bev
-    rgb = coverage_rgb(coverage, colours, coverage_supersample(bev.ny, bev.nx))  # (ny*S, nx*S, 3)
-    # displayed image rows follow x (upwards with origin="lower"), columns follow y; the y axis
-    # is then inverted so that +y (left) is on the left.
-    ax.imshow(
-        np.transpose(rgb, (1, 0, 2)),
-        origin="lower",
-        extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max),
-        interpolation="nearest",
-        aspect="equal",
-    )
-    ys = np.asarray(bev.y.centres())
-    xs = np.asarray(bev.x.centres())
+    view = bev_view(rig)
+    rgb = coverage_rgb(coverage, colours, coverage_supersample(rig.bev.ny, rig.bev.nx))  # (ny*S, nx*S, 3)
+    # displayed image rows follow the up axis (upwards with origin="lower"), columns the other;
+    # the limits then flip an axis where needed (ego: +y, left, is on the left).
+    ax.imshow(_image(view, rgb), origin="lower", extent=_extent(rig, view), interpolation="nearest", aspect="equal")
+    h_centres = np.asarray(_axis_spec(rig, view.across).centres())
+    v_centres = np.asarray(_axis_spec(rig, view.up).centres())
     for cam_index, colour in enumerate(colours):
         mask = coverage[cam_index]
         if mask.any() and not mask.all():
-            ax.contour(ys, xs, mask.T.astype(np.float64), levels=[0.5], colors=[colour], linewidths=1.0)
+            ax.contour(h_centres, v_centres, _image(view, mask).astype(np.float64), levels=[0.5], colors=[colour], linewidths=1.0)
+    h_spec, v_spec = _axis_spec(rig, view.across), _axis_spec(rig, view.up)
     if half_m is None:
-        ax.set_xlim(bev.y.max, bev.y.min)
-        ax.set_ylim(bev.x.min, bev.x.max)
-        ax.set_xlabel("ego y [m]  (left is +y, drawn to the LEFT)")
-        ax.set_ylabel("ego x [m]  (forward is +x, drawn UP)")
-        arrow_m = ARROW_FRACTION * max(bev.x.max - bev.x.min, bev.y.max - bev.y.min)
+        ax.set_xlim(*_limits(h_spec, view.right_sign))
+        ax.set_ylim(*_limits(v_spec, view.up_sign))
+        ax.set_xlabel(view.label(view.across))
+        ax.set_ylabel(view.label(view.up))
+        arrow_m = ARROW_FRACTION * max(rig.bev.x.max - rig.bev.x.min, rig.bev.y.max - rig.bev.y.min)
     else:
-        ax.set_xlim(half_m, -half_m)
-        ax.set_ylim(-half_m, half_m)
+        centre = bev_from_ego_matrix(rig)[:3, 3]  # the ego origin in the BEV frame
+        h0, v0 = view.hv(centre)
+        ax.set_xlim(h0 - view.right_sign * half_m, h0 + view.right_sign * half_m)
+        ax.set_ylim(v0 - view.up_sign * half_m, v0 + view.up_sign * half_m)
         arrow_m = 0.3 * half_m
 
     from matplotlib.patches import Rectangle
 
     if half_m is None:  # where the inset zooms in (the ego is small at the BEV's scale)
+        h_ego, v_ego = view.hv(bev_from_ego_matrix(rig)[:3, 3])  # the ego origin in the BEV frame
         ax.add_patch(
             Rectangle(
-                (-INSET_HALF_M, -INSET_HALF_M), 2 * INSET_HALF_M, 2 * INSET_HALF_M,
+                (h_ego - INSET_HALF_M, v_ego - INSET_HALF_M), 2 * INSET_HALF_M, 2 * INSET_HALF_M,
                 facecolor="none", edgecolor="black", linewidth=1.0, linestyle="--", zorder=5,
             )
         )
 
-    positions = np.array([[row[3] for row in cam.ego_from_cam[:3]] for cam in rig.cameras], dtype=np.float64)
-    lo = positions[:, :2].min(axis=0) - EGO_MARGIN_M
-    hi = positions[:, :2].max(axis=0) + EGO_MARGIN_M
+    poses = [bev_from_cam_matrix(rig, cam) for cam in rig.cameras]
+    positions = np.array([pose[:3, 3] for pose in poses], dtype=np.float64)
+    hv = np.array([view.hv(p) for p in positions])
+    lo = hv.min(axis=0) - EGO_MARGIN_M
+    hi = hv.max(axis=0) + EGO_MARGIN_M
     ax.add_patch(
-        Rectangle((lo[1], lo[0]), hi[1] - lo[1], hi[0] - lo[0], facecolor="white", edgecolor="black", linewidth=1.2, zorder=3)
+        Rectangle((lo[0], lo[1]), hi[0] - lo[0], hi[1] - lo[1], facecolor="white", edgecolor="black", linewidth=1.2, zorder=3)
     )
-    for cam, colour, position in zip(rig.cameras, colours, positions, strict=True):
-        axis_ego = np.array([cam.ego_from_cam[0][2], cam.ego_from_cam[1][2]], dtype=np.float64)
-        norm = float(np.hypot(*axis_ego))
-        x0, y0 = float(position[0]), float(position[1])
-        ax.plot([y0], [x0], marker="o", markersize=5, color=colour, markeredgecolor="black", zorder=7)
+    for pose, colour, (h0, v0) in zip(poses, colours, hv, strict=True):
+        axis_h, axis_v = view.hv(pose[:3, 2])
+        norm = float(np.hypot(axis_h, axis_v))
+        ax.plot([h0], [v0], marker="o", markersize=5, color=colour, markeredgecolor="black", zorder=7)
         if norm > 1e-9:
-            dx, dy = axis_ego / norm * arrow_m
+            dh, dv = axis_h / norm * arrow_m, axis_v / norm * arrow_m
             ax.annotate(
                 "",
-                xy=(y0 + dy, x0 + dx),
-                xytext=(y0, x0),
+                xy=(h0 + dh, v0 + dv),
+                xytext=(h0, v0),
                 arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 0, "shrinkB": 0},
                 zorder=6,
             )
@@ -409,7 +489,7 @@ def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[fl
 
 def _draw_learned(fig: Any, cax: Any, rig: RigConfig, delta: np.ndarray, colours: list[tuple[float, float, float]]) -> None:
     """One map per camera of ``delta`` ``(n_cam, ny, nx)`` in the right panel, shared symmetric scale."""
-    bev = rig.bev
+    view = bev_view(rig)
     left, bottom, width, height = PANEL2_AXES_RECT
     cols = 1 if rig.n_cam <= 2 else 2
     rows = -(-rig.n_cam // cols)
@@ -418,10 +498,10 @@ def _draw_learned(fig: Any, cax: Any, rig: RigConfig, delta: np.ndarray, colours
     for cam, name in enumerate(rig.camera_names):
         r, c = divmod(cam, cols)
         ax = fig.add_axes((left + c * width / cols, bottom + (rows - 1 - r) * height / rows, width / cols * 0.92, height / rows * 0.82))
-        image = ax.imshow(delta[cam].T, origin="lower", extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max), interpolation="nearest",
+        image = ax.imshow(_image(view, delta[cam]), origin="lower", extent=_extent(rig, view), interpolation="nearest",
                           aspect="equal", cmap="RdBu_r", vmin=-limit, vmax=limit)
-        ax.set_xlim(bev.y.max, bev.y.min)
-        ax.set_ylim(bev.x.min, bev.x.max)
+        ax.set_xlim(*_limits(_axis_spec(rig, view.across), view.right_sign))
+        ax.set_ylim(*_limits(_axis_spec(rig, view.up), view.up_sign))
         ax.set_title(name, fontsize=8, color=colours[cam])
         ax.tick_params(labelsize=6)
     if image is not None:
@@ -434,25 +514,26 @@ def _draw_values(
 ) -> None:
     """``values`` ``(ny, nx)`` in viridis; a cell with no value is white where a camera sees it
     (``seen``, ``(ny, nx)`` bool: in view, but no weight lands there) and :data:`UNSEEN_RGB` where none does."""
-    bev = rig.bev
-    background = np.where(seen.T[..., None], np.ones(3), np.asarray(UNSEEN_RGB))  # (nx, ny, 3)
-    ax.imshow(background, origin="lower", extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max), interpolation="nearest", aspect="equal")
-    shown = np.ma.masked_where(values.T <= 0, values.T)
+    view = bev_view(rig)
+    background = np.where(_image(view, seen)[..., None], np.ones(3), np.asarray(UNSEEN_RGB))  # image rows x columns x 3
+    ax.imshow(background, origin="lower", extent=_extent(rig, view), interpolation="nearest", aspect="equal")
+    image_values = _image(view, values)
+    shown = np.ma.masked_where(image_values <= 0, image_values)
     vmax = float(values.max()) if values.size and values.max() > 0 else 1.0
     image = ax.imshow(
         shown,
         origin="lower",
-        extent=(bev.y.min, bev.y.max, bev.x.min, bev.x.max),
+        extent=_extent(rig, view),
         interpolation="nearest",
         aspect="equal",
         cmap="viridis",
         vmin=0.0,
         vmax=vmax,
     )
-    ax.set_xlim(bev.y.max, bev.y.min)
-    ax.set_ylim(bev.x.min, bev.x.max)
-    ax.set_xlabel("ego y [m]  (left is +y, drawn to the LEFT)")
-    ax.set_ylabel("ego x [m]  (forward UP)")
+    ax.set_xlim(*_limits(_axis_spec(rig, view.across), view.right_sign))
+    ax.set_ylim(*_limits(_axis_spec(rig, view.up), view.up_sign))
+    ax.set_xlabel(view.label(view.across))
+    ax.set_ylabel("ego x [m]  (forward UP)" if view.frame == "ego" else view.label(view.up))
     ax.set_title(title, fontsize=10)
     colorbar = fig.colorbar(image, cax=cax)
     colorbar.set_label(label)

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, shown
+from .presets import PRESETS, AugRule, Preset
 
 BEV_FRAME_EGO = "ego"
 """``bev.frame`` default: the BEV grid is in the ego frame."""
@@ -67,6 +68,30 @@ MAX_IMAGE_SIDE = 32768
 _PLAIN_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 """A number given as a string (JSON data, or ``1e-3``, which PyYAML leaves a string): plain ASCII
 decimal only (YAML 1.2 core schema), so ``"1_000.5"``, ``"١.٧٢٢"``, ``"１.５"``, ``" 1"`` are refused."""
+INTEROP_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "bevpoolv2": {"frustum_mapping": ("linspace", "stride", "rig"), "rounding": ("trunc", "floor"), "precision": ("float64", "float32")},
+    "fastbev-lut": {"overlap": ("first", "last", "nearest-centre"), "precision": ("float64", "float32")},
+    "petr-coords3d": {"precision": ("float64", "float32")},
+}
+"""``interop:`` settings a config (or a model preset) may fix, per ``export-interop`` target, with
+their allowed values (the interop package validates its options against these);
+``bevpoolv2`` also takes ``z_bins`` (1 to 4096) and ``batch`` (1 to 256); ``fastbev-lut``
+``xyz_layout`` (true/false); ``petr-coords3d`` ``depth_num`` (1 to 1024), ``lid`` (true/false),
+``depth_start`` (metres, > 0) and ``position_range`` (six numbers, min x y z then max x y z)."""
+INTEROP_INT_OPTIONS: dict[str, dict[str, tuple[int, int]]] = {
+    "bevpoolv2": {"z_bins": (1, 4096), "batch": (1, 256)},
+    "petr-coords3d": {"depth_num": (1, 1024)},
+}
+INTEROP_BOOL_OPTIONS: dict[str, tuple[str, ...]] = {"fastbev-lut": ("xyz_layout",), "petr-coords3d": ("lid",)}
+INTEROP_NUMBER_OPTIONS: dict[str, dict[str, int]] = {"petr-coords3d": {"depth_start": 1, "position_range": 6}}
+"""Numeric ``interop:`` settings: option -> how many numbers (1: a number, else a list of that length)."""
+SIZE_RULES = ("exact", "ceil")
+"""``feature.size_rule``: how a level's feature map follows from the network input:
+``exact`` ``W_f = W_in / s`` (the input must be divisible by every stride); ``ceil``
+``W_f = ceil(W_in / s)`` (strided convolutions with padding, e.g. a stride-64 FPN level of a
+928-row input has 15 rows)."""
+MAX_FEATURE_LEVELS = 8
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 # --------------------------------------------------------------------------------------
@@ -162,14 +187,38 @@ class Sensor:
 
 
 @dataclass(frozen=True)
-class FeatureSpec:
-    """Network input -> feature map. ``stride``: feature pixel j covers input pixels
-    ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
-    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
-    ``normalized``: at input ``j*s + s/2`` (see :data:`PIXEL_MAPPINGS`)."""
+class FeatureLevel:
+    """One feature map the network produces: its ``stride`` and ``pixel_mapping``."""
 
     stride: int
     pixel_mapping: str
+
+
+def feature_map_size(input_size: int, stride: int, size_rule: str) -> int:
+    """Feature-map length of an input length under ``size_rule`` (``exact``: ``n // s``,
+    the config checked divisibility; ``ceil``: ``ceil(n / s)``)."""
+    return -(-input_size // stride) if size_rule == "ceil" else input_size // stride
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Network input -> feature map(s). ``stride``/``pixel_mapping`` are level 0's (the only
+    level unless ``levels`` lists more). ``stride``: feature pixel j covers input pixels
+    ``[j*s, (j+1)*s)`` (centre at input ``j*s + (s-1)/2``); ``linspace``: feature pixel j sits
+    at input ``j * (W_in - 1) / (W_f - 1)`` (BEVDet's frustum); ``corner``: at input ``j*s``;
+    ``normalized``: at input ``(j + 1/2) W_in / W_f`` (``j*s + s/2`` when exact; see
+    :data:`PIXEL_MAPPINGS`). ``size_rule``: :data:`SIZE_RULES`. ``levels``: every level
+    (level 0 first) when the config lists ``feature.levels``, else empty."""
+
+    stride: int
+    pixel_mapping: str
+    size_rule: str = "exact"
+    levels: tuple[FeatureLevel, ...] = ()
+
+    @property
+    def all_levels(self) -> tuple[FeatureLevel, ...]:
+        """Every feature level, level 0 first (one level unless ``feature.levels`` lists more)."""
+        return self.levels or (FeatureLevel(self.stride, self.pixel_mapping),)
 
 
 @dataclass(frozen=True)
@@ -267,6 +316,17 @@ class RigConfig:
     description: str | None = None
     source: str = "<config>"
     sensors: tuple[Sensor, ...] = ()
+    preset: str | None = None  # the model preset the config named (``preset:``), if any
+    interop: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # ``interop:`` per target, sorted
+
+    def interop_options(self, target: str) -> dict[str, Any]:
+        """The ``interop:`` settings of ``target`` (``bevpoolv2``, ``fastbev-lut``), as given (may be empty)."""
+        return dict(dict(self.interop).get(target, ()))
+
+    @property
+    def interop_targets(self) -> tuple[str, ...]:
+        """The targets ``interop:`` names (``export-interop`` builds them when no ``--to`` is given)."""
+        return tuple(target for target, _ in self.interop)
 
     @property
     def n_cam(self) -> int:
@@ -292,9 +352,26 @@ class RigConfig:
 
     @property
     def feature_size(self) -> tuple[int, int]:
-        """``(W_f, H_f)`` of the feature map."""
+        """``(W_f, H_f)`` of the (level 0) feature map, by ``feature.size_rule``."""
         w_in, h_in = self.input_size
-        return w_in // self.feature.stride, h_in // self.feature.stride
+        s, rule = self.feature.stride, self.feature.size_rule
+        return feature_map_size(w_in, s, rule), feature_map_size(h_in, s, rule)
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.feature.all_levels)
+
+    def level(self, index: int) -> RigConfig:
+        """This rig seen through feature level ``index`` alone (its stride, pixel mapping and
+        feature map; everything else unchanged): what every per-level product is built from.
+        Level 0 of a single-level rig is the rig itself."""
+        levels = self.feature.all_levels
+        if not 0 <= index < len(levels):
+            raise IndexError(f"feature level {index} of {len(levels)}")
+        if len(levels) == 1:
+            return self
+        chosen = levels[index]
+        return replace(self, feature=FeatureSpec(chosen.stride, chosen.pixel_mapping, self.feature.size_rule))
 
     @property
     def camera_names(self) -> tuple[str, ...]:
@@ -906,7 +983,7 @@ def _parse_pose(ctx: _Ctx, data: Mapping[str, Any], field: str, what: str) -> Po
     return ego_from_sensor, pose_form, rotation_wxyz, translation
 
 
-def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) -> Camera:
+def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], preset_aug: AugRule | None = None) -> Camera:
     data = _mapping(ctx, data, field)
     _check_keys(
         ctx, data, field, ("name", "image_size", "intrinsic"),
@@ -948,7 +1025,8 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any]) 
     override: dict[str, Any] = {}
     if "image_aug" in data:
         override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
-    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | shared_aug | override
+    from_preset = preset_aug(width, height) if preset_aug is not None else {}
+    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | from_preset | shared_aug | override
     aug_field = f"{field}.image_aug" if override and not shared_aug else "image_aug"
     if "input_size" not in merged:
         raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
@@ -1235,22 +1313,166 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
     return DepthSpec(start, stop, step, n_bins)
 
 
+def _parse_mapping(ctx: _Ctx, value: Any, field: str) -> str:
+    mapping = _string(ctx, value, field)
+    if mapping not in PIXEL_MAPPINGS:
+        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
+    return mapping
+
+
+def _parse_stride(ctx: _Ctx, value: Any, field: str) -> int:
+    stride = _integer(ctx, value, field)
+    if stride <= 0:
+        raise ctx.fail(field, f"must be > 0, got {stride}")
+    return stride
+
+
 def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     data = _mapping(ctx, data, "feature")
-    _check_keys(ctx, data, "feature", ("stride",), ("pixel_mapping",))
-    stride = _integer(ctx, data["stride"], "feature.stride")
-    if stride <= 0:
-        raise ctx.fail("feature.stride", f"must be > 0, got {stride}")
-    mapping = "stride"
-    if "pixel_mapping" in data:
-        mapping = _string(ctx, data["pixel_mapping"], "feature.pixel_mapping")
-        if mapping not in PIXEL_MAPPINGS:
-            raise ctx.fail("feature.pixel_mapping", f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
-    return FeatureSpec(stride, mapping)
+    _check_keys(ctx, data, "feature", (), ("stride", "pixel_mapping", "size_rule", "levels"))
+    if ("stride" in data) == ("levels" in data):
+        raise ctx.fail("feature.stride", "give either stride (one feature map) or levels (several), not both"
+                       if "stride" in data else "missing required field (or give levels: a list of {stride, pixel_mapping})")
+    mapping = _parse_mapping(ctx, data["pixel_mapping"], "feature.pixel_mapping") if "pixel_mapping" in data else "stride"
+    size_rule = "exact"
+    if "size_rule" in data:
+        size_rule = _string(ctx, data["size_rule"], "feature.size_rule")
+        if size_rule not in SIZE_RULES:
+            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {size_rule!r}")
+    if "stride" in data:
+        return FeatureSpec(_parse_stride(ctx, data["stride"], "feature.stride"), mapping, size_rule)
+    items = _list(ctx, data["levels"], "feature.levels")
+    if not 1 <= len(items) <= MAX_FEATURE_LEVELS:
+        raise ctx.fail("feature.levels", f"must list 1 to {MAX_FEATURE_LEVELS} levels, got {len(items)}")
+    levels: list[FeatureLevel] = []
+    seen: dict[int, int] = {}
+    for i, item in enumerate(items):
+        field = f"feature.levels[{i}]"
+        item = _mapping(ctx, item, field)
+        _check_keys(ctx, item, field, ("stride",), ("pixel_mapping",))
+        stride = _parse_stride(ctx, item["stride"], f"{field}.stride")
+        if stride in seen:
+            raise ctx.fail(f"{field}.stride", f"duplicate stride {stride} (also feature.levels[{seen[stride]}])")
+        seen[stride] = i
+        level_mapping = _parse_mapping(ctx, item["pixel_mapping"], f"{field}.pixel_mapping") if "pixel_mapping" in item else mapping
+        levels.append(FeatureLevel(stride, level_mapping))
+    return FeatureSpec(levels[0].stride, levels[0].pixel_mapping, size_rule, tuple(levels) if len(levels) > 1 else ())
+
+
+def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    """``interop:``: per ``export-interop`` target, the settings it fixes (:data:`INTEROP_CHOICES`)."""
+    data = _mapping(ctx, data, "interop")
+    _check_keys(ctx, data, "interop", (), tuple(INTEROP_CHOICES))
+    out: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for target in sorted(data):
+        field = f"interop.{target}"
+        options = _mapping(ctx, data[target] if data[target] is not None else {}, field)
+        choices, ints, bools = INTEROP_CHOICES[target], INTEROP_INT_OPTIONS.get(target, {}), INTEROP_BOOL_OPTIONS.get(target, ())
+        numbers = INTEROP_NUMBER_OPTIONS.get(target, {})
+        _check_keys(ctx, options, field, (), (*choices, *ints, *bools, *numbers))
+        items: dict[str, Any] = {}
+        for key, value in options.items():
+            if key in numbers:
+                items[key] = _interop_numbers(ctx, value, f"{field}.{key}", numbers[key])
+            elif key in bools:
+                if not isinstance(value, bool):
+                    raise ctx.fail(f"{field}.{key}", f"expected true or false, got {_type_name(value)}")
+                items[key] = value
+            elif key in ints:
+                if value is None and key == "z_bins":
+                    items[key] = None
+                    continue
+                number = _integer(ctx, value, f"{field}.{key}")
+                lo, hi = ints[key]
+                if not lo <= number <= hi:
+                    raise ctx.fail(f"{field}.{key}", f"must be in [{lo}, {hi}], got {number}")
+                items[key] = number
+            else:
+                text = _string(ctx, value, f"{field}.{key}")
+                if text not in choices[key]:
+                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {text!r}")
+                items[key] = text
+        out.append((target, tuple(sorted(items.items()))))
+    return tuple(out)
+
+
+def _interop_numbers(ctx: _Ctx, value: Any, field: str, count: int) -> float | tuple[float, ...]:
+    """A numeric ``interop:`` setting: ``depth_start`` (> 0) or ``position_range`` (min < max per axis)."""
+    if count == 1:
+        number = _number(ctx, value, field)
+        if not number > 0.0:
+            raise ctx.fail(field, f"must be > 0, got {number:g}")
+        return number
+    values = _numbers(ctx, value, field, count)
+    half = count // 2
+    for axis in range(half):
+        if not values[axis] < values[axis + half]:
+            raise ctx.fail(field, f"min must be < max on every axis, got {values[axis]:g} >= {values[axis + half]:g} (axis {'xyz'[axis] if half == 3 else axis})")
+    return tuple(values)
+
+
+def _with_preset(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Mapping[str, Any], Preset | None]:
+    """``data`` with the sections of its ``preset:`` filled in under the explicit fields
+    (mappings merged key by key, the config's keys winning; an explicit ``feature.stride`` or
+    ``feature.levels`` replaces the preset's feature maps)."""
+    if "preset" not in data:
+        return data, None
+    name = _string(ctx, data["preset"], "preset")
+    if name not in PRESETS:
+        raise ctx.fail("preset", f"unknown preset {name!r}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
+    chosen = PRESETS[name]
+    merged = dict(data)
+    for section, values in chosen.fields.items():
+        if section == "camera_order":
+            merged.setdefault(section, list(values))
+            continue
+        explicit = data.get(section)
+        if explicit is None:
+            merged[section] = _copy_plain(values)
+            continue
+        if not isinstance(explicit, Mapping):
+            continue  # reported with its field path by the section's parser
+        base = _copy_plain(values)
+        if section == "feature" and ("stride" in explicit or "levels" in explicit):
+            base.pop("stride", None)
+            base.pop("levels", None)
+        if section == "interop":
+            for target, options in explicit.items():
+                base[target] = dict(base.get(target) or {}) | dict(options or {}) if isinstance(options, Mapping | type(None)) else options
+            merged[section] = base
+            continue
+        merged[section] = base | dict(explicit)
+    return merged, chosen
+
+
+def _copy_plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copy_plain(v) for v in value]
+    return value
+
+
+def _ordered_cameras(ctx: _Ctx, cameras: list[Camera], data: Any, field: str) -> list[Camera]:
+    """``cameras`` in the order ``camera_order`` names (every camera exactly once)."""
+    names = [_string(ctx, v, f"{field}[{i}]") for i, v in enumerate(_list(ctx, data, field))]
+    by_name = {cam.name: cam for cam in cameras}
+    for i, name in enumerate(names):
+        if name not in by_name:
+            raise ctx.fail(f"{field}[{i}]", f"no camera named {name!r} (cameras: {', '.join(by_name)})")
+        if names.index(name) != i:
+            raise ctx.fail(f"{field}[{i}]", f"camera {name!r} is named twice")
+    missing = [cam.name for cam in cameras if cam.name not in names]
+    if missing:
+        raise ctx.fail(field, f"lists {len(names)} of the {len(cameras)} cameras; missing {', '.join(missing)}")
+    return [by_name[name] for name in names]
 
 
 def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | None = None) -> RigConfig:
     """Validate plain data (as read from YAML) into a :class:`RigConfig`.
+
+    A ``preset:`` (:mod:`bevcompile.rig.presets`) fills every section it fixes; the config's
+    explicit fields override it, and ``name`` defaults to the preset's name.
 
     ``base_dir``: the folder relative file names in the config (a ``bev.region.keep`` mask) are
     relative to (default: the folder of ``source`` when it names a file, else the working folder).
@@ -1260,8 +1482,25 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
     """
     ctx = _Ctx(source)
     data = _mapping(ctx, data, "")
-    _check_keys(ctx, data, "", ("name", "cameras", "feature", "bev"), ("image_aug", "depth", "description", "sensors"))
-    name = _string(ctx, data["name"], "name")
+    data, chosen = _with_preset(ctx, data)
+    optional = ("image_aug", "depth", "description", "sensors", "preset", "camera_order", "interop")
+    if chosen is None:
+        _check_keys(ctx, data, "", ("cameras",), ("name", "feature", "bev", *optional))
+        for key in ("name", "feature", "bev"):
+            if key not in data:
+                raise ctx.fail(key, "missing required field (or add a preset: line naming the model you deploy; `bevcompile presets` lists them)")
+        name = _string(ctx, data["name"], "name")
+    else:
+        _check_keys(ctx, data, "", ("cameras",), ("name", "feature", "bev", *optional))
+        name = _string(ctx, data["name"], "name") if "name" in data else chosen.name
+        frame_sensor = chosen.frame_sensor
+        listed = [s.get("name") for s in data.get("sensors") or () if isinstance(s, Mapping)]
+        if frame_sensor is not None and data["bev"].get("frame") == frame_sensor and frame_sensor not in listed:
+            raise ctx.fail(
+                "sensors",
+                f"preset {chosen.name} puts the BEV grid in the {frame_sensor} frame: list {frame_sensor} "
+                "under sensors: (its calibrated pose, sensor -> ego)",
+            )
     if not _NAME_RE.fullmatch(name):
         raise ctx.fail("name", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'; starting with a letter or digit), got {shown(name)}")
     if len(name) > MAX_NAME_CHARS:
@@ -1280,15 +1519,21 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
     cameras: list[Camera] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(camera_items):
-        camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug)
+        camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug, chosen.image_aug if chosen is not None else None)
         if camera.name in seen:
             raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
         seen[camera.name] = i
         aug = camera.image_aug
-        for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
-            if size % feature.stride:
-                where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
-                raise ctx.fail(where, f"input {axis} {size} is not divisible by feature.stride {feature.stride}")
+        for level_index, level in enumerate(feature.all_levels if feature.size_rule == "exact" else ()):
+            for axis, size in (("width", aug.input_width), ("height", aug.input_height)):
+                if size % level.stride:
+                    where = f"cameras[{i}].image_aug.input_size" if "input_size" in dict(camera.image_aug_override) else "image_aug.input_size"
+                    stride_field = "feature.stride" if not feature.levels else f"feature.levels[{level_index}].stride"
+                    raise ctx.fail(
+                        where,
+                        f"input {axis} {size} is not divisible by {stride_field} {level.stride}"
+                        + ("" if not feature.levels else " (or set feature.size_rule: ceil)"),
+                    )
         if cameras:
             first = cameras[0].image_aug
             if (aug.input_width, aug.input_height) != (first.input_width, first.input_height):
@@ -1298,15 +1543,20 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
                     f"({first.input_width}x{first.input_height}); all cameras share one feature map shape",
                 )
         cameras.append(camera)
-    w_f = cameras[0].image_aug.input_width // feature.stride
-    h_f = cameras[0].image_aug.input_height // feature.stride
-    if w_f < 2 or h_f < 2:
-        raise ctx.fail("feature.stride", f"feature map {w_f}x{h_f} is smaller than 2x2")
+    for level_index, level in enumerate(feature.all_levels):
+        w_f = feature_map_size(cameras[0].image_aug.input_width, level.stride, feature.size_rule)
+        h_f = feature_map_size(cameras[0].image_aug.input_height, level.stride, feature.size_rule)
+        if w_f < 2 or h_f < 2:
+            where = "feature.stride" if not feature.levels else f"feature.levels[{level_index}].stride"
+            raise ctx.fail(where, f"feature map {w_f}x{h_f} is smaller than 2x2")
+    if "camera_order" in data:
+        cameras = _ordered_cameras(ctx, cameras, data["camera_order"], "camera_order")
     sensors = _parse_sensors(ctx, data["sensors"], seen) if "sensors" in data else ()
     if base_dir is None and not source.startswith("<"):
         base_dir = Path(source).parent
     bev = _parse_bev(ctx, data["bev"], sensors, Path(base_dir) if base_dir is not None else None)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
+    interop = _parse_interop(ctx, data["interop"]) if "interop" in data else ()
     return RigConfig(
         name=name,
         cameras=tuple(cameras),
@@ -1317,6 +1567,8 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
         description=description,
         source=source,
         sensors=sensors,
+        preset=chosen.name if chosen is not None else None,
+        interop=interop,
     )
 
 
@@ -1351,13 +1603,16 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
             "crop": [aug.crop_left, aug.crop_top],
             "input_size": [aug.input_width, aug.input_height],
         }
-        if aug.pad_right or aug.pad_bottom:  # only when used: configs without padding keep their hash
+        if aug.pad_right or aug.pad_bottom or rig.preset is not None:  # only when used: configs without padding keep their hash
             entry["image_aug"]["pad"] = [aug.pad_right, aug.pad_bottom]
         cameras.append(entry)
     bev = rig.bev
     out: dict[str, Any] = {"name": rig.name}
     if descriptions and rig.description is not None:
         out["description"] = rig.description
+    if rig.preset is not None:  # a preset re-applied under the resolved fields gives the same config
+        out["preset"] = rig.preset
+        out["camera_order"] = list(rig.camera_names)
     out["cameras"] = cameras
     if rig.sensors:  # only when listed: configs without sensors keep their hash
         out["sensors"] = [
@@ -1366,18 +1621,26 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
             | _pose_dict(sensor.pose_form, sensor.rotation_wxyz, sensor.translation, sensor.ego_from_sensor)
             for sensor in rig.sensors
         ]
-    out["feature"] = {"stride": rig.feature.stride, "pixel_mapping": rig.feature.pixel_mapping}
+    feature = rig.feature
+    if feature.levels:
+        out["feature"] = {"levels": [{"stride": lv.stride, "pixel_mapping": lv.pixel_mapping} for lv in feature.levels]}
+    else:
+        out["feature"] = {"stride": feature.stride, "pixel_mapping": feature.pixel_mapping}
+    if feature.size_rule != "exact" or rig.preset is not None:  # only when set: exact configs keep their hash
+        out["feature"]["size_rule"] = feature.size_rule
     out["bev"] = {
         "x": [bev.x.min, bev.x.max, bev.x.step],
         "y": [bev.y.min, bev.y.max, bev.y.step],
         "z": [bev.z.min, bev.z.max, bev.z.step],
         "heights": list(bev.heights),
     }
-    if bev.frame != BEV_FRAME_EGO:  # only when set: ego-frame configs keep their hash
+    if bev.frame != BEV_FRAME_EGO or rig.preset is not None:  # only when set: ego-frame configs keep their hash
         out["bev"]["frame"] = bev.frame
     if bev.region is not None:  # only when set: configs without a region keep their hash
         out["bev"]["region"] = _region_dict(bev.region, descriptions)
     out["depth"] = {"bins": [rig.depth.start, rig.depth.stop, rig.depth.step]}
+    if rig.interop:
+        out["interop"] = {target: {k: list(v) if isinstance(v, tuple) else v for k, v in options} for target, options in rig.interop}
     return out
 
 

@@ -2,19 +2,26 @@
 
 Pure numpy; every function takes a config dataclass and arrays and returns new arrays.
 
-Frames and pixel chain (see README "Conventions")::
+Frames and pixel chain (see docs/conventions.md)::
 
-    points_ego --(cam_from_ego)--> points_cam --(lens)--> uv_image_px
+    points_bev --(cam_from_bev)--> points_cam --(lens)--> uv_image_px
         --(image_aug)--> uv_input_px --(feature.pixel_mapping)--> uv_feature_px
 
 * ego: x forward, y left, z up, metres.
+* BEV frame (``bev.frame``): ego, or the frame of one of the rig's sensors (e.g. nuScenes
+  ``LIDAR_TOP``: x right, y forward, z up). Every product works in it: ``points_bev =
+  inv(ego_from_sensor) @ points_ego``, and a camera's pose in it is ``bev_from_cam =
+  inv(ego_from_sensor) @ ego_from_cam`` (:func:`bev_from_cam_matrix`); with ``bev.frame: ego``
+  it IS ``ego_from_cam`` (same bytes).
 * camera: OpenCV (x right, y down, z = optical axis), metres.
 * pixels: ``(u, v)`` = (column, row); integer values are pixel centres (OpenCV).
 * image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``;
   right/bottom padding of the network input (``image_aug.pad``) leaves coordinates unchanged.
 * feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
   ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``; ``corner`` mapping:
-  ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``).
+  ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``
+  when ``W_in = s W_f``; with ``feature.size_rule: ceil`` ``W_f = ceil(W_in / s)``). One feature
+  level at a time: a multi-level rig is projected through :meth:`RigConfig.level`.
 
 Lens models follow OpenCV exactly: ``none`` (pinhole), ``opencv`` (radial-tangential with the
 rational extension, coefficients ``k1 k2 p1 p2 k3 k4 k5 k6``) and ``fisheye``
@@ -71,16 +78,57 @@ def ego_from_cam_matrix(camera: Camera) -> FloatArray:
 
 
 def cam_from_ego_matrix(camera: Camera) -> FloatArray:
-    """4x4 float64 rigid transform ego -> camera (exact inverse of a rigid transform)."""
-    ego_from_cam = ego_from_cam_matrix(camera)
-    rotation = ego_from_cam[:3, :3]
-    translation = ego_from_cam[:3, 3]
-    cam_from_ego = np.eye(4)
-    cam_from_ego[:3, :3] = rotation.T
-    # -R^T t, written out (see transform_points: no BLAS in the geometry path)
+    """4x4 float64 rigid transform ego -> camera (exact inverse of a rigid transform; -R^T t
+    written out, see :func:`transform_points`: no BLAS in the geometry path)."""
+    return _rigid_inverse(ego_from_cam_matrix(camera))
+
+
+def _rigid_inverse(matrix: FloatArray) -> FloatArray:
+    """Exact inverse of a rigid 4x4 ``[R | t]``: ``[R^T | -R^T t]`` (elementwise, no BLAS)."""
+    rotation = matrix[:3, :3]
+    translation = matrix[:3, 3]
+    inverse = np.eye(4)
+    inverse[:3, :3] = rotation.T
     for i in range(3):
-        cam_from_ego[i, 3] = -(rotation[0, i] * translation[0] + rotation[1, i] * translation[1] + rotation[2, i] * translation[2])
-    return cam_from_ego
+        inverse[i, 3] = -(rotation[0, i] * translation[0] + rotation[1, i] * translation[1] + rotation[2, i] * translation[2])
+    return inverse
+
+
+def bev_from_ego_matrix(rig: RigConfig) -> FloatArray:
+    """4x4 float64 rigid transform ego -> BEV frame: the identity for ``bev.frame: ego``, else
+    ``inv(ego_from_sensor)`` of the frame's sensor."""
+    sensor = rig.bev_frame_sensor
+    if sensor is None:
+        return np.eye(4)
+    return _rigid_inverse(np.array(sensor.ego_from_sensor, dtype=np.float64))
+
+
+def bev_from_cam_matrix(rig: RigConfig, camera: Camera) -> FloatArray:
+    """4x4 float64 rigid transform camera -> BEV frame (the pose every product uses).
+
+    ``bev.frame: ego``: ``ego_from_cam`` itself. A sensor frame: ``R = R_s^T R_c``,
+    ``t = R_s^T (t_c - t_s)`` with ``ego_from_sensor = [R_s | t_s]``, ``ego_from_cam = [R_c | t_c]``
+    (mmdet3d's ``sensor2lidar`` of one static pose), written elementwise in a fixed order.
+    """
+    ego_from_cam = ego_from_cam_matrix(camera)
+    sensor = rig.bev_frame_sensor
+    if sensor is None:
+        return ego_from_cam
+    ego_from_sensor = np.array(sensor.ego_from_sensor, dtype=np.float64)
+    r_s, t_s = ego_from_sensor[:3, :3], ego_from_sensor[:3, 3]
+    r_c, t_c = ego_from_cam[:3, :3], ego_from_cam[:3, 3]
+    out = np.eye(4)
+    d = [t_c[k] - t_s[k] for k in range(3)]
+    for i in range(3):
+        for j in range(3):
+            out[i, j] = r_s[0, i] * r_c[0, j] + r_s[1, i] * r_c[1, j] + r_s[2, i] * r_c[2, j]
+        out[i, 3] = r_s[0, i] * d[0] + r_s[1, i] * d[1] + r_s[2, i] * d[2]
+    return out
+
+
+def cam_from_bev_matrix(rig: RigConfig, camera: Camera) -> FloatArray:
+    """4x4 float64 rigid transform BEV frame -> camera (exact inverse of :func:`bev_from_cam_matrix`)."""
+    return _rigid_inverse(bev_from_cam_matrix(rig, camera))
 
 
 def transform_points(matrix_4x4: FloatArray, points: FloatArray) -> FloatArray:
@@ -566,8 +614,11 @@ def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArr
         u_f = u_in / s
         v_f = v_in / s
     elif mapping == "normalized":
-        u_f = u_in / s - 0.5
-        v_f = v_in / s - 0.5
+        # u_in * W_f / W_in - 1/2, written as u_in / (W_in / W_f): W_in / W_f is exactly s when
+        # the input is divisible (size_rule exact), so those stores keep their bytes
+        w_f, h_f = rig.feature_size
+        u_f = u_in / (aug.input_width / w_f) - 0.5
+        v_f = v_in / (aug.input_height / h_f) - 0.5
     else:
         w_f, h_f = rig.feature_size
         u_f = u_in * (w_f - 1) / (aug.input_width - 1)
@@ -588,8 +639,9 @@ def feature_px_to_image_px(rig: RigConfig, camera: Camera, uv_feature_px: FloatA
         u_in = uv[..., 0] * s
         v_in = uv[..., 1] * s
     elif mapping == "normalized":
-        u_in = (uv[..., 0] + 0.5) * s
-        v_in = (uv[..., 1] + 0.5) * s
+        w_f, h_f = rig.feature_size
+        u_in = (uv[..., 0] + 0.5) * (aug.input_width / w_f)
+        v_in = (uv[..., 1] + 0.5) * (aug.input_height / h_f)
     else:
         w_f, h_f = rig.feature_size
         u_in = uv[..., 0] * (aug.input_width - 1) / (w_f - 1)
@@ -621,16 +673,17 @@ def project_cam_to_image(camera: Camera, points_cam: FloatArray) -> tuple[FloatA
     return uv, ok
 
 
-def project_ego_to_feature(rig: RigConfig, camera: Camera, points_ego: FloatArray) -> tuple[FloatArray, BoolArray]:
-    """Project ego points to feature-map pixels of one camera.
+def project_bev_to_feature(rig: RigConfig, camera: Camera, points_bev: FloatArray) -> tuple[FloatArray, BoolArray]:
+    """Project BEV-frame points to feature-map pixels of one camera.
 
     Convention:
-        points_ego: ``(..., 3)`` float64 metres, ego frame (x forward, y left, z up).
+        points_bev: ``(..., 3)`` float64 metres in the BEV frame (``bev.frame``: ego, x forward,
+        y left, z up; or the named sensor's frame).
         returns: ``uv_feature_px`` ``(..., 2)`` float64 ``(u, v)`` (NaN where not projectable)
         and ``ok`` bool ``(...)`` (in front, inside the lens FOV; NOT yet tested against the
         feature-map bounds, see :func:`bevcompile.grid.ipm.inside_feature_map`).
     """
-    points_cam = transform_points(cam_from_ego_matrix(camera), points_ego)
+    points_cam = transform_points(cam_from_bev_matrix(rig, camera), points_bev)
     uv_image_px, ok = project_cam_to_image(camera, points_cam)
     return image_px_to_feature_px(rig, camera, uv_image_px), ok
 
@@ -652,34 +705,34 @@ def unproject_image_to_cam(camera: Camera, uv_image_px: FloatArray, depth_m: Flo
     return points_cam, ok
 
 
-def unproject_feature_to_ego(
+def unproject_feature_to_bev(
     rig: RigConfig, camera: Camera, uv_feature_px: FloatArray, depth_m: FloatArray | float
 ) -> tuple[FloatArray, BoolArray]:
-    """Feature-map pixel + depth along the optical axis -> ego point (the LSS frustum lift).
+    """Feature-map pixel + depth along the optical axis -> BEV-frame point (the LSS frustum lift).
 
     Convention:
         uv_feature_px: ``(..., 2)`` float64 ``(u, v)`` feature pixels; depth_m broadcastable
-        to ``(...)`` metres along camera z. returns ``points_ego`` ``(..., 3)`` float64 metres
-        (NaN where invalid) and ``ok`` bool ``(...)``.
+        to ``(...)`` metres along camera z. returns ``points_bev`` ``(..., 3)`` float64 metres
+        in the BEV frame (NaN where invalid) and ``ok`` bool ``(...)``.
     """
     uv_image_px = feature_px_to_image_px(rig, camera, uv_feature_px)
     points_cam, ok = unproject_image_to_cam(camera, uv_image_px, depth_m)
-    return transform_points(ego_from_cam_matrix(camera), points_cam), ok
+    return transform_points(bev_from_cam_matrix(rig, camera), points_cam), ok
 
 
 def intersect_feature_rays_with_plane(
     rig: RigConfig, camera: Camera, uv_feature_px: FloatArray, height_m: float
 ) -> tuple[FloatArray, BoolArray]:
-    """Intersect the viewing rays of feature pixels with the ego plane ``z = height_m``.
+    """Intersect the viewing rays of feature pixels with the BEV-frame plane ``z = height_m``.
 
     Convention:
-        uv_feature_px: ``(..., 2)`` float64. returns ``points_ego`` ``(..., 3)`` float64
-        metres and ``ok``: False where the ray has no valid preimage, is parallel to the
-        plane, or meets it behind the camera.
+        uv_feature_px: ``(..., 2)`` float64. returns ``points_bev`` ``(..., 3)`` float64
+        metres (BEV frame) and ``ok``: False where the ray has no valid preimage, is parallel
+        to the plane, or meets it behind the camera.
     """
-    points_ego_unit, ok = unproject_feature_to_ego(rig, camera, uv_feature_px, 1.0)
-    origin = ego_from_cam_matrix(camera)[:3, 3]
-    direction = points_ego_unit - origin
+    points_bev_unit, ok = unproject_feature_to_bev(rig, camera, uv_feature_px, 1.0)
+    origin = bev_from_cam_matrix(rig, camera)[:3, 3]
+    direction = points_bev_unit - origin
     dz = direction[..., 2]
     with np.errstate(divide="ignore", invalid="ignore"):
         depth = (height_m - origin[2]) / dz

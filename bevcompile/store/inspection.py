@@ -268,7 +268,7 @@ def _foreign_zarr(path: Path) -> bool:
     meta = _zarr_json(path)
     if meta is None or path.suffix == STORE_SUFFIX or _is_bevcompile_root(path):
         return False
-    return not any(name in checks_api.GROUP_PLUGINS for name in (p.name for p in _subdirs(path)))
+    return not any(checks_api.split_level_group(name)[0] in checks_api.GROUP_PLUGINS for name in (p.name for p in _subdirs(path)))
 
 
 def not_a_store_root(path: Path, command: str = "inspect") -> None:
@@ -345,7 +345,8 @@ def plugin_functions(group: str, kind: str) -> PluginSet:
     functions: list[tuple[str, Callable[..., Any]]] = []
     notes: list[str] = []
     failures: list[Check] = []
-    for module_name in checks_api.GROUP_PLUGINS.get(group, ()):
+    base, _level = checks_api.split_level_group(group)  # grid_l1 is served by grid's plug-ins
+    for module_name in checks_api.GROUP_PLUGINS.get(base, ()):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -357,7 +358,7 @@ def plugin_functions(group: str, kind: str) -> PluginSet:
         except Exception as exc:
             failures.append(Check("plugin_import", f"{group}/", False, f"plug-in {module_name} failed to import ({_exc_line(exc)})"))
             continue
-        fn = getattr(module, f"{kind}_{group}", None)
+        fn = getattr(module, f"{kind}_{base}", None)
         if callable(fn):
             functions.append((module_name, fn))
     return PluginSet(functions, notes, failures)
@@ -660,20 +661,54 @@ def call_plugin(fn: Callable[..., Any], *args: Any, notes: list[str], label: str
     return result
 
 
-def check_context(loaded: InspectedStore, rig: RigConfig) -> CheckContext:
+def check_context(loaded: InspectedStore, rig: RigConfig, level: int | None = None) -> CheckContext:
+    """The plug-in context of a per-level group of feature level ``level`` (``rig`` seen through
+    that level, :meth:`RigConfig.level`, and that level's ``grid`` group), or, with ``level=None``,
+    of the groups that are not per level (``matrix``, ``interop``: the whole rig, ``grid/``)."""
+    grid = checks_api.level_group("grid", level or 0)
     return CheckContext(
-        rig=rig,
+        rig=rig if level is None else rig.level(level),
         store_path=loaded.report.path,
         root_attrs=loaded.root_attrs,
-        grid_arrays=loaded.arrays.get("grid", {}),
-        grid_attrs=loaded.group_attrs.get("grid", {}),
+        grid_arrays=loaded.arrays.get(grid, {}),
+        grid_attrs=loaded.group_attrs.get(grid, {}),
+        level=level or 0,
     )
+
+
+def group_level(report: StoreReport, rig: RigConfig, group: str) -> int | None:
+    """The feature level of ``group`` (0 for every group but ``grid_l<l>`` ...); None, with a
+    failed check, when the stored config has no such level."""
+    _base, level = checks_api.split_level_group(group)
+    if level >= rig.n_levels:
+        report.add(
+            "feature_level", f"{group}/", False,
+            f"group of feature level {level}, but the stored config has {rig.n_levels} level(s)",
+        )
+        return None
+    return level
+
+
+def _check_levels_present(report: StoreReport, rig: RigConfig, groups: Sequence[str]) -> None:
+    """A multi-level store holds every level of each per-level group it has (level 0 present)."""
+    if rig.n_levels == 1:
+        return
+    for base in checks_api.LEVEL_GROUPS:
+        if base not in groups:
+            continue
+        missing = [checks_api.level_group(base, lv) for lv in range(1, rig.n_levels) if checks_api.level_group(base, lv) not in groups]
+        report.add(
+            "feature_levels", f"{base}/", not missing,
+            f"{rig.n_levels} feature levels: " + (f"missing {', '.join(g + '/' for g in missing)}" if missing else "one group per level"),
+        )
 
 
 def run_plugin_checks(loaded: InspectedStore) -> None:
     """Run every plug-in's ``check_<group>`` on a loaded store (inspect without --strict; verify too)."""
     report = loaded.report
-    ctx: CheckContext | None = None
+    contexts: dict[int | None, CheckContext] = {}
+    if loaded.rig is not None:
+        _check_levels_present(report, loaded.rig, [g.name for g in report.groups])
     for summary in report.groups:
         group = summary.name
         plugins = plugin_functions(group, "check")
@@ -688,8 +723,13 @@ def run_plugin_checks(loaded: InspectedStore) -> None:
         if loaded.rig is None:
             report.add("plugin_checks", f"{group}/", False, "skipped: the stored config is unusable (see the config check)")
             continue
-        if ctx is None:  # one context per store: plug-ins share its float64 reference grid
-            ctx = check_context(loaded, loaded.rig)
+        level = group_level(report, loaded.rig, group)
+        if level is None:
+            continue
+        key = level if checks_api.split_level_group(group)[0] in checks_api.LEVEL_GROUPS else None
+        if key not in contexts:  # one context per store and level: plug-ins share its float64 reference grid
+            contexts[key] = check_context(loaded, loaded.rig, key)
+        ctx = contexts[key]
         for module_name, fn in plugins.functions:
             summary.plugins.append(module_name)
             try:
@@ -704,7 +744,10 @@ def run_plugin_checks(loaded: InspectedStore) -> None:
             except Exception as exc:
                 report.add("plugin_error", f"{group}/", False, f"{module_name}.check_{group} raised {_exc_line(exc)}")
                 continue
-            report.checks.extend(Check(c.name, c.array, bool(c.passed), one_line(c.reason)) for c in checks)
+            report.checks.extend(
+                Check(c.name, checks_api.relabel_level(c.array, level), bool(c.passed), one_line(checks_api.relabel_level(c.reason, level)))
+                for c in checks
+            )
 
 
 def _strict_checks(loaded: InspectedStore) -> None:
@@ -717,13 +760,17 @@ def _strict_checks(loaded: InspectedStore) -> None:
         if loaded.rig is None:
             report.add("strict", f"{group}/", False, "cannot rebuild: the stored config is unusable (see the config check)")
             continue
+        level = group_level(report, loaded.rig, group)
+        if level is None:
+            continue
+        level_rig = loaded.rig.level(level) if checks_api.split_level_group(group)[0] in checks_api.LEVEL_GROUPS else loaded.rig
         rebuilt: dict[str, np.ndarray] = {}
         origin: dict[str, str] = {}
         rebuilt_attrs: dict[str, Any] | None = None
         attrs_ok = True  # every module's rebuild ran and their attributes agree
         for module_name, fn in plugins.functions:
             try:
-                args = (loaded.rig, loaded.group_attrs.get(group, {}), stored)
+                args = (level_rig, loaded.group_attrs.get(group, {}), stored)
                 result = call_plugin(fn, *args[: _rebuild_arity(fn)], notes=report.notes, label=f"{module_name}.rebuild_{group}")
                 items = dict(result)
                 module_attrs = items.pop(checks_api.REBUILT_ATTRS, None)

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError, StoreError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
+from .plugins import level_group, split_level_group
 from .zarr_io import GROUP_CONFIG_ATTR, READABLE_FORMATS, ArrayInfo, StoreReader, open_store, read_metadata_file
 
 GROUP_COMMANDS: dict[str, str] = {
@@ -277,7 +278,7 @@ class LoadedStore:
         if cached is not None:
             return cached
         if not self._reader.has_group(name):
-            command = GROUP_COMMANDS.get(name)
+            command = GROUP_COMMANDS.get(split_level_group(name)[0])
             if (self.path / name).is_dir():
                 detail = _unreadable_detail(lambda: self._reader.group_attrs(name), "not a group")
                 hint = f"; run `{command}` to rewrite it" if command else ""
@@ -314,8 +315,29 @@ class LoadedStore:
 
     @property
     def feature_size(self) -> tuple[int, int]:
-        """``(W_f, H_f)`` of the rig's feature map."""
+        """``(W_f, H_f)`` of the rig's (level 0) feature map."""
         return self.rig.feature_size
+
+    @property
+    def n_levels(self) -> int:
+        """Feature levels of the rig (``feature.levels``; 1 for a single feature map)."""
+        return self.rig.n_levels
+
+    def level_feature_size(self, level: int) -> tuple[int, int]:
+        """``(W_l, H_l)`` of feature level ``level``."""
+        return self.rig.level(level).feature_size
+
+    def level_group(self, base: str, level: int) -> StoreGroup:
+        """The group ``base`` (``grid``, ``gather``, ``delta``) of feature level ``level``:
+        ``store.level_group("gather", 2)`` is ``store["gather_l2"]``; level 0 is ``store["gather"]``."""
+        if not 0 <= level < self.n_levels:
+            raise StoreError(f"{self.path}: no feature level {level} (the rig has {self.n_levels})")
+        return self.group(level_group(base, level))
+
+    @property
+    def bev_frame(self) -> str:
+        """The frame of the BEV grid (``bev.frame``): ``"ego"`` or a sensor's name, e.g. ``"LIDAR_TOP"``."""
+        return self.rig.bev.frame
 
     @property
     def bev_shape(self) -> tuple[int, int, int]:

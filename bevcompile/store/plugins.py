@@ -2,7 +2,10 @@
 
 Each store group (``grid``, ``gather``, ``delta``, ``matrix``, ``interop``) is served by one or
 more plug-in modules listed in :data:`GROUP_PLUGINS`; each contributes up to three pure
-functions (no zarr, no printing), looked up by name:
+functions (no zarr, no printing), looked up by name. The per-level groups of a multi-level rig
+(``grid_l1``, ``gather_l2``, ... :data:`LEVEL_GROUPS`) are served by the plug-ins of their base
+group with a context of that level (``ctx.rig`` = :meth:`RigConfig.level`, ``ctx.grid_arrays``
+from that level's ``grid`` group); the runner renames the array paths of their results.
 
 * ``check(ctx, arrays, attrs) -> list[Check]`` — invariant checks of the group's arrays.
   ``arrays`` holds only the arrays that could be read; a contract array absent from
@@ -29,6 +32,7 @@ raises and turn it into a failed check, so a damaged store never produces a trac
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -80,6 +84,7 @@ class CheckContext:
     features: np.ndarray | None = None  # (n_cam, C, H_f, W_f) float32, values in [0, 1)
     depth_probs: np.ndarray | None = None  # (n_cam, D, H_f, W_f) float32, softmax over D
     seed: int = 0
+    level: int = 0  # the feature level of the group being checked (rig is that level's view)
     _sampling_grid: SamplingGrid | None = field(default=None, repr=False)
 
     def sampling_grid(self) -> SamplingGrid:
@@ -105,6 +110,33 @@ RebuildFn = Callable[..., dict[str, Any]]
 
 REBUILT_ATTRS = "__attrs__"
 """Reserved key of a ``rebuild_<group>`` result: the rebuilt group attributes (optional)."""
+
+LEVEL_GROUPS = ("grid", "gather", "delta")
+"""The groups ``bevcompile grid`` writes once per feature level (``feature.levels``): level 0 as
+``grid``/``gather``/``delta``, level ``l >= 1`` as ``grid_l<l>``/``gather_l<l>``/``delta_l<l>``; each
+is the single-level product of :meth:`RigConfig.level` and addresses that level's own features
+``(n_cam, H_l, W_l)``."""
+_LEVEL_GROUP_RE = re.compile(r"^(grid|gather|delta)_l([1-9][0-9]?)$")
+
+
+def level_group(base: str, level: int) -> str:
+    """Group name of ``base`` (``grid``, ``gather``, ``delta``) at feature level ``level``."""
+    return base if level == 0 else f"{base}_l{level}"
+
+
+def split_level_group(group: str) -> tuple[str, int]:
+    """``("gather", 2)`` for ``gather_l2``; ``(group, 0)`` for every other name."""
+    match = _LEVEL_GROUP_RE.match(group)
+    return (match.group(1), int(match.group(2))) if match else (group, 0)
+
+
+def relabel_level(text: str, level: int) -> str:
+    """Array paths of a level-0 plug-in result (``grid/valid``, ``gather/``) renamed to level
+    ``level``'s groups (``grid_l1/valid``, ``gather_l1/``)."""
+    if level == 0:
+        return text
+    return re.sub(r"\b(grid|gather|delta)/", lambda m: f"{m.group(1)}_l{level}/", text)
+
 
 GROUP_PLUGINS: dict[str, tuple[str, ...]] = {
     # group -> modules exposing check_<group> / verify_<group> / rebuild_<group>.

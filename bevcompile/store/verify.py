@@ -1,6 +1,7 @@
 """The ``verify`` runner: every NPU form of a store against the float reference path.
 
-Seeded random features ``(n_cam, C, H_f, W_f)`` float32 uniform in ``[0, 1)`` (so the PSNR
+Seeded random features ``(n_cam, C, H_f, W_f)`` float32 uniform in ``[0, 1)`` (per feature
+level, each of its own map size; the groups of level ``l`` see level ``l``'s) (so the PSNR
 peak, the feature range, is 1) and LSS depth probabilities ``(n_cam, D, H_f, W_f)`` float32
 (softmax over ``D`` of standard-normal logits) go into :class:`~bevcompile.checks_api.CheckContext`;
 every plug-in's ``verify_<group>`` compares its products with the float reference and returns
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy.typing as npt
 from ..errors import CheckFailed, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, load_config
 from .inspection import call_plugin, check_context, load_store, plugin_functions, run_plugin_checks
-from .plugins import VerifyRow
+from .plugins import LEVEL_GROUPS, CheckContext, VerifyRow, relabel_level, split_level_group
 from .zarr_io import STDIO, is_store, open_store, store_path, the_one_store
 
 DEFAULT_CHANNELS = 8
@@ -185,6 +186,12 @@ def check_not_stale(store: Path, rig: RigConfig, recorded_sha: Any) -> None:
         )
 
 
+def _level_product(product: str, level: int) -> str:
+    """A level-0 plug-in's product name for feature level ``level`` (``grid_l1/norm``, ``gather (level 1)``)."""
+    renamed = relabel_level(product, level)
+    return renamed if renamed != product else f"{product} (level {level})"
+
+
 def verify_store(
     path: str | Path,
     *,
@@ -211,13 +218,21 @@ def verify_store(
     rig = loaded.rig
     if rig is None:
         return report
-    features, depth_probs = make_features(rig, channels, seed)
-    ctx = check_context(loaded, rig)  # one per store: plug-ins share its float64 reference grid
-    ctx.features = features
-    ctx.depth_probs = depth_probs
-    ctx.seed = seed
+    contexts: dict[int | None, CheckContext] = {}
     for summary in loaded.report.groups:
         group = summary.name
+        base, level = split_level_group(group)
+        if level >= rig.n_levels:
+            continue  # an integrity row (feature_level) already says so
+        key = level if base in LEVEL_GROUPS else None  # matrix/, interop/: the whole rig (level 0 features)
+        if key not in contexts:  # one per store and feature level: plug-ins share its float64 reference grid
+            features, depth_probs = make_features(rig.level(level), channels, seed)
+            ctx = check_context(loaded, rig, key)
+            ctx.features = features
+            ctx.depth_probs = depth_probs
+            ctx.seed = seed
+            contexts[key] = ctx
+        ctx = contexts[key]
         plugins = plugin_functions(group, "verify")
         report.notes.extend(plugins.notes)
         for failure in plugins.import_failures:
@@ -240,7 +255,7 @@ def verify_store(
                 text = " ".join(str(exc).split())
                 report.rows.append(_integrity_row(f"{group}/", f"{module_name}.verify_{group} raised {exc.__class__.__name__}: {text}"))
                 continue
-            report.rows.extend(rows)
+            report.rows.extend(rows if level == 0 else [replace(r, product=_level_product(r.product, level)) for r in rows])
             if progress is not None:
                 progress(1)
     if not report.rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -262,7 +263,7 @@ def test_export_interop_option_values_in_any_case(store: Path, tmp_path: Path) -
     assert data["build_options"]["fastbev-lut"] == {"overlap": "nearest-centre"}
     unknown = runner.invoke(app, ["export-interop", str(store), "--to", "LSS"])
     assert unknown.exit_code == 2
-    assert "error: --to must be one of bevpoolv2, fastbev-lut, got 'LSS'" in unknown.stderr
+    assert "error: --to must be one of bevpoolv2, fastbev-lut, petr-coords3d, got 'LSS'" in unknown.stderr
 
 
 def test_export_interop_batch(store: Path, tmp_path: Path) -> None:
@@ -293,7 +294,7 @@ def test_export_interop_jobs_write_the_same_arrays(store: Path, tmp_path: Path) 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--to", "lss"], "error: --to must be one of bevpoolv2, fastbev-lut, got 'lss'"),
+        (["--to", "lss"], "error: --to must be one of bevpoolv2, fastbev-lut, petr-coords3d, got 'lss'"),
         (["--to", "fastbev-lut", "--overlap", "random"], "error: --overlap must be one of first, last, nearest-centre"),
         (["--to", "bevpoolv2", "--rounding", "round"], "error: --rounding must be one of trunc, floor"),
         (["--to", "bevpoolv2", "--z-bins", "0"], "error: --z-bins must be in [1, 4096], got 0"),
@@ -301,7 +302,12 @@ def test_export_interop_jobs_write_the_same_arrays(store: Path, tmp_path: Path) 
         (["--to", "bevpoolv2", "--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["--to", "bevpoolv2", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
         (["--to", "fastbev-lut", "--rounding", "floor"], "error: --rounding applies to --to bevpoolv2 only, which is not requested (--to fastbev-lut)"),
-        (["--to", "lss", "--overlap", "last"], "error: --to must be one of bevpoolv2, fastbev-lut, got 'lss'"),
+        (["--to", "lss", "--overlap", "last"], "error: --to must be one of bevpoolv2, fastbev-lut, petr-coords3d, got 'lss'"),
+        (["--to", "bevpoolv2", "--precision", "half"], "error: --precision must be one of float64, float32, got 'half'"),
+        (["--to", "bevpoolv2", "--xyz-layout"], "error: --xyz-layout applies to --to fastbev-lut only, which is not requested (--to bevpoolv2)"),
+        (["--to", "fastbev-lut", "--precision", "float32"], "error: --precision float32 restates Fast-BEV's pinhole projection; camera FRONT has a opencv lens"),
+        (["--to", "petr-coords3d", "--overlap", "last"], "error: --overlap applies to --to fastbev-lut only, which is not requested (--to petr-coords3d)"),
+        (["--to", "petr-coords3d", "--precision", "float32"], "error: --precision float32 restates PETR's pinhole position embedding; camera FRONT has a opencv lens"),
     ],
 )
 def test_export_interop_usage_errors(store: Path, args: list[str], message: str) -> None:
@@ -310,10 +316,47 @@ def test_export_interop_usage_errors(store: Path, args: list[str], message: str)
     assert message in result.stderr
 
 
-def test_export_interop_requires_to(store: Path) -> None:
+def test_export_interop_precision_float32_and_xyz_layout(tmp_path: Path, small: RigConfig) -> None:
+    """``--precision float32`` (pinhole rig) and ``--xyz-layout``: recorded in build_options, named
+    in the tables, the LUT also written as fastbev_lut_xyz (.npy too); inspect passes."""
+    store = build_grid_store(small, tmp_path / "s", npu=True)
+    result = runner.invoke(app, [
+        "export-interop", str(store), "--to", "bevpoolv2", "--to", "fastbev-lut", "--precision", "FLOAT32", "--xyz-layout",
+        "--overlap", "last", "--npy", str(tmp_path / "npy"),
+    ])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "batch 1, float32)" in out and "Fast-BEV LUT (overlap last, float32)" in out and "interop/fastbev_lut_xyz" in out
+    options = load(store)["interop"].attrs["build_options"]
+    assert options["bevpoolv2"]["precision"] == "float32"
+    assert dict(options["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    xyz = np.load(tmp_path / "npy" / "fastbev_lut_xyz.npy")
+    assert np.array_equal(xyz, np.transpose(np.load(tmp_path / "npy" / "fastbev_lut.npy"), (2, 1, 0)))
+    assert runner.invoke(app, ["inspect", str(store), "--strict", "--quiet"]).exit_code == 0
+
+
+def test_export_interop_requires_to_when_the_config_names_no_target(store: Path) -> None:
     result = runner.invoke(app, ["export-interop", str(store)])
     assert result.exit_code == 2
-    assert "--to" in result.output
+    assert "error: give --to bevpoolv2, --to fastbev-lut and/or --to petr-coords3d (the store's config names no interop targets)" in result.stderr
+
+
+def test_export_interop_defaults_to_the_config_interop_section(tmp_path: Path, small: RigConfig) -> None:
+    """No --to: the targets and options of the config's ``interop:`` section (a preset's); an
+    explicit flag overrides one option and keeps the others."""
+    rig = dataclasses.replace(small, interop=(("fastbev-lut", (("overlap", "last"), ("precision", "float32"), ("xyz_layout", True))),))
+    store = build_grid_store(rig, tmp_path / "s", npu=True)
+    result = runner.invoke(app, ["export-interop", str(store), "--quiet"])
+    assert result.exit_code == 0, result.output
+    interop = load(store)["interop"]
+    assert dict(interop.attrs["build_options"]["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    assert "bevpoolv2_ranks_bev" not in interop and "fastbev_lut_xyz" in interop
+    result = runner.invoke(app, ["export-interop", str(store), "--overlap", "first", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert dict(load(store)["interop"].attrs["build_options"]["fastbev-lut"]) == {"overlap": "first", "precision": "float32", "xyz_layout": True}
+    result = runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert dict(load(store)["interop"].attrs["build_options"]["bevpoolv2"]) == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}
 
 
 def test_help_shows_the_defaults_of_options_that_apply_to_one_target() -> None:
@@ -352,3 +395,20 @@ def test_export_onnx_out_of_memory_is_one_line_exit_2(store: Path, tmp_path: Pat
     monkeypatch.setattr(onnx_export, "export_onnx", a_bug)
     result = runner.invoke(app, ["export-onnx", str(store), "--out", str(tmp_path / "c.onnx")])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)  # other RuntimeErrors stay bugs
+
+
+def test_export_interop_petr_coords3d(tmp_path: Path, small: RigConfig) -> None:
+    """``--to petr-coords3d``: the table (depths, masked pixels), the arrays and .npy files, the
+    options of the config's ``interop:`` section under an explicit --precision; inspect passes."""
+    rig = dataclasses.replace(small, interop=(("petr-coords3d", (("depth_num", 16), ("lid", False))),))
+    store = build_grid_store(rig, tmp_path / "s", npu=True)
+    result = runner.invoke(app, ["export-interop", str(store), "--to", "petr-coords3d", "--precision", "float32", "--npy", str(tmp_path / "npy")])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "PETR position coordinates (16 uniform depths, float32, ego frame)" in out and "masked pixels" in out
+    w_f, h_f = small.feature_size
+    assert np.load(tmp_path / "npy" / "petr_coords3d.npy").shape == (small.n_cam, 48, h_f, w_f)
+    assert np.load(tmp_path / "npy" / "petr_coords_mask.npy").dtype == np.bool_
+    options = dict(load(store)["interop"].attrs["build_options"]["petr-coords3d"])
+    assert (options["depth_num"], options["lid"], options["precision"]) == (16, False, "float32")
+    assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0

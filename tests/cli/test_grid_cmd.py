@@ -38,6 +38,19 @@ def test_json_summary(tmp_path: Path) -> None:
     assert summary["bytes_total"] > 0
 
 
+def test_feature_levels_are_listed_in_the_table_and_the_json(tmp_path: Path) -> None:
+    data = small_rig_data()
+    data["feature"] = {"levels": [{"stride": 8}, {"stride": 16}]}
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "2 feature levels" in text and all(g in text for g in ("grid_l1/", "gather_l1/", "delta_l1/")) and "6x4" in text
+    summary = json.loads(runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--json"]).stdout)
+    assert [(lv["level"], lv["stride"], lv["feature_size"]) for lv in summary["levels"]] == [(0, 8, [12, 8]), (1, 16, [6, 4])]
+    assert "grid_l1/coords" in summary["arrays"] and summary["feature_size"] == [12, 8]
+
+
 def test_quiet_prints_nothing(tmp_path: Path) -> None:
     config = write_yaml(tmp_path / "rig.yaml", small_rig_data())
     result = runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"])

@@ -1,4 +1,5 @@
-"""`bevcompile inspect`, `verify` and `render` from the command line: exit codes and one-line messages."""
+"""`bevcompile inspect` from the command line: exit codes and one-line messages (the stores of
+``conftest.py``)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,12 @@ from typer.testing import CliRunner
 
 from bevcompile._version import __version__
 from bevcompile.cli import app
-from bevcompile.grid.build import run_grid
 
 from .. import damage, rigs
 from ..store.test_inspection import DAMAGES
+from . import flat
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def small_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_grid(rigs.small_rig(), tmp_path_factory.mktemp("cli")).store
-
-
-@pytest.fixture
-def small_copy(small_store: Path, tmp_path: Path) -> Path:
-    return damage.copy_store(small_store, tmp_path / "artifacts" / "small.zarr")
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 # --------------------------------------------------------------------------------------
@@ -48,7 +35,7 @@ def test_inspect_prints_one_row_per_store_and_a_total(small_store: Path, monkeyp
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(lines) <= 8, result.stdout
-    row = _flat(next(line for line in lines if "small.zarr" in line))
+    row = flat(next(line for line in lines if "small.zarr" in line))
     n = int(lines[-1].split()[0])
     assert "small.zarr │ grid gather delta │" in row and f"{n} / {n} │ pass" in row
     assert lines[-1] == f"{n} of {n} checks passed in 1 store(s)"
@@ -60,13 +47,13 @@ def test_inspect_names_no_unknown_as_none(tmp_path: Path) -> None:
     empty.mkdir()
     result = runner.invoke(app, ["inspect", str(empty), "--verbose"])
     assert result.exit_code == 1
-    assert "None" not in result.stdout and "rig ?" in _flat(result.stdout)
+    assert "None" not in result.stdout and "rig ?" in flat(result.stdout)
 
 
 def test_inspect_verbose_reports_arrays_attributes_and_every_check(small_store: Path) -> None:
     result = runner.invoke(app, ["inspect", str(small_store), "--verbose"])
     assert result.exit_code == 0, result.output
-    out = _flat(result.stdout)
+    out = flat(result.stdout)
     assert "rig small" in out and "config_sha256" in out and f"bevcompile {__version__}" in out and "format bevcompile/1" in out
     assert "grid/coords" in out and "4x1x24x24x2" in out and "float32" in out
     assert "align_corners" in out and "norm_int16.max_error_px" in out
@@ -161,91 +148,6 @@ def test_ci_flow_small_rig_with_formats(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
 
 
-# --------------------------------------------------------------------------------------
-# verify
-# --------------------------------------------------------------------------------------
-
-
-def test_verify_prints_one_row_per_product_and_verbose_one_per_camera(small_store: Path) -> None:
-    result = runner.invoke(app, ["verify", str(small_store), "--seed", "3", "--channels", "2"])
-    assert result.exit_code == 0, result.output
-    out = _flat(result.stdout)
-    for text in ("grid/coords", "grid/norm", "grid/norm_int16", "torch grid_sample(grid/norm)", "PSNR dB", "max abs", "rows passed"):
-        assert text in out, text
-    assert "seed 3" in out and "channels 2" in out
-    assert "FRONT" not in out  # cameras only with --verbose
-    row = next(line for line in result.stdout.splitlines() if line.startswith("│grid/norm "))
-    assert _flat(row).endswith("│ <= 1e-05 │ pass │"), row
-    verbose = runner.invoke(app, ["verify", str(small_store), "--seed", "3", "--channels", "2", "--verbose"])
-    assert verbose.exit_code == 0 and "FRONT" in verbose.stdout and "RIGHT" in verbose.stdout
-    assert verbose.stdout.splitlines()[-1] == result.stdout.splitlines()[-1]  # the same total
-
-
-def test_verify_config_json_and_staleness(small_store: Path, tmp_path: Path) -> None:
-    config = rigs.write_yaml(tmp_path / "rig.yaml", rigs.small_rig_data())
-    result = runner.invoke(app, ["verify", str(config), "--out", str(small_store.parent), "--json"])
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["passed"] is True and report["store"] == str(small_store)
-    assert {row["product"] for row in report["rows"]} >= {"grid/norm", "torch grid_sample(grid/norm)"}
-    data = rigs.small_rig_data()
-    data["cameras"][1]["intrinsic"][0][2] = 96.0
-    stale = rigs.write_yaml(tmp_path / "stale.yaml", data)
-    result = runner.invoke(app, ["verify", str(stale), "--out", str(small_store.parent)])
-    assert result.exit_code == 1
-    assert result.stderr.startswith(f"error: {small_store}: stale: built from config_sha256 ")
-    assert "rebuild with `bevcompile grid` / `bevcompile matrix` (--force)" in result.stderr
-    assert len(result.stderr.splitlines()) == 1
-
-
-def test_verify_missing_store_and_bad_options(tmp_path: Path, small_store: Path) -> None:
-    result = runner.invoke(app, ["verify", "--out", str(tmp_path)])
-    assert result.exit_code == 2
-    assert result.stderr == (
-        f"error: {tmp_path / 'nuscenes.zarr'}: no store for rig 'nuscenes' in {tmp_path}; "
-        "build it with `bevcompile grid` (and `bevcompile matrix`)\n"
-    )
-    result = runner.invoke(app, ["verify", str(small_store), "--channels", "0"])
-    assert result.exit_code == 2
-    assert result.stderr == "error: --channels must be in [1, 512], got 0\n"
-
-
-def test_verify_damaged_store_exit_1(small_copy: Path) -> None:
-    damage.truncate_chunk(small_copy, "grid/coords")
-    result = runner.invoke(app, ["verify", str(small_copy)])
-    assert result.exit_code == 1
-    lines = result.stderr.splitlines()
-    assert any(line.startswith(f"{small_copy}: integrity: grid/coords: ") and "chunk data unreadable" in line for line in lines)
-    assert lines[-1].startswith(f"error: {small_copy}: verify failed: ")
-
-
-# --------------------------------------------------------------------------------------
-# render
-# --------------------------------------------------------------------------------------
-
-
-def test_render_cli(small_store: Path, tmp_path: Path) -> None:
-    out = tmp_path / "pics" / "cov.png"
-    result = runner.invoke(app, ["render", str(small_store), "--out", str(out)])
-    assert (result.exit_code, result.stderr) == (2, f"error: --out {out}: its folder {out.parent} does not exist (no folder is created for a file)\n")
-    out.parent.mkdir()
-    result = runner.invoke(app, ["render", str(small_store), "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    assert f"wrote {out} (1500x750 px" in _flat(result.stdout)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    result = runner.invoke(app, ["render", str(small_store), "--out", str(out), "--json"])
-    assert json.loads(result.stdout)["width_px"] == 1500
-
-
-def test_render_cli_errors(small_store: Path, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["render", str(small_store), "--out", str(tmp_path / "x.svg")])
-    assert result.exit_code == 2
-    assert result.stderr == f"error: --out {tmp_path / 'x.svg'}: the picture is a PNG, give a .png file name\n"
-    result = runner.invoke(app, ["render", str(tmp_path)])
-    assert result.exit_code == 2
-    assert result.stderr == f"error: {tmp_path}: not a store, and holds no <name>.zarr store\n"
-
-
 def test_inspect_json_survives_a_nan_attribute(small_copy: Path) -> None:
     """A tampered attribute may hold NaN (zarr reads it): the report is still strict JSON (NaN -> null)."""
     damage.edit_attr(small_copy, "delta", ["max_error_px"], float("nan"))
@@ -261,14 +163,6 @@ def test_inspect_a_group_folder_exit_2(small_store: Path) -> None:
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {small_store / 'grid'}: is the grid/ group of the store ")
     assert result.stderr.rstrip().endswith("; inspect the store")
-
-
-@pytest.mark.parametrize("command", ["verify", "render"])
-def test_verify_and_render_of_a_group_folder_exit_2(small_store: Path, tmp_path: Path, command: str) -> None:
-    args = [command, str(small_store / "grid")] + (["--out", str(tmp_path / "x.png")] if command == "render" else [])
-    result = runner.invoke(app, args)
-    assert result.exit_code == 2
-    assert result.stderr == f"error: {small_store / 'grid'}: is the grid/ group of the store {small_store.resolve()}; {command} the store\n"
 
 
 def test_load_of_a_group_folder_names_the_store(small_store: Path) -> None:

@@ -27,7 +27,7 @@ def _flat(text: str) -> str:
 
 
 def test_bare_matrix_topk24_align16_uses_the_bundled_rig(tmp_path: Path) -> None:
-    """The issue's command, from a folder without configs: bundled nuScenes rig, artifacts/."""
+    """`bevcompile matrix --topk 24 --align 16` from a folder without configs: bundled nuScenes rig, artifacts/."""
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -256,7 +256,7 @@ def test_jobs_write_the_same_store_for_every_count(tmp_path: Path) -> None:
     for jobs in ("1", "2", "3"):
         result = runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / jobs), "--topk", "4", "--tile-rows", "32", "--jobs", jobs])
         assert result.exit_code == 0, result.output
-        assert f"({jobs} threads)" in _flat(result.stdout)
+        assert f"threads (--jobs) {jobs} " in _flat(result.stdout)
     digest = tree_digest(tmp_path / "1" / "small.zarr")
     assert len(digest) > 10 and tree_digest(tmp_path / "2" / "small.zarr") == digest == tree_digest(tmp_path / "3" / "small.zarr")
     summary = json.loads(runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "j"), "-j", "2", "--json"]).stdout)

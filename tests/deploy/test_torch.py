@@ -108,6 +108,32 @@ def test_grid_gather_equals_torch_grid_sample(
     assert torch.all(out[:, :, unseen] == 0)
 
 
+@pytest.mark.parametrize("source", ["gather", "grid"])
+def test_grid_gather_of_a_feature_level_samples_that_levels_features(tmp_path: Path, source: str) -> None:
+    """``feature.levels`` (stride 8 and 16, normalized): ``GridGather(store, level=1)`` takes the
+    level-1 features ``(N, n_cam, C, 4, 6)`` and equals torch ``grid_sample`` on ``grid_l1/norm``
+    (the sum over cameras); level 0 keeps the 12x8 map. A level the store lacks is a usage error."""
+    from ..grid.test_build_levels import multi_level_rig
+
+    store = run_grid(multi_level_rig(), tmp_path).store
+    loaded = load(store)
+    feats = torch.rand(2, 4, 3, 4, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    module = GridGather(store, level=1, source=source)
+    assert module.feature_size == (6, 4) and module.source == source
+    out = module(feats.float())
+    norm = torch.from_numpy(np.array(loaded["grid_l1"]["norm"], dtype=np.float64))
+    _, n_h, ny, nx, _ = norm.shape
+    ref = sum(
+        F.grid_sample(feats[:, cam], norm[cam].reshape(1, n_h * ny, nx, 2).expand(2, -1, -1, -1), align_corners=False).reshape(2, 3, n_h, ny, nx)
+        for cam in range(4)
+    )
+    assert float(torch.abs(ref).max()) > 0.5
+    assert torch.max(torch.abs(out.double() - ref)).item() < 2e-6
+    assert GridGather(store).feature_size == (12, 8)
+    with pytest.raises(UsageError, match=r"level must be a feature level of the store, 0 to 1, got 2"):
+        GridGather(store, level=2)
+
+
 def test_grid_gather_per_camera(multi_store: Path, features_multi: torch.Tensor) -> None:
     """Features of one camera only: the output is exactly that camera's grid_sample."""
     module = GridGather(multi_store)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from bevcompile import memory
 from bevcompile.grid.ipm import (
     INVALID_PX,
-    bev_cell_centres_ego,
+    bev_cell_centres,
     build_grid_products,
     compute_sampling_grid,
     decode_norm_int16,
@@ -35,6 +35,7 @@ from bevcompile.rig.geometry import (
     unproject_image_to_cam,
 )
 
+from .. import rigs
 from ..rig.test_geometry import _cv2_project, cv2_jacobian_det
 from ..rigs import distorted_rig, nuscenes_data, nuscenes_rig, small_rig
 
@@ -135,7 +136,7 @@ def test_grid_samples_what_grid_sample_samples_at_the_true_projections(rig_name:
 def _camera_frame_cells(rig: RigConfig) -> np.ndarray:
     """Cell centres in every camera frame, ``(n_cam, n_heights, ny, nx, 3)`` (numpy matmul,
     independent of the code's elementwise transform)."""
-    centres = bev_cell_centres_ego(rig.bev)
+    centres = bev_cell_centres(rig.bev)
     out = []
     for camera in rig.cameras:
         ego_from_cam = ego_from_cam_matrix(camera)
@@ -257,7 +258,7 @@ def test_grid_coordinates_round_trip_to_the_sampling_plane(rig_name: str) -> Non
     """Grid (u, v) of every valid cell, lifted back along its ray to z = height, hits the cell centre."""
     rig = RIGS[rig_name]
     grid = compute_sampling_grid(rig)
-    centres = bev_cell_centres_ego(rig.bev)
+    centres = bev_cell_centres(rig.bev)
     for cam_index, camera in enumerate(rig.cameras):
         for ih, height in enumerate(rig.bev.heights):
             valid = grid.valid[cam_index, ih]
@@ -268,7 +269,7 @@ def test_grid_coordinates_round_trip_to_the_sampling_plane(rig_name: str) -> Non
 
 def test_convention_bev_cell_centres() -> None:
     rig = small_rig()
-    centres = bev_cell_centres_ego(rig.bev)
+    centres = bev_cell_centres(rig.bev)
     assert centres.shape == (1, 24, 24, 3)
     # cell (iy, ix) = (0, 0) is at (x_min + dx/2, y_min + dy/2); ix runs along x, iy along y
     np.testing.assert_allclose(centres[0, 0, 0], [-11.5, -11.5, 0.0])
@@ -362,3 +363,17 @@ def test_memory_guard_counts_the_delta_blocks_padding(monkeypatch: pytest.Monkey
     build_module.check_grid_memory(rig, block=16)  # 128 is a multiple of 16: no padding
     with pytest.raises(UsageError, match=r"128 x 128 cells \(padded to 200 x 200 by --block 100\) = 240,000 samples needs about 173 MiB, more than the 150 MiB available memory allows; use coarser bev steps or fewer heights or a smaller --block$"):
         build_module.check_grid_memory(rig, block=100)
+
+
+def test_grid_in_the_lidar_frame_equals_hand_made_cam_to_lidar_poses() -> None:
+    """``bev.frame: LIDAR_TOP`` gives the grid a user got before by handing every camera its
+    cam -> lidar matrix (numpy ``inv(lidar2ego) @ cam2ego``) as ``sensor2ego``: same valid cells,
+    coordinates equal to float rounding. The frame matters: the ego-frame grid of the same
+    cells differs in most of them (the lidar is 0.99 m ahead, 1.84 m up and turned -90 deg)."""
+    data = nuscenes_data()
+    lidar = compute_sampling_grid(parse_config(rigs.in_lidar_frame(data)))
+    handmade = compute_sampling_grid(parse_config(rigs.lidar_poses_as_ego(data)))
+    assert np.array_equal(lidar.valid, handmade.valid)
+    np.testing.assert_allclose(lidar.coords_feature_px, handmade.coords_feature_px, rtol=0, atol=1e-9)
+    ego = compute_sampling_grid(parse_config(data))
+    assert np.count_nonzero(lidar.valid != ego.valid) > 10_000

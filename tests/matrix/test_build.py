@@ -35,9 +35,10 @@ from bevcompile.matrix.build import (
 from bevcompile.matrix.checks import apply_entries, lifted_columns
 from bevcompile.matrix.reference import bev_pool, reference_frustum_entries, reference_matrix
 from bevcompile.rig.config import RigConfig, parse_config
-from bevcompile.rig.geometry import ego_from_cam_matrix, unproject_feature_to_ego
+from bevcompile.rig.geometry import ego_from_cam_matrix, unproject_feature_to_bev
 from bevcompile.store.zarr_io import open_store
 
+from .. import rigs
 from ..rigs import ROOT, nuscenes_rig, ring_rig, small_rig, small_rig_data
 
 SMALL = small_rig()
@@ -83,7 +84,7 @@ def _decode_frustum_col(rig: RigConfig, col: np.ndarray) -> tuple[np.ndarray, ..
 
 def test_convention_rows_and_frustum_columns_nearest_floor() -> None:
     """Each nearest-splat entry: decode its column with the documented formula, lift the pixel
-    with geometry.unproject_feature_to_ego, and find its cell row-major from the BEV convention."""
+    with geometry.unproject_feature_to_bev, and find its cell row-major from the BEV convention."""
     rig = MULTI
     p = build_matrix(rig, MatrixOptions(splat="nearest", align=1))
     cam, d, v, u = _decode_frustum_col(rig, p.coo_col.astype(np.int64))
@@ -92,7 +93,7 @@ def test_convention_rows_and_frustum_columns_nearest_floor() -> None:
     for c in range(rig.n_cam):
         m = cam == c
         uv = np.stack([u[m], v[m]], axis=-1).astype(np.float64)
-        pts, ok = unproject_feature_to_ego(rig, rig.cameras[c], uv, depths[d[m]])
+        pts, ok = unproject_feature_to_bev(rig, rig.cameras[c], uv, depths[d[m]])
         assert ok.all()
         ix = np.floor((pts[:, 0] - rig.bev.x.min) / rig.bev.x.step)
         iy = np.floor((pts[:, 1] - rig.bev.y.min) / rig.bev.y.step)
@@ -116,7 +117,7 @@ def test_convention_bilinear_weights_are_relative_to_cell_centres() -> None:
     pts = np.zeros((col.size, 3))
     for c in range(rig.n_cam):
         m = cam == c
-        pts[m], _ = unproject_feature_to_ego(rig, rig.cameras[c], np.stack([u[m], v[m]], -1).astype(float), depths[d[m]])
+        pts[m], _ = unproject_feature_to_bev(rig, rig.cameras[c], np.stack([u[m], v[m]], -1).astype(float), depths[d[m]])
     iy, ix = np.divmod(p.coo_row.astype(np.int64), rig.bev.nx)
     cx = rig.bev.x.min + (ix + 0.5) * rig.bev.x.step
     cy = rig.bev.y.min + (iy + 0.5) * rig.bev.y.step
@@ -141,7 +142,7 @@ def test_convention_trunc_rounding_adds_the_minus_one_band_to_cell_zero() -> Non
     depths = np.asarray(rig.depth.values())
     bev = rig.bev
     for (row, _col), c, di, vi, ui in zip(extra, cam, d, v, u, strict=True):
-        pt, _ = unproject_feature_to_ego(rig, rig.cameras[c], np.array([ui, vi], float), depths[di])
+        pt, _ = unproject_feature_to_bev(rig, rig.cameras[c], np.array([ui, vi], float), depths[di])
         f = (pt - np.array([bev.x.min, bev.y.min, bev.z.min])) / np.array([bev.x.step, bev.y.step, bev.z.step])
         assert np.any((f > -1) & (f < 0))
         assert np.all(f > -1)
@@ -189,12 +190,12 @@ def test_convention_frustum_points_equal_geometry_unprojection() -> None:
         uv = np.stack([u.ravel(), v.ravel()], -1).astype(float)
         for c, camera in enumerate(rig.cameras):
             rays = camera_rays(rig, c)
-            pts = rays.origin_ego[:, None, None] + depths[None, :, None] * rays.ray_ego[:, None, :]  # (3, D, P)
+            pts = rays.origin_bev[:, None, None] + depths[None, :, None] * rays.ray_bev[:, None, :]  # (3, D, P)
             uv_all = np.broadcast_to(uv[rays.pixel_index][None], (depths.size, rays.pixel_index.size, 2))
-            want, ok = unproject_feature_to_ego(rig, camera, uv_all, depths[:, None])
+            want, ok = unproject_feature_to_bev(rig, camera, uv_all, depths[:, None])
             assert ok.all()
             np.testing.assert_allclose(np.moveaxis(pts, 0, -1), want, rtol=0, atol=1e-9)
-            assert np.allclose(rays.origin_ego, ego_from_cam_matrix(camera)[:3, 3])
+            assert np.allclose(rays.origin_bev, ego_from_cam_matrix(camera)[:3, 3])
 
 
 def test_convention_ell_padding_kpad_and_mean_rows() -> None:
@@ -470,7 +471,7 @@ def test_topk_properties_row_nnz_kept_ge_dropped_deterministic(k: int, splat: st
 @pytest.mark.parametrize(("splat", "rounding", "normalize"), [("nearest", "floor", "sum"), ("nearest", "trunc", "sum"), ("bilinear", "floor", "sum"), ("nearest", "floor", "mean")])
 def test_topk0_matrix_equals_bevdet_voxel_pooling(rig_name: str, splat: str, rounding: str, normalize: str) -> None:
     """--topk 0: W @ (depth x feat) == BEVDet-style voxel pooling (points from
-    geometry.unproject_feature_to_ego, np.add.at scatter) up to float rounding."""
+    geometry.unproject_feature_to_bev, np.add.at scatter) up to float rounding."""
     rig = NUSCENES if rig_name == "nuscenes" else MULTI
     feats, depth = _features(rig, channels=3, seed=1)
     p = build_matrix(rig, MatrixOptions(splat=splat, rounding=rounding, normalize=normalize, align=1))
@@ -649,6 +650,29 @@ def test_progress_reports_every_work_unit() -> None:
         assert sum(seen) == matrix_mod.matrix_work_units(MULTI, options) and len(seen) > 1
 
 
+def test_progress_phases_name_each_pass_the_select_and_the_write(tmp_path: Path) -> None:
+    """A progress with ``phase`` (the CLI's bar) sees pass 2, the Top-K select, the layout and the
+    write as phases of their own, each pass counting exactly ``matrix_pass_units`` points."""
+    events: list[tuple[str, int | None]] = []
+    counted = [0]
+
+    class Recorder:
+        def __call__(self, n: int) -> None:
+            counted[0] += n
+
+        def phase(self, label: str, total: int | None, unit: str) -> None:
+            events.append((label, total))
+            assert counted[0] == (matrix_mod.matrix_pass_units(MULTI, options) if label.startswith("pass 2/2") else counted[0])
+            counted[0] = 0
+
+    options = MatrixOptions(topk=4)
+    matrix_mod.run_matrix(MULTI, tmp_path, options, progress=Recorder())
+    labels = [label for label, _total in events]
+    assert labels[0] == "pass 2/2: collecting Top-K candidates" and events[0][1] == matrix_mod.matrix_pass_units(MULTI, options)
+    assert labels[1].startswith("selecting the top 4 of ") and labels[1].endswith(" candidates")
+    assert labels[2:] == ["laying out COO / ELL / tiles", f"writing {MULTI.name}.zarr"]
+
+
 def test_rig_that_sees_nothing_gives_empty_but_valid_products(tmp_path: Path) -> None:
     data = small_rig_data()
     data["bev"]["x"] = [500.0, 510.0, 1.0]  # 500 m ahead: no frustum point reaches it
@@ -802,3 +826,19 @@ def test_options_from_the_command_values_any_case_and_none_quantize() -> None:
     assert MatrixOptions.from_command() == MatrixOptions()
     with pytest.raises(UsageError, match="--quantize must be one of none, int8, got 'int4'"):
         MatrixOptions.from_command(quantize="int4")
+
+
+@pytest.mark.parametrize("mode", ["frustum", "grid"])
+def test_matrix_in_a_sensor_frame_equals_hand_made_cam_to_sensor_poses(mode: str) -> None:
+    """``bev.frame: LIDAR_TOP`` (a yawed, raised sensor): the matrix is the one of the same rig
+    with every camera given its cam -> sensor matrix by hand (numpy product) in the ego frame --
+    same entries, weights to float32 rounding -- and differs from the ego-frame matrix."""
+    data = rigs.small_rig_with_sensor_data(distortion=True, bev_half_m=20.0)
+    options = MatrixOptions(mode=mode, topk=6, splat="bilinear", rounding="floor", align=1)
+    framed = build_matrix(parse_config(rigs.in_lidar_frame(data)), options)
+    handmade = build_matrix(parse_config(rigs.lidar_poses_as_ego(data)), options)
+    assert framed.figures.nnz > 1000
+    assert np.array_equal(framed.coo_row, handmade.coo_row) and np.array_equal(framed.coo_col, handmade.coo_col)
+    np.testing.assert_allclose(framed.coo_val, handmade.coo_val, rtol=1e-6, atol=1e-7)
+    ego = build_matrix(parse_config(data), options)
+    assert ego.coo_row.size != framed.coo_row.size or not np.array_equal(ego.coo_col, framed.coo_col)

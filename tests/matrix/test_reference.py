@@ -13,13 +13,13 @@ from bevcompile.grid.ipm import compute_sampling_grid, feature_px_to_norm
 from bevcompile.matrix.build import MatrixOptions
 from bevcompile.matrix.reference import (
     bev_pool,
-    frustum_points_ego,
+    frustum_points_bev,
     grid_pool,
     reference_frustum_entries,
     reference_grid_entries,
     reference_matrix,
 )
-from bevcompile.rig.geometry import unproject_feature_to_ego
+from bevcompile.rig.geometry import unproject_feature_to_bev
 
 from ..rigs import nuscenes_rig, small_rig
 
@@ -41,8 +41,8 @@ def test_frustum_points_equal_the_geometry_lift() -> None:
     v, u = np.meshgrid(np.arange(h_f), np.arange(w_f), indexing="ij")
     uv = np.broadcast_to(np.stack([u, v], -1).astype(float)[None], (depths.size, h_f, w_f, 2))
     for c, camera in enumerate(rig.cameras):
-        points, ok = frustum_points_ego(rig, c)
-        want, ok_want = unproject_feature_to_ego(rig, camera, uv, depths[:, None, None])
+        points, ok = frustum_points_bev(rig, c)
+        want, ok_want = unproject_feature_to_bev(rig, camera, uv, depths[:, None, None])
         assert points.shape == (depths.size, h_f, w_f, 3) and np.array_equal(ok, ok_want[0])
         np.testing.assert_allclose(points[:, ok], want[:, ok], rtol=0, atol=1e-9)
 

@@ -32,7 +32,7 @@ from bevcompile.report.diff import (
     sampling_shift_px,
 )
 from bevcompile.rig.config import parse_config
-from bevcompile.rig.geometry import project_ego_to_feature
+from bevcompile.rig.geometry import project_bev_to_feature
 from bevcompile.store.verify import make_features
 
 from .. import damage, rigs
@@ -154,8 +154,8 @@ def test_one_shift_value_equals_an_independent_projection(moved_report: Any) -> 
     bev = old_rig.bev
     point = np.array([bev.x.min + (ix + 0.5) * bev.x.step, bev.y.min + (iy + 0.5) * bev.y.step, HEIGHTS[ih]])
     assert tuple(point) == pytest.approx(stats.max_shift_cell_ego_m, abs=0)
-    uv_old, ok_old = project_ego_to_feature(old_rig, old_rig.cameras[MOVED], point)
-    uv_new, ok_new = project_ego_to_feature(new_rig, new_rig.cameras[MOVED], point)
+    uv_old, ok_old = project_bev_to_feature(old_rig, old_rig.cameras[MOVED], point)
+    uv_new, ok_new = project_bev_to_feature(new_rig, new_rig.cameras[MOVED], point)
     assert ok_old and ok_new
     expected = float(np.hypot(*(uv_new - uv_old)))
     assert stats.shift_max_px == pytest.approx(expected, abs=1e-5)  # float32 grid/coords vs float64
@@ -218,6 +218,8 @@ INCOMPARABLE = [
     ("bev x", lambda d: d["bev"].update(x=[-12.0, 12.0, 0.5]) or d, {}, "cannot compare: BEV x grid [-12.0, 12.0, 1.0] vs [-12.0, 12.0, 0.5]"),
     ("heights", lambda d: d["bev"].update(heights=[0.0]) or d, {}, "cannot compare: BEV heights [0.0, 0.5] vs [0.0]"),
     ("align_corners", lambda d: d, {"align_corners": True}, "cannot compare: grid align_corners False vs True"),
+    ("bev frame", lambda d: rigs.in_lidar_frame(d | {"sensors": [rigs.SMALL_TOP_SENSOR]}), {},
+     "cannot compare: BEV frame ego vs LIDAR_TOP (the cells are not the same places)"),
 ]
 
 
@@ -229,6 +231,20 @@ def test_incomparable_stores_name_the_first_difference(
     with pytest.raises(UsageError) as info:
         diff_stores(stores["old"], other)
     assert str(info.value) == message
+
+
+def test_a_recalibrated_frame_sensor_moves_every_cameras_pose_in_the_bev_frame(tmp_path: Path) -> None:
+    """``bev.frame: LIDAR_TOP``: moving the lidar by 20 mm (its calibration changed, the cameras
+    did not) is a config change of ``sensors[0]`` and moves every camera by 20 mm in the BEV frame,
+    which is what moves the tables."""
+    old = rigs.in_lidar_frame(rigs.small_rig_with_sensor_data(heights=HEIGHTS))
+    new = copy.deepcopy(old)
+    new["sensors"][0]["sensor2ego"][0][3] += 0.02
+    report = diff_stores(_build(old, tmp_path / "old"), _build(new, tmp_path / "new"))
+    assert [c.field for c in report.config_changes] == ["sensors[0].sensor2ego"]
+    for cam in report.cameras:
+        assert cam.translation_mm == pytest.approx(20.0, abs=1e-9) and cam.rotation_deg == 0.0
+        assert cam.total.shift_max_px is not None and cam.total.shift_max_px > 0.01
 
 
 def test_config_changes_use_config_field_paths() -> None:

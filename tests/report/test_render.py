@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -113,6 +114,14 @@ def test_coverage_colours_match_grid_valid_at_known_cells(nuscenes_store: Path, 
         assert np.abs(allowed - got).max(axis=1).min() <= 1.5 / 255, f"cell iy={iy} ix={ix} cams={np.flatnonzero(seen)}: {got}"
 
 
+def camera_centroid(result: Any, image: np.ndarray, names: list[str], name: str) -> tuple[float, float]:
+    """(row, column) centroid of the pixels drawn in camera ``name``'s colour."""
+    colour = np.asarray(result.colours[names.index(name)])
+    rows, cols = np.nonzero(np.all(np.abs(image - colour) < 1.5 / 255, axis=-1))
+    assert rows.size > 1000
+    return float(rows.mean()), float(cols.mean())
+
+
 def test_convention_render_orientation_x_forward_up_y_left_left(nuscenes_store: Path, nuscenes: RigConfig, tmp_path: Path) -> None:
     """Found from the pixels alone: the front camera's colour sits above the back camera's, and
     the front-left camera's colour left of the front-right camera's."""
@@ -121,10 +130,7 @@ def test_convention_render_orientation_x_forward_up_y_left_left(nuscenes_store: 
     names = list(nuscenes.camera_names)
 
     def centroid(name: str) -> tuple[float, float]:
-        colour = np.asarray(result.colours[names.index(name)])
-        rows, cols = np.nonzero(np.all(np.abs(image - colour) < 1.5 / 255, axis=-1))
-        assert rows.size > 1000
-        return float(rows.mean()), float(cols.mean())
+        return camera_centroid(result, image, names, name)
 
     front, back = centroid("CAM_FRONT"), centroid("CAM_BACK")
     front_left, front_right = centroid("CAM_FRONT_LEFT"), centroid("CAM_FRONT_RIGHT")
@@ -132,6 +138,29 @@ def test_convention_render_orientation_x_forward_up_y_left_left(nuscenes_store: 
     assert front_left[1] < front_right[1] - 200  # left is left
     assert result.pixel_of(40.0, 0.0)[1] < result.pixel_of(-40.0, 0.0)[1]
     assert result.pixel_of(0.0, 40.0)[0] < result.pixel_of(0.0, -40.0)[0]
+
+
+def test_render_of_a_lidar_frame_store_keeps_forward_up_and_left_left(tmp_path: Path) -> None:
+    """``bev.frame: LIDAR_TOP`` (nuScenes lidar: x right, y forward): the picture is drawn in that
+    frame turned so that the car still drives UP -- lidar +y up, +x right -- as found from the
+    pixels alone (front camera above back, front-left left of front-right), and the cells are
+    the lidar frame's (``pixel_of`` takes lidar coordinates)."""
+    from bevcompile.rig.config import parse_config
+
+    rig = parse_config(rigs.in_lidar_frame(rigs.nuscenes_data()))
+    result = render_store(run_grid(rig, tmp_path).store, tmp_path / "lidar.png")
+    assert result.up_axis == 1
+    image = imread(result.path)[..., :3]
+    names = list(rig.camera_names)
+
+    def centroid(name: str) -> tuple[float, float]:
+        return camera_centroid(result, image, names, name)
+
+    front, back = centroid("CAM_FRONT"), centroid("CAM_BACK")
+    front_left, front_right = centroid("CAM_FRONT_LEFT"), centroid("CAM_FRONT_RIGHT")
+    assert front[0] < back[0] - 200 and front_left[1] < front_right[1] - 200
+    assert result.pixel_of(0.0, 40.0)[1] < result.pixel_of(0.0, -40.0)[1]  # lidar +y (forward) is up
+    assert result.pixel_of(40.0, 0.0)[0] > result.pixel_of(-40.0, 0.0)[0]  # lidar +x (right) is right
 
 
 def test_render_is_deterministic(nuscenes_store: Path, tmp_path: Path) -> None:
@@ -229,3 +258,18 @@ def test_non_finite_camera_mass_is_refused(tmp_path: Path) -> None:
     damage.rewrite_array(store, "matrix/camera_mass", mass)
     with pytest.raises(StoreError, match="matrix/camera_mass holds non-finite values; run bevcompile inspect"):
         render_store(store, tmp_path / "x.png")
+
+
+def test_render_level_draws_that_levels_coverage(tmp_path: Path) -> None:
+    """``--level 1`` of a ``feature.levels`` store draws ``grid_l1/valid`` (its own coverage, its
+    own default file name); a level the store lacks is a one-line usage error."""
+    from ..grid.test_build_levels import multi_level_rig
+
+    store = run_grid(multi_level_rig(), tmp_path).store
+    result = render_store(store, level=1)
+    assert result.path.name == "small_l1_coverage.png" and result.coverage_source == "grid_l1/valid"
+    valid = open_store(store).read("grid_l1", "valid")
+    assert np.array_equal(result.coverage, valid.any(axis=1))
+    assert render_store(store, tmp_path / "l0.png").coverage_source == "grid/valid"
+    with pytest.raises(UsageError, match=r"^--level 3 is not a feature level of this store \(0 to 1\)$"):
+        render_store(store, tmp_path / "x.png", level=3)

@@ -56,9 +56,17 @@ def test_shipped_configs_use_the_real_calibration_verbatim(config_path: Path, ca
     assert "../shared" not in config_path.read_text()
 
 
+SYNTHETIC_CONFIGS = {"ring-6cam.yaml": "a synthetic benchmark rig (six identical level cameras on a ring): no car, no lidar"}
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_nuscenes_config_lists_the_lidar_and_keeps_the_ego_frame(path: Path) -> None:
-    rig = load_config(path)
+    data = yaml.safe_load(path.read_text())
+    if path.name in SYNTHETIC_CONFIGS:
+        pytest.skip(SYNTHETIC_CONFIGS[path.name])
+    if "feature" not in data:  # the calibration alone: a preset line makes it a rig
+        data["preset"] = "bevdet-r50"
+    rig = parse_config(data, source=str(path))
     lidar = rig.sensor("LIDAR_TOP")
     assert rig.bev.frame == "ego" and rig.bev_frame_sensor is None
     # nuScenes LIDAR_TOP: ~0.94-0.99 m ahead of the rear axle, 1.84 m up, x right / y forward (yaw ~ -90 deg)
@@ -576,3 +584,63 @@ def test_opencv_filestorage_written_by_opencv_reads_exactly(tmp_path: Path) -> N
         read_opencv_yaml(old_style)
     with pytest.raises(ConfigError, match=r"cam\.yml: invalid YAML: .*could not determine a constructor for the tag"):
         read_config_data(path)  # a plain YAML reader does not know OpenCV's tags
+
+
+# -- feature levels and the feature-map size rule ---------------------------------------------
+
+
+def _bevformer_input(data: dict[str, Any]) -> dict[str, Any]:
+    """1600x900 images padded to 1600x928 (BEVFormer-base's input)."""
+    data["image_aug"] = {"resize": 1.0, "crop": [0, 0], "input_size": [1600, 928], "pad": [0, 28]}
+    return data
+
+
+def test_feature_levels_and_ceil_size_rule_round_trip() -> None:
+    """Four FPN levels of a 1600x928 input: stride 64 has ceil(928 / 64) = 15 rows, as the
+    network's padded strided convolutions give (exact division is refused, naming the rule)."""
+    data = _bevformer_input(nuscenes_data())
+    data["feature"] = {"levels": [{"stride": s} for s in (8, 16, 32, 64)], "pixel_mapping": "normalized", "size_rule": "ceil"}
+    rig = parse_config(data)
+    assert rig.n_levels == 4 and rig.feature.stride == 8
+    assert [rig.level(i).feature_size for i in range(4)] == [(200, 116), (100, 58), (50, 29), (25, 15)]
+    assert all(rig.level(i).n_levels == 1 and rig.level(i).feature.pixel_mapping == "normalized" for i in range(4))
+    resolved = config_to_dict(rig)
+    assert resolved["feature"] == {
+        "levels": [{"stride": s, "pixel_mapping": "normalized"} for s in (8, 16, 32, 64)],
+        "size_rule": "ceil",
+    }
+    assert config_to_dict(parse_config(resolved)) == resolved
+    assert config_sha256(parse_config(resolved)) == config_sha256(rig)
+    # a single-level config keeps its resolved form (and hash): no levels, no size_rule key
+    assert config_to_dict(parse_config(nuscenes_data()))["feature"] == {"stride": 16, "pixel_mapping": "stride"}
+    single_ceil = copy.deepcopy(data)
+    single_ceil["feature"] = {"stride": 64, "pixel_mapping": "normalized", "size_rule": "ceil"}
+    assert parse_config(single_ceil).feature_size == (25, 15)
+    exact = copy.deepcopy(data)
+    del exact["feature"]["size_rule"]
+    with pytest.raises(ConfigError, match=r"image_aug.input_size: input height 928 is not divisible by feature.levels\[3\].stride 64 \(or set feature.size_rule: ceil\)$"):
+        parse_config(exact)
+
+
+FEATURE_CASES: list[tuple[str, Any, str, str]] = [
+    ("both", {"stride": 16, "levels": [{"stride": 16}]}, "feature.stride", "give either stride (one feature map) or levels (several), not both"),
+    ("neither", {"pixel_mapping": "stride"}, "feature.stride", "missing required field (or give levels"),
+    ("dup-stride", {"levels": [{"stride": 16}, {"stride": 16}]}, "feature.levels[1].stride", "duplicate stride 16 (also feature.levels[0])"),
+    ("bad-mapping", {"levels": [{"stride": 16, "pixel_mapping": "centre"}]}, "feature.levels[0].pixel_mapping", "expected one of"),
+    ("bad-rule", {"stride": 16, "size_rule": "floor"}, "feature.size_rule", "expected one of exact, ceil, got 'floor'"),
+    ("too-small", {"levels": [{"stride": 16}, {"stride": 256}]}, "feature.levels[1].stride", "feature map 3x1 is smaller than 2x2"),
+    ("empty", {"levels": []}, "feature.levels", "must list 1 to 8 levels, got 0"),
+    ("level-key", {"levels": [{"stride": 16, "size": 3}]}, "feature.levels[0].size", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("case", "feature", "field", "phrase"), FEATURE_CASES, ids=[c[0] for c in FEATURE_CASES])
+def test_bad_feature_levels_are_named(tmp_path: Path, case: str, feature: Any, field: str, phrase: str) -> None:
+    data = nuscenes_data()
+    data["feature"] = feature
+    if case == "too-small":
+        data["feature"]["size_rule"] = "ceil"
+    config = write_yaml(tmp_path / "rig.yaml", data)
+    with pytest.raises(ConfigError) as info:
+        load_config(config)
+    assert info.value.field == field and phrase in info.value.message, str(info.value)

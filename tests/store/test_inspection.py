@@ -567,3 +567,27 @@ def test_new_damage_kinds_fail_inspect_and_load_without_hanging(label: str, stor
             for group in ("grid", "gather", "delta"):  # every array folder there is, by name
                 for folder in sorted(p for p in (store / group).iterdir() if p.is_dir()):
                     loaded[group][folder.name]
+
+
+def test_a_lidar_frame_store_passes_inspect_strict_and_verify(tmp_path: Path) -> None:
+    """Every product of a ``bev.frame: LIDAR_TOP`` store (grid, gather, delta, matrix, interop)
+    is checked against the stored config's own frame: plain inspect, --strict (rebuilds) and
+    verify pass, and the loader names the frame. Moving the lidar in the stored config (hash
+    recomputed) fails plain inspect's re-projection, like moving a camera does."""
+    from bevcompile.interop.export import run_export_interop
+    from bevcompile.matrix.build import MatrixOptions, run_matrix
+    from bevcompile.store.loader import load
+    from bevcompile.store.verify import verify_store
+
+    rig = parse_config(rigs.in_lidar_frame(rigs.small_rig_with_sensor_data(bev_half_m=16.0)))
+    store = run_grid(rig, tmp_path).store
+    run_matrix(rig, tmp_path, MatrixOptions(topk=8))
+    run_export_interop(store, {"bevpoolv2": {}, "fastbev-lut": {"overlap": "last"}})
+    assert load(store).bev_frame == "LIDAR_TOP"
+    assert inspect_store(store).passed and inspect_store(store, strict=True).passed
+    assert verify_store(store).passed
+    config = open_store(store).root_attrs["config"]
+    config["sensors"][0]["sensor2ego"][2][3] += 0.05  # lidar 5 cm higher: every cell moves
+    damage.edit_attr(store, "", ["config"], config)
+    damage.edit_attr(store, "", ["config_sha256"], config_sha256(parse_config(config)))
+    assert ("grid/coords", "coords_match_config") in _failures(inspect_store(store))

@@ -30,13 +30,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ...rig.config import RigConfig
-from ...rig.geometry import project_ego_to_feature
+from ...rig.geometry import project_bev_to_feature
 from ...store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, clamped_format_rows, compare, same_recorded
 from ..formats import FORMAT_ARRAYS
 from ..ipm import (
     INVALID_PX,
     NORM_INT16_SCALE,
-    bev_cell_centres_ego,
+    bev_cell_centres,
     build_grid_products,
     compute_sampling_grid,
     coverage_fraction,
@@ -245,12 +245,12 @@ def _check_coords_match_config(rig: RigConfig, coords: np.ndarray, valid: np.nda
     """Re-project (a bounded, evenly spaced sample of) the cells with the stored config."""
     n_cells = int(np.prod(valid.shape[1:]))
     index = _recheck_indices(n_cells)
-    centres = bev_cell_centres_ego(rig.bev).reshape(-1, 3)[index]
+    centres = bev_cell_centres(rig.bev).reshape(-1, 3)[index]
     worst_ratio = 0.0
     worst_px = 0.0
     n_valid_mismatch = 0
     for cam_index, camera in enumerate(rig.cameras):
-        uv64, proj_ok = project_ego_to_feature(rig, camera, centres)
+        uv64, proj_ok = project_bev_to_feature(rig, camera, centres)
         proj_ok &= inside_feature_map(uv64, rig.feature_size)
         stored_valid = valid[cam_index].reshape(-1)[index]
         n_valid_mismatch += int(np.sum(stored_valid != proj_ok))

@@ -1,0 +1,212 @@
+"""Upstream model code paths, restated from their sources for the proof tests (no upstream code
+is imported or copied: each function is written here from the cited file, in numpy or torch).
+
+Each function names the repository, file and commit it restates. They take plain numbers (the
+calibration as nuScenes stores it), never bevcompile's own geometry, so a test that compares
+them with a store compares two independent computations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+F64 = Any  # numpy float64 arrays
+
+
+def quaternion_matrix(wxyz: Sequence[float]) -> np.ndarray:
+    """pyquaternion's ``Quaternion(w, x, y, z).rotation_matrix`` (the library mmdet3d's converter
+    uses), written out: Hamilton convention, normalised first."""
+    w, x, y, z = (float(v) for v in wxyz)
+    n = np.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / n, x / n, y / n, z / n
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+            [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+            [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+        ]
+    )
+
+
+def mmdet3d_sensor2lidar(
+    cam: dict[str, Any],
+    lidar: dict[str, Any],
+    e2g_r: np.ndarray | None = None,
+    e2g_t: Sequence[float] = (0.0, 0.0, 0.0),
+    e2g_r_s: np.ndarray | None = None,
+    e2g_t_s: Sequence[float] = (0.0, 0.0, 0.0),
+) -> tuple[np.ndarray, np.ndarray]:
+    """``obtain_sensor2top`` of open-mmlab/mmdetection3d, tools/data_converter/nuscenes_converter.py
+    (commit 010cd4ba8dc6b2ce749216ada9c0e25ab764bb3e): ``(sensor2lidar_rotation, sensor2lidar_translation)``
+    of a camera, ``points_lidar = points_cam @ R.T + T``.
+
+    ``cam`` / ``lidar`` hold ``rotation_wxyz`` / ``translation`` (calibrated_sensor, sensor -> ego);
+    ``e2g_*`` the lidar sample's ego pose, ``e2g_*_s`` the camera sample's (default: the identity
+    for both, one static pose; pass different ones for the per-sample ego motion)."""
+    l2e_r_mat = quaternion_matrix(lidar["rotation_wxyz"])
+    l2e_t = np.asarray(lidar["translation"], dtype=np.float64)
+    l2e_r_s_mat = quaternion_matrix(cam["rotation_wxyz"])
+    l2e_t_s = np.asarray(cam["translation"], dtype=np.float64)
+    e2g_r_mat = np.eye(3) if e2g_r is None else np.asarray(e2g_r, dtype=np.float64)
+    e2g_r_s_mat = np.eye(3) if e2g_r_s is None else np.asarray(e2g_r_s, dtype=np.float64)
+    e2g_t_arr = np.asarray(e2g_t, dtype=np.float64)
+    e2g_t_s_arr = np.asarray(e2g_t_s, dtype=np.float64)
+    r = (l2e_r_s_mat.T @ e2g_r_s_mat.T) @ (np.linalg.inv(e2g_r_mat).T @ np.linalg.inv(l2e_r_mat).T)
+    t = (l2e_t_s @ e2g_r_s_mat.T + e2g_t_s_arr) @ (np.linalg.inv(e2g_r_mat).T @ np.linalg.inv(l2e_r_mat).T)
+    t -= e2g_t_arr @ (np.linalg.inv(e2g_r_mat).T @ np.linalg.inv(l2e_r_mat).T) + l2e_t @ np.linalg.inv(l2e_r_mat).T
+    return r.T, t
+
+
+def mmdet3d_lidar2img(sensor2lidar_rotation: np.ndarray, sensor2lidar_translation: np.ndarray, intrinsic: Any) -> np.ndarray:
+    """The ``lidar2img`` of a camera as mmdet3d-style datasets build it in ``get_data_info``
+    (BEVFormer: fundamentalvision/BEVFormer, projects/mmdet3d_plugin/datasets/nuscenes_dataset.py,
+    commit 055173321f30b195b5fb43d45c5959ad0890dc45; Fast-BEV's ``rts2proj`` is the same product with
+    the augmentation folded into ``viewpad``): ``viewpad @ lidar2cam_rt.T`` in float64."""
+    lidar2cam_r = np.linalg.inv(sensor2lidar_rotation)
+    lidar2cam_t = sensor2lidar_translation @ lidar2cam_r.T
+    lidar2cam_rt = np.eye(4)
+    lidar2cam_rt[:3, :3] = lidar2cam_r.T
+    lidar2cam_rt[3, :3] = -lidar2cam_t
+    k = np.asarray(intrinsic, dtype=np.float64)
+    viewpad = np.eye(4)
+    viewpad[: k.shape[0], : k.shape[1]] = k
+    return viewpad @ lidar2cam_rt.T
+
+
+def fastbev_lut_torch(
+    cameras: list[dict[str, Any]],
+    lidar: dict[str, Any],
+    stride: int,
+    feature_size: tuple[int, int],
+    n_voxels: Sequence[int],
+    voxel_size: Sequence[float],
+    point_cloud_range: Sequence[float],
+) -> np.ndarray:
+    """Fast-BEV's own float32 code path in torch, restated from Sense-GVT/Fast-BEV:
+    ``RandomAugImageMultiViewImage.rts2proj`` / ``img_transform`` (mmdet3d/datasets/pipelines/
+    transforms_3d.py, commit feacd875022cf2733fc1cf953f97fd735966a221), ``KittiSetOrigin``
+    (mmdet3d/datasets/pipelines/multi_view.py, same commit), ``get_points``,
+    ``_compute_projection`` and ``backproject_inplace`` (mmdet3d/models/detectors/fastbev.py,
+    commit b0603230c89f7ef4d422672cb6fda476727aa78b).
+
+    ``cameras``: per camera ``rotation_wxyz``, ``translation``, ``intrinsic``, ``resize``, ``crop``
+    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
+    (:func:`mmdet3d_sensor2lidar`) of one static pose, or of one sample's ego poses when the
+    camera and ``lidar`` dicts hold ``ego2global`` = ``(rotation matrix, translation)`` (the ego
+    pose when that sensor fired). Returns the LUT in Fast-BEV's volume order
+    ``(X, Y, Z)``: ``(cam * H_f + y) * W_f + x`` of the feature pixel the voxel takes (later cameras
+    overwrite earlier ones, as ``volume[:, valid[i]] = ...`` does), -1 where none sees it."""
+    import torch
+
+    w_f, h_f = feature_size
+    pc_range = np.array(point_cloud_range, dtype=np.float32)
+    origin = (pc_range[:3] + pc_range[3:]) / 2.0  # KittiSetOrigin
+    n_vox = torch.tensor(list(n_voxels))
+    size = torch.tensor(list(voxel_size))
+    points = torch.stack(torch.meshgrid([torch.arange(n_voxels[0]), torch.arange(n_voxels[1]), torch.arange(n_voxels[2])], indexing="ij"))
+    new_origin = torch.tensor(origin) - n_vox / 2.0 * size
+    points = points * size.view(3, 1, 1, 1) + new_origin.view(3, 1, 1, 1)  # get_points: float32 (3, X, Y, Z)
+    flat = torch.cat([points.view(3, -1), torch.ones(1, points[0].numel())], dim=0)  # (4, P)
+    lut = torch.full((flat.shape[1],), -1, dtype=torch.long)
+    for cam_index, cam in enumerate(cameras):
+        rot, tran = mmdet3d_sensor2lidar(cam, lidar, *lidar.get("ego2global", (None, (0.0, 0.0, 0.0))), *cam.get("ego2global", (None, (0.0, 0.0, 0.0))))
+        post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
+        post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
+        ret_rot, ret_tran = np.eye(3), np.zeros(3)
+        ret_rot[:2, :2] = post_rot.numpy()
+        ret_tran[:2] = post_tran.numpy()
+        lidar2cam_r = np.linalg.inv(rot)  # rts2proj
+        lidar2cam_t = tran @ lidar2cam_r.T
+        lidar2cam_rt = np.eye(4)
+        lidar2cam_rt[:3, :3] = lidar2cam_r.T
+        lidar2cam_rt[3, :3] = -lidar2cam_t
+        intrinsic = np.asarray(cam["intrinsic"], dtype=np.float64)
+        viewpad = np.eye(4)
+        viewpad[:3, :3] = ret_rot @ intrinsic
+        viewpad[:3, 2] += ret_tran
+        lidar2img = np.array(viewpad @ lidar2cam_rt.T, dtype=np.float32)
+        k = torch.tensor(np.eye(4, dtype=np.float32)[:3, :3])  # _compute_projection
+        k[:2] /= stride
+        projection = k @ torch.tensor(lidar2img)[:3]
+        p = torch.bmm(projection[None], flat[None])[0]  # backproject_inplace
+        x = (p[0] / p[2]).round().long()
+        y = (p[1] / p[2]).round().long()
+        valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (p[2] > 0)
+        lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]
+    return lut.view(*n_voxels).numpy()
+
+
+def petr_resize_crop_intrinsics(intrinsic: Any, resize: float, crop: tuple[int, int]) -> np.ndarray:
+    """PETR's ``ResizeCropFlipImage`` at test time (megvii-research/PETR,
+    projects/mmdet3d_plugin/datasets/pipelines/transform_3d.py, commit
+    0677620645e3a4746c5ac6840f6b39432f098a80): ``post_rot = torch.eye(2) * resize`` and
+    ``post_tran = -crop[:2]`` (float32 tensors), then ``intrinsics[:2, :3] = post_rot @ intrinsics[:2, :3]``
+    and ``intrinsics[:2, 2] += post_tran`` on the float64 ``viewpad`` (numpy promotes). Returns the 4x4."""
+    import torch
+
+    viewpad = np.eye(4)
+    k = np.asarray(intrinsic, dtype=np.float64)
+    viewpad[:3, :3] = k
+    post_rot = (torch.eye(2) * resize).numpy()
+    post_tran = (torch.zeros(2) - torch.tensor([float(crop[0]), float(crop[1])])).numpy()
+    viewpad[:2, :3] = post_rot @ viewpad[:2, :3]
+    viewpad[:2, 2] = post_tran + viewpad[:2, 2]
+    return viewpad
+
+
+def petr_position_coords_torch(
+    lidar2img: list[np.ndarray],
+    pad_hw: tuple[int, int],
+    feature_hw: tuple[int, int],
+    depth_num: int = 64,
+    depth_start: float = 1.0,
+    lid: bool = True,
+    position_range: Sequence[float] = (-61.2, -61.2, -10.0, 61.2, 61.2, 10.0),
+) -> tuple[np.ndarray, np.ndarray]:
+    """PETR's ``PETRHead.position_embeding`` up to the ``inverse_sigmoid`` (megvii-research/PETR,
+    projects/mmdet3d_plugin/models/dense_heads/petr_head.py, commit
+    0677620645e3a4746c5ac6840f6b39432f098a80), in torch float32 on the CPU: ``coords_h = arange(H) *
+    pad_h / H``, LID depths ``depth_start + bin_size * i * (i + 1)`` with ``bin_size = (range[3] -
+    depth_start) / (D (1 + D))`` (else ``depth_start + bin_size * i``), ``(u d, v d, d, 1)`` (``d``
+    clamped to eps 1e-5), ``img2lidar = float32(np.linalg.inv(lidar2img))``, ``torch.matmul``, the
+    position range normalisation, ``coords_mask = count(out of [0, 1]) over (D, 3) > D / 2``.
+
+    Returns ``coords3d`` float32 ``(n_cam, D * 3, H, W)`` (channel ``3 d + axis``, the tensor
+    ``inverse_sigmoid`` receives) and ``coords_mask`` bool ``(n_cam, H, W)`` (image padding not
+    included: the caller's inputs have none)."""
+    import torch
+
+    eps = 1e-5
+    pad_h, pad_w = pad_hw
+    h, w = feature_hw
+    coords_h = torch.arange(h).float() * pad_h / h
+    coords_w = torch.arange(w).float() * pad_w / w
+    index = torch.arange(start=0, end=depth_num, step=1).float()
+    if lid:
+        index_1 = index + 1
+        bin_size = (position_range[3] - depth_start) / (depth_num * (1 + depth_num))
+        coords_d = depth_start + bin_size * index * index_1
+    else:
+        bin_size = (position_range[3] - depth_start) / depth_num
+        coords_d = depth_start + bin_size * index
+    d = coords_d.shape[0]
+    coords = torch.stack(torch.meshgrid([coords_w, coords_h, coords_d], indexing="ij")).permute(1, 2, 3, 0)  # W, H, D, 3
+    coords = torch.cat((coords, torch.ones_like(coords[..., :1])), -1)
+    coords[..., :2] = coords[..., :2] * torch.maximum(coords[..., 2:3], torch.ones_like(coords[..., 2:3]) * eps)
+    img2lidars = coords.new_tensor(np.asarray([np.linalg.inv(m) for m in lidar2img]))  # (N, 4, 4)
+    n = img2lidars.shape[0]
+    coords = coords.view(1, w, h, d, 4, 1).repeat(n, 1, 1, 1, 1, 1)
+    img2lidars = img2lidars.view(n, 1, 1, 1, 4, 4).repeat(1, w, h, d, 1, 1)
+    coords3d = torch.matmul(img2lidars, coords).squeeze(-1)[..., :3]
+    r = position_range
+    coords3d[..., 0:1] = (coords3d[..., 0:1] - r[0]) / (r[3] - r[0])
+    coords3d[..., 1:2] = (coords3d[..., 1:2] - r[1]) / (r[4] - r[1])
+    coords3d[..., 2:3] = (coords3d[..., 2:3] - r[2]) / (r[5] - r[2])
+    coords_mask = (coords3d > 1.0) | (coords3d < 0.0)
+    coords_mask = coords_mask.flatten(-2).sum(-1) > (d * 0.5)  # (N, W, H)
+    coords_mask = coords_mask.permute(0, 2, 1)
+    coords3d = coords3d.permute(0, 3, 4, 2, 1).contiguous().view(n, -1, h, w)
+    return coords3d.numpy(), coords_mask.numpy()
