@@ -221,21 +221,26 @@ def reference_matrix(
         entries = reference_frustum_entries(rig, options.splat, options.rounding, rows)
     else:
         entries = reference_grid_entries(rig, options.splat, rows)
-    n_cells = rig.bev.nx * rig.bev.ny
-    total_mass = np.bincount(entries.row, weights=entries.weight, minlength=n_cells).astype(np.float64)
-    order = np.lexsort((entries.col, entries.dist2, -entries.weight, entries.row))
+    return _topk_reference(entries.row, entries.col, entries.weight, entries.dist2, options, rig.bev.nx * rig.bev.ny)
+
+
+def _topk_reference(row: I64, col: I64, weight: F64, dist2: F64, options: Any, n_rows: int) -> ReferenceMatrix:
+    """Every entry ``(row, col, weight, dist2)`` -> the Top-K by one full ``lexsort`` by
+    (row, -weight, dist2, col), sorted by (row, col), normalised as ``options`` asks."""
+    total_mass = np.bincount(row, weights=weight, minlength=n_rows).astype(np.float64)
+    order = np.lexsort((col, dist2, -weight, row))
     keep = order
     if options.topk > 0:
-        row_sorted = entries.row[order]
+        row_sorted = row[order]
         first_of_row = np.searchsorted(row_sorted, row_sorted, side="left")
         rank = np.arange(order.size) - first_of_row
         keep = order[rank < options.topk]
-    row, col, weight = entries.row[keep], entries.col[keep], entries.weight[keep]
-    final = np.lexsort((col, row))
-    row, col, weight = row[final], col[final], weight[final]
-    kept_mass = np.bincount(row, weights=weight, minlength=n_cells)
-    value = weight / kept_mass[row] if options.normalize == "mean" else weight.copy()
-    return ReferenceMatrix(row, col, value, weight, total_mass, int(entries.row.size))
+    kept_row, kept_col, kept_weight = row[keep], col[keep], weight[keep]
+    final = np.lexsort((kept_col, kept_row))
+    kept_row, kept_col, kept_weight = kept_row[final], kept_col[final], kept_weight[final]
+    kept_mass = np.bincount(kept_row, weights=kept_weight, minlength=n_rows)
+    value = kept_weight / kept_mass[kept_row] if options.normalize == "mean" else kept_weight.copy()
+    return ReferenceMatrix(np.asarray(kept_row, np.int64), np.asarray(kept_col, np.int64), value, kept_weight, total_mass, int(row.size))
 
 
 def region_reference_matrix(
@@ -261,19 +266,7 @@ def region_reference_matrix(
     r, c = r[starts], c[starts]
     w = np.add.reduceat(w, starts) if starts.size else w[:0]
     d = np.minimum.reduceat(d, starts) if starts.size else d[:0]
-    total_mass = np.bincount(r, weights=w, minlength=n_rows).astype(np.float64)
-    order = np.lexsort((c, d, -w, r))
-    keep = order
-    if options.topk > 0:
-        row_sorted = r[order]
-        rank = np.arange(order.size) - np.searchsorted(row_sorted, row_sorted, side="left")
-        keep = order[rank < options.topk]
-    row, col, weight = r[keep], c[keep], w[keep]
-    final = np.lexsort((col, row))
-    row, col, weight = row[final], col[final], weight[final]
-    kept_mass = np.bincount(row, weights=weight, minlength=n_rows)
-    value = weight / kept_mass[row] if options.normalize == "mean" else weight.copy()
-    return ReferenceMatrix(np.asarray(row, np.int64), np.asarray(col, np.int64), value, weight, total_mass, int(r.size))
+    return _topk_reference(np.asarray(r, np.int64), np.asarray(c, np.int64), w, d, options, n_rows)
 
 
 # --------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from ..errors import BevcompileError, DependencyError, StoreError, UsageError
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig, parse_config
 from ..rig.geometry import bev_from_cam_matrix, bev_from_ego_matrix
+from ..rig.region import region_table
 from ..store.plugins import level_group
 from ..store.zarr_io import STDIO, StoreReader, open_store, output_file, the_one_store
 
@@ -420,6 +421,8 @@ def _draw_coverage(
         mask = coverage[cam_index]
         if mask.any() and not mask.all():
             ax.contour(h_centres, v_centres, _image(view, mask).astype(np.float64), levels=[0.5], colors=[colour], linewidths=1.0)
+    if rig.bev.region is not None:
+        _draw_region(ax, rig, h_centres, v_centres)
     h_spec, v_spec = _axis_spec(rig, view.across), _axis_spec(rig, view.up)
     if half_m is None:
         ax.set_xlim(*_limits(h_spec, view.right_sign))
@@ -466,6 +469,21 @@ def _draw_coverage(
                 arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 0, "shrinkB": 0},
                 zorder=6,
             )
+
+
+def _draw_region(ax: Any, rig: RigConfig, h_centres: np.ndarray, v_centres: np.ndarray) -> None:
+    """``bev.region``: the kept region's outline (black, solid) and the boundaries of the rings'
+    super-cells inside it (black, dash-dot: where the cell side grows to 2, 4, ... fine cells), both
+    from the region's cell table (:func:`bevcompile.rig.region.region_table`), i.e. as built."""
+    view = bev_view(rig)
+    table = region_table(rig.bev)
+    sizes = np.r_[table.cells[:, 2], 0][table.expand.astype(np.int64)].reshape(rig.bev.ny, rig.bev.nx).astype(np.float64)
+    kept = sizes > 0
+    if kept.any() and not kept.all():
+        ax.contour(h_centres, v_centres, _image(view, kept.astype(np.float64)), levels=[0.5], colors=["black"], linewidths=1.6, linestyles="solid", zorder=4)
+    levels = [s - 0.5 for s in sorted({int(v) for v in np.unique(sizes)} - {0, 1})]
+    if levels:
+        ax.contour(h_centres, v_centres, _image(view, np.where(kept, sizes, 1.0)), levels=levels, colors=["black"], linewidths=1.2, linestyles="dashdot", zorder=4)
 
 
 def _legend_handles(rig: RigConfig, coverage: np.ndarray, colours: list[tuple[float, float, float]]) -> list[Any]:

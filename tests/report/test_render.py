@@ -273,3 +273,40 @@ def test_render_level_draws_that_levels_coverage(tmp_path: Path) -> None:
     assert render_store(store, tmp_path / "l0.png").coverage_source == "grid/valid"
     with pytest.raises(UsageError, match=r"^--level 3 is not a feature level of this store \(0 to 1\)$"):
         render_store(store, tmp_path / "x.png", level=3)
+
+
+def test_render_draws_the_bev_region_outline_and_the_ring_boundaries(tmp_path: Path) -> None:
+    """A bev.region store: drawn over the coverage along the kept corridor's edge y = +-8 m and along
+    the 4 m ring boundary inside it (pixels that differ from the same rig's picture without a region)."""
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..rigs import small_rig_data, write_yaml
+
+    region_spec = {"keep": [[[-12.0, -8.0], [12.0, -8.0], [12.0, 8.0], [-12.0, 8.0]]], "rings": [{"beyond_m": 4, "factor": 2}]}
+    images: dict[str, np.ndarray] = {}
+    results = {}
+    for label, region in (("full", None), ("region", region_spec)):
+        data = small_rig_data()
+        if region is not None:
+            data["bev"]["region"] = region
+        built = CliRunner().invoke(app, ["matrix", str(write_yaml(tmp_path / f"{label}.yaml", data)), "--topk", "4", "--out", str(tmp_path / label), "--quiet"])
+        assert built.exit_code == 0, built.output
+        results[label] = render_store(tmp_path / label / "small.zarr", tmp_path / f"{label}.png")
+        images[label] = imread(results[label].path)[..., :3]
+    changed = np.abs(images["region"] - images["full"]).sum(axis=2) > 0.3
+
+    def changed_fraction(points: list[tuple[float, float]]) -> float:
+        hits = 0
+        for x, y in points:
+            col, row = results["region"].pixel_of(x, y)
+            hits += bool(changed[row - 2 : row + 3, col - 2 : col + 3].any())
+        return hits / len(points)
+
+    edge = [(x, 8.0) for x in np.linspace(-10.5, 10.5, 43)] + [(x, -8.0) for x in np.linspace(-10.5, 10.5, 43)]
+    ring = [(4.0, y) for y in np.linspace(-3.0, 3.0, 13)] + [(x, 4.0) for x in np.linspace(-3.0, 3.0, 13)]
+    inner = [(0.5 * x, 6.5) for x in np.linspace(-10.0, 10.0, 21)]  # inside, between the lines: unchanged
+    assert changed_fraction(edge) > 0.9
+    assert changed_fraction(ring) > 0.5
+    assert changed_fraction(inner) < 0.2
