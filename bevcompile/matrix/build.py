@@ -922,8 +922,17 @@ def _weight_rule(o: MatrixOptions) -> str:
 def matrix_group(products: MatrixProducts, rig: RigConfig) -> GroupData:
     """The ``matrix/`` group: arrays and attributes of :func:`build_matrix`."""
     arrays = products.arrays()
-    dims = {name: prior_dims(arr) if name == PRIOR_ARRAY else MATRIX_DIMENSION_NAMES[name] for name, arr in arrays.items()}
-    return GroupData(arrays=arrays, attrs=matrix_attributes(products, rig), dims=dims)
+    return GroupData(arrays=arrays, attrs=matrix_attributes(products, rig), dims=matrix_dims(arrays))
+
+
+def matrix_dims(arrays: Mapping[str, np.ndarray], aliases: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Dimension names of ``matrix/`` arrays (``aliases``: an array named like another, e.g. the
+    learned store's ``init_ell_weight`` -> ``ell_weight``)."""
+    out = {}
+    for name, arr in arrays.items():
+        base = (aliases or {}).get(name, name)
+        out[name] = prior_dims(arr) if base == PRIOR_ARRAY else MATRIX_DIMENSION_NAMES[base]
+    return out
 
 
 MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {

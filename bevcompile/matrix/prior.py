@@ -163,7 +163,7 @@ def check_prior(values: np.ndarray, rig: RigConfig, where: str, field: str = "")
     if values.dtype.kind not in "fiu":
         raise DepthPriorError(where, field, f"dtype {values.dtype}: a depth prior is a real (float or integer) array")
     if tuple(values.shape) not in shapes:
-        shown = ", ".join(str(s).replace(",)", ")") for s in shapes)
+        shown = ", ".join(str(s) for s in shapes)
         raise DepthPriorError(
             where, field,
             f"shape {tuple(values.shape)}; expected one of {shown} ((D,), (n_cam, D), (n_cam, D, H_f, W_f) for "
@@ -216,9 +216,10 @@ def read_depth_prior(path: str | Path, rig: RigConfig) -> DepthPrior:
     return DepthPrior(raw, str(path), hashlib.sha256(data).hexdigest())
 
 
-def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where: str) -> DepthPrior:
+def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where: str, record: object = None) -> DepthPrior:
     """The prior a ray store was built with: uniform, or its ``matrix/depth_prior`` array checked
-    against the ``build_options`` token (ValueError naming what is wrong)."""
+    against the ``build_options`` token (ValueError naming what is wrong). ``record`` (the stored
+    ``attrs["depth_prior"]``) gives the provenance no rebuild can recompute: the file's name and sha256."""
     token = check_token(token)
     if token == UNIFORM:
         return DepthPrior()
@@ -227,7 +228,11 @@ def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where:
     raw = check_prior(np.asarray(stored), rig, where, f"matrix/{ARRAY}")
     if f"sha256:{array_sha256(raw)}" != token:
         raise ValueError(f"{where}: matrix/{ARRAY} does not hash to build_options.depth_prior ({token[:19]}…)")
-    return DepthPrior(raw, where)
+    source, file_sha = where, None
+    if isinstance(record, dict):
+        source = str(record.get("source", where))
+        file_sha = record.get("file_sha256") if isinstance(record.get("file_sha256"), str) else None
+    return DepthPrior(raw, source, file_sha)
 
 
 def prior_dims(raw: F64) -> tuple[str, ...]:
