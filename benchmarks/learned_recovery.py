@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def smooth_features(rng: np.random.Generator, n: int, n_cam: int, channels: int, h_f: int, w_f: int, sigma: float = 2.0) -> np.ndarray:
-    radius = int(math.ceil(3 * sigma))
+    radius = math.ceil(3 * sigma)
     taps = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
     taps /= taps.sum()
     x = rng.standard_normal((n, n_cam, channels, h_f + 2 * radius, w_f + 2 * radius))
