@@ -89,7 +89,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
         (["--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["-j", "1025"], "error: --jobs must be an integer in [1, 1024], got 1025"),
-        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
+        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum and ray only (grid-mode rows are BEV cells, nothing is rounded)"),
         (
             ["--align", "65536"],
             "error: ELL (at least 65,536 rows_pad x 65,536 k_pad, from --align 65,536) would hold 4,294,967,296 slots "
