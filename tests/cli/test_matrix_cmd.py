@@ -81,7 +81,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
     [
         (["--topk", "-1"], "error: --topk must be an integer >= 0, got -1"),
         (["--align", "0"], "error: --align must be an integer in [1, 65536], got 0"),
-        (["--mode", "voxel"], "error: --mode must be one of frustum, grid, got 'voxel'"),
+        (["--mode", "voxel"], "error: --mode must be one of frustum, grid, ray, got 'voxel'"),
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
