@@ -37,9 +37,10 @@ from .entries import (
     own_plan,
     plan_camera,
     plan_jobs,
+    run_point_stream,
 )
 from .prior import NormalisedPrior
-from .topk import Entries, Histogram, hist_bins, local_rows, stream_topk
+from .topk import Entries, Histogram, hist_bins, local_rows
 
 __all__ = ["RayStream", "ray_entries"]
 
@@ -300,13 +301,4 @@ def ray_entries(
     ``jobs``). ``n_points*`` count frustum points, as in frustum mode."""
     t0 = time.perf_counter()
     stream = RayStream(rig, splat=splat, rounding=rounding, k=topk, prior=prior, jobs=jobs)
-    rays_seconds = time.perf_counter() - t0
-    w_f, h_f = rig.feature_size
-    result = stream_topk(
-        stream, k=topk, n_bins=stream.n_bins, jobs=jobs, progress=progress, check_row_nnz=check_row_nnz,
-        points_in_range=lambda: stream.in_range,
-    )
-    return FrustumResult(
-        result.kept, result.total_mass, rig.n_cam * rig.depth.n_bins * w_f * h_f, stream.n_valid, stream.in_range,
-        result.n_candidates, {"rays": rays_seconds, **result.phase_seconds}, result.largest_sort, result.compactions,
-    )
+    return run_point_stream(rig, stream, time.perf_counter() - t0, topk=topk, progress=progress, check_row_nnz=check_row_nnz, jobs=jobs)
