@@ -687,27 +687,29 @@ def frustum_entries(
     """
     t0 = time.perf_counter()
     stream = FrustumStream(rig, splat=splat, rounding=rounding, k=topk, jobs=jobs)
-    rays_seconds = time.perf_counter() - t0
+    return run_point_stream(rig, stream, time.perf_counter() - t0, topk=topk, progress=progress, check_row_nnz=check_row_nnz, jobs=jobs)
+
+
+def run_point_stream(
+    rig: RigConfig,
+    stream: Any,
+    rays_seconds: float,
+    *,
+    topk: int,
+    progress: ProgressFn | None,
+    check_row_nnz: Callable[[I64], None] | None,
+    jobs: int,
+) -> FrustumResult:
+    """:func:`stream_topk` over a mode whose entries are the frustum's points (frustum, ray:
+    ``stream`` has ``n_bins``, ``in_range`` and ``n_valid``), as a :class:`FrustumResult`."""
     w_f, h_f = rig.feature_size
     result = stream_topk(
-        stream,
-        k=topk,
-        n_bins=stream.n_bins,
-        jobs=jobs,
-        progress=progress,
-        check_row_nnz=check_row_nnz,
+        stream, k=topk, n_bins=stream.n_bins, jobs=jobs, progress=progress, check_row_nnz=check_row_nnz,
         points_in_range=lambda: stream.in_range,
     )
     return FrustumResult(
-        result.kept,
-        result.total_mass,
-        rig.n_cam * rig.depth.n_bins * w_f * h_f,
-        stream.n_valid,
-        stream.in_range,
-        result.n_candidates,
-        {"rays": rays_seconds, **result.phase_seconds},
-        result.largest_sort,
-        result.compactions,
+        result.kept, result.total_mass, rig.n_cam * rig.depth.n_bins * w_f * h_f, stream.n_valid, stream.in_range,
+        result.n_candidates, {"rays": rays_seconds, **result.phase_seconds}, result.largest_sort, result.compactions,
     )
 
 
