@@ -14,6 +14,7 @@ StoreConflictError 2         refusing to replace a store built from another conf
 StoreLockedError  2          another process is writing the store (its lock was not released in time)
 DependencyError   2          an optional extra (torch, onnx, matplotlib) is missing
 CheckpointError   2          a checkpoint given to ``absorb`` is unreadable or does not fit the store
+DepthPriorError   2          a ``--depth-prior`` file is unreadable or does not fit the rig
 CheckFailed       1          an integrity/equivalence check failed (inspect/verify)
 ================  =========  ==========================================================
 """
@@ -72,6 +73,11 @@ class CheckpointError(_WhereError, ValueError):
     The message reads ``<file>: <tensor path>: <what is wrong>`` on one line (the tensor path is
     left out when the file itself is the problem).
     """
+
+
+class DepthPriorError(_WhereError, ValueError):
+    """A ``bevcompile matrix --mode ray --depth-prior FILE.npy`` prior is unreadable or does not fit
+    the rig (shape, finiteness, sign). The message reads ``<file>: <what is wrong>`` on one line."""
 
 
 class CheckFailed(BevcompileError, AssertionError):

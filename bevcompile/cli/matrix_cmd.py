@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
+from ..errors import UsageError
 from ..matrix.build import MatrixOptions, MatrixRunResult, matrix_pass_units, run_matrix
+from ..matrix.prior import UNIFORM, DepthPrior, read_depth_prior
 from ..parallel import resolve_jobs
 from ..rig.config import load_config
 from ._app import cli_command
@@ -31,9 +33,10 @@ def matrix(
         str,
         typer.Option(
             "--mode",
-            metavar="frustum|grid",
+            metavar="frustum|grid|ray",
             help="frustum: columns (cam, depth bin, v, u) of the LSS depth x feature outer product; "
-            "grid: columns (cam, v, u), grid_sample weights of every cell.",
+            "grid: columns (cam, v, u), grid_sample weights of every cell; "
+            "ray: columns (cam, v, u), the frustum's points folded over depth with --depth-prior (no depth input).",
         ),
     ] = "frustum",
     topk: Annotated[
@@ -73,6 +76,15 @@ def matrix(
             help="frustum cell of a point: floor (the cell containing it) or trunc (BEVDet .long(), bit-exact bev_pool_v2).",
         ),
     ] = "floor",
+    depth_prior: Annotated[
+        str,
+        typer.Option(
+            "--depth-prior",
+            metavar="uniform|FILE.npy",
+            help="--mode ray: uniform (every depth bin 1/D) or a .npy of shape (D,), (n_cam, D) or (n_cam, D, H_f, W_f), "
+            "finite, >= 0, renormalised per pixel; stored in matrix/depth_prior.",
+        ),
+    ] = "uniform",
     force: ForceOption = False,
     jobs: JobsOption = None,
     quiet: QuietOption = False,
@@ -80,16 +92,20 @@ def matrix(
 ) -> None:
     """Build the sparse camera-to-BEV matrix (COO, ELL, optional tiles / int8 / compact rows) and
     write the matrix/ group of <out>/<name>.zarr."""
-    options = MatrixOptions.from_command(
-        mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
-        compact_rows=compact_rows, rounding=rounding,
-    )
+    uniform = depth_prior.strip().lower() == UNIFORM
+    if not uniform and mode.strip().lower() != "ray":
+        raise UsageError(f"--depth-prior applies to --mode ray only (--mode {mode})")
     n_jobs = resolve_jobs(jobs)
     rig = load_config(config)
-    label = "pass 1/2: lifting frustum points" if options.mode == "frustum" else "sampling BEV cells"
-    unit = "points" if options.mode == "frustum" else "samples"
+    prior = DepthPrior() if uniform else read_depth_prior(depth_prior, rig)
+    options = MatrixOptions.from_command(
+        mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
+        compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token,
+    )
+    label = "sampling BEV cells" if options.mode == "grid" else "pass 1/2: lifting frustum points"
+    unit = "samples" if options.mode == "grid" else "points"
     with progress_bar(label, matrix_pass_units(rig, options), enabled=not (quiet or json_output), unit=unit) as advance:
-        result = run_matrix(rig, out, options, force=force, progress=advance, jobs=n_jobs)
+        result = run_matrix(rig, out, options, force=force, progress=advance, jobs=n_jobs, depth_prior=prior if options.mode == "ray" else None)
     if not result.products.figures.nnz:  # on stderr, also under --quiet/--json
         stderr_console.print(
             "[yellow]warning:[/yellow] the matrix is empty: no frustum point / grid sample of any camera lands in the "
@@ -112,7 +128,10 @@ def _print_summary(result: MatrixRunResult) -> None:
     rig, p = result.rig, result.products
     o, f = p.options, p.figures
     w_f, h_f = rig.feature_size
-    detail = f"{rig.depth.n_bins} depth bins, splat {o.splat}, rounding {o.rounding}" if o.mode == "frustum" else f"splat {o.splat}"
+    detail = f"{rig.depth.n_bins} depth bins, splat {o.splat}, rounding {o.rounding}" if o.mode != "grid" else f"splat {o.splat}"
+    if o.mode == "ray":
+        prior = p.depth_prior
+        detail += ", depth prior " + ("uniform" if prior is None or prior.raw is None else f"{prior.record()['source']} {tuple(prior.raw.shape)}")
     table = new_table(
         f"{rig.name}: matrix mode {o.mode} ({detail}), feature map {w_f}x{h_f}, BEV {rig.bev.nx}x{rig.bev.ny}, "
         f"top-K {o.topk or 'all'}, normalize {o.normalize}, align {o.align}",
@@ -131,7 +150,7 @@ def _print_summary(result: MatrixRunResult) -> None:
             "Top-K kept weight (all rows / worst row)",
             f"{100 * f.kept_weight_fraction_total:.2f} % / {100 * f.kept_weight_fraction_worst_row:.2f} %",
         )
-    if o.mode == "frustum":
+    if o.mode != "grid":
         table.add_row("frustum points (total / in range)", f"{f.n_points:,} / {f.n_points_in_range:,}")
     if f.tile_bytes is not None:
         table.add_row(

@@ -334,7 +334,7 @@ class MatrixLift(nn.Module):
         features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` (frustum mode
         only: LSS depth probabilities). returns ``(N, C, ny, nx)``.
 
-    ``X`` is, in grid mode, the features with columns ``(cam*H_f + v)*W_f + u``; in frustum
+    ``X`` is, in grid and ray mode, the features with columns ``(cam*H_f + v)*W_f + u``; in frustum
     mode the outer product ``X[col, c] = depth[cam, d, v, u] * features[cam, c, v, u]`` with
     columns ``((cam*D + d)*H_f + v)*W_f + u`` (BEVDet's ``depth.unsqueeze(1) * feat.unsqueeze(2)``).
     Rows are BEV cells ``iy*nx + ix`` (``row_ids`` with ``--compact-rows``; cells without a row
@@ -560,9 +560,9 @@ class MatrixLift(nn.Module):
 
     def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
-        if self.mode == "grid" and depth is not None:
+        if self.mode != "frustum" and depth is not None:
             raise UsageError(
-                "this MatrixLift is in grid mode (a `bevcompile matrix --mode grid` store): it lifts the features alone "
+                f"this MatrixLift is in {self.mode} mode (a `bevcompile matrix --mode {self.mode}` store): it lifts the features alone "
                 "and takes no depth; call it as lift(features)"
             )
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
@@ -629,7 +629,7 @@ class LearnableLift(MatrixLift):
     initialised from the geometric weights).
 
     ``LearnableLift(store, form="ell", constraint="none"|"nonnegative")`` on a ``matrix/`` store of
-    any mode — grid (columns ``(cam, v, u)``: ``lift(features)``) or frustum (``lift(features,
+    any mode — grid or ray (columns ``(cam, v, u)``: ``lift(features)``) or frustum (``lift(features,
     depth)``): the forward is :class:`MatrixLift`'s, nothing here depends on the mode.
 
     * ``ell_weight`` is an ``nn.Parameter`` float32 ``(rows_pad, k_pad)`` initialised from the

@@ -4,6 +4,8 @@
 * :mod:`.topk` — the Top-K rule and the streamed, bounded two-pass selection a mode plugs into
   (``EntryStream``: blocks, pass-1 counting, pass-2 candidates; ``--jobs`` threads, folded in block order).
 * :mod:`.entries` — frustum rays and the frustum mode as an ``EntryStream``; grid-mode entries.
+* :mod:`.ray` — the ray mode (frustum points folded over depth with a prior) as an ``EntryStream``.
+* :mod:`.prior` — the ray mode's depth prior: read, checked, normalised per pixel, recorded.
 * :mod:`.layout` — ELL, row tiles, per-row int8.
 * :mod:`.reference` — deliberately naive references (full build, BEVDet-style pooling, grid pooling).
 * :mod:`.checks` — the ``inspect`` / ``verify`` / ``--strict`` plug-in of ``matrix/``.

@@ -26,6 +26,11 @@ Conventions (README "Sparse aggregation matrices"; stored in the ``matrix/`` gro
   ``g = f - 0.5`` (cell-centre coordinates), ``i0 = floor(g)``, ``a = g - i0``, the point gives
   ``(1 - a_x)(1 - a_y)``, ``a_x (1 - a_y)``, ``(1 - a_x) a_y``, ``a_x a_y`` to the four cells
   ``(i0_y + {0,1}, i0_x + {0,1})``; cells outside the grid get nothing (zeros padding).
+* ``mode="ray"`` columns: ``col = (cam * H_f + v) * W_f + u`` (grid mode's); the weight of
+  pixel ``(u, v)`` in a row is ``sum_d p[cam, d, v, u] * w_frustum(row, (cam, d, v, u))`` (the
+  frustum's points, range rule, splat and rounding; ``p`` the depth prior renormalised per pixel,
+  :mod:`bevcompile.matrix.prior`), summed in increasing ``d``; tie-break distance the smallest
+  frustum distance of the contributing depth bins. Equivalently ``W_ray @ F = W_frustum @ (p x F)``.
 * ``mode="grid"`` columns: ``col = (cam * H_f + v) * W_f + u``; row weights are the
   ``grid_sample`` weights (bilinear, zeros padding; or nearest = round half to even) of the
   cell's float64 sampling position in every camera at every height (the ``grid/`` geometry),
@@ -53,7 +58,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +91,9 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
+from .prior import ARRAY as PRIOR_ARRAY
+from .prior import UNIFORM, DepthPrior, check_token, prior_dims
+from .ray import ray_entries
 from .region import merge_region_rows
 
 __all__ = [
@@ -122,7 +130,9 @@ __all__ = [
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-MODES = ("frustum", "grid")
+MODES = ("frustum", "grid", "ray")
+DEPTH_MODES = ("frustum", "ray")
+"""Modes whose entries are the frustum's points (depth bins, ``--rounding``)."""
 SPLATS = ("nearest", "bilinear")
 NORMALIZES = ("sum", "mean")
 ROUNDINGS = ("floor", "trunc")
@@ -155,6 +165,8 @@ class MatrixOptions:
     quantize: str | None = None
     compact_rows: bool = False
     rounding: str = "floor"
+    depth_prior: str = UNIFORM
+    """``mode="ray"`` only: ``"uniform"`` or ``"sha256:<hex>"`` of the stored ``matrix/depth_prior``."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -174,13 +186,20 @@ class MatrixOptions:
         if self.tile_rows is not None:
             check_int_option("tile-rows", self.tile_rows, 1)
         if self.mode == "grid" and self.rounding != "floor":
-            raise UsageError(f"--rounding {self.rounding} applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)")
+            raise UsageError(f"--rounding {self.rounding} applies to --mode frustum and ray only (grid-mode rows are BEV cells, nothing is rounded)")
+        check_token(self.depth_prior)
+        if self.mode != "ray" and self.depth_prior != UNIFORM:
+            raise UsageError(f"--depth-prior applies to --mode ray only (--mode {self.mode})")
         if not isinstance(self.compact_rows, bool):
             raise UsageError(f"compact_rows must be a boolean, got {self.compact_rows!r}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """``build_options`` (``depth_prior`` only in ray mode: the other modes' options are unchanged)."""
+        out = asdict(self)
+        if self.mode != "ray":
+            del out["depth_prior"]
+        return out
 
     @classmethod
     def from_command(
@@ -195,6 +214,7 @@ class MatrixOptions:
         quantize: str | None = None,
         compact_rows: bool = False,
         rounding: str = "floor",
+        depth_prior: str = UNIFORM,
     ) -> MatrixOptions:
         """Validated options from the values of ``bevcompile matrix`` as a user gives them
         (enumerated values in any case; ``quantize`` ``none`` = no int8): what the CLI and a fleet
@@ -210,6 +230,7 @@ class MatrixOptions:
             quantize=None if quantize_value == "none" else quantize_value,
             compact_rows=compact_rows,
             rounding=canonical_choice(rounding, ROUNDINGS),
+            depth_prior=depth_prior,
         ).validate()
 
     @classmethod
@@ -283,6 +304,7 @@ class MatrixProducts:
     tile_weight_int8: npt.NDArray[np.int8] | None
     figures: MatrixFigures
     extra: dict[str, Any] = field(default_factory=dict)
+    depth_prior: DepthPrior | None = None  # ray mode: the prior (its raw array is stored unless uniform)
     region_cells: npt.NDArray[np.int32] | None = None  # bev.region: (n_kept, 3) (iy, ix, size), stored as matrix/cells
     expand: npt.NDArray[np.int32] | None = None  # bev.region: (ny * nx,) compact row of each fine cell (n_kept: the zero row)
 
@@ -309,6 +331,8 @@ class MatrixProducts:
             "expand": self.expand,
         }
         out.update({name: arr for name, arr in optional.items() if arr is not None})
+        if self.depth_prior is not None and self.depth_prior.raw is not None:
+            out[PRIOR_ARRAY] = self.depth_prior.raw
         return out
 
     def dense(self) -> npt.NDArray[np.float32]:
@@ -339,7 +363,7 @@ def matrix_pass_units(rig: RigConfig, options: MatrixOptions) -> int:
 
 def n_columns(rig: RigConfig, mode: str) -> int:
     w_f, h_f = rig.feature_size
-    per_cam = (rig.depth.n_bins if mode == "frustum" else 1) * h_f * w_f
+    per_cam = (rig.depth.n_bins if mode == "frustum" else 1) * h_f * w_f  # ray and grid: (cam, v, u)
     return rig.n_cam * per_cam
 
 
@@ -399,8 +423,8 @@ def check_frustum_memory(rig: RigConfig, options: MatrixOptions) -> None:
     The per-row arrays scale with the cells, not the points, even with ``--compact-rows``: the
     Top-K histogram (``n_cells x bins`` int64 counters, >= 8 bins), its bincount and threshold
     temporaries, the row masses and ``camera_mass``. Estimate: ``64 MiB + n_pad (24 bins + 8
-    n_cam + 40) B`` with ``n_pad = (ny + 3)(nx + 3)`` (no bins when K = 0)."""
-    if options.mode != "frustum":
+    n_cam + 40) B`` with ``n_pad = (ny + 3)(nx + 3)`` (no bins when K = 0). Ray mode has the same per-cell arrays."""
+    if options.mode not in DEPTH_MODES:
         return
     ny, nx = rig.bev.ny, rig.bev.nx
     n_pad = (ny + 3) * (nx + 3)
@@ -408,16 +432,39 @@ def check_frustum_memory(rig: RigConfig, options: MatrixOptions) -> None:
     per_cell = FRUSTUM_BYTES_PER_CELL_BIN * bins + FRUSTUM_BYTES_PER_CELL_CAMERA * rig.n_cam + FRUSTUM_BYTES_PER_CELL
     refuse_beyond_memory(
         FRUSTUM_BYTES_BASE + n_pad * per_cell,
-        f"{rig.source}: bevcompile matrix --mode frustum of {ny} x {nx} = {ny * nx:,} BEV cells",
+        f"{rig.source}: bevcompile matrix --mode {options.mode} of {ny} x {nx} = {ny * nx:,} BEV cells",
         "use coarser bev steps (its per-cell arrays scale with the cells, also with --compact-rows)",
     )
 
 
+def resolve_prior(options: MatrixOptions, depth_prior: DepthPrior | None) -> DepthPrior | None:
+    """The prior a ray build uses: uniform, or ``depth_prior`` whose hash ``options`` names
+    (:class:`UsageError` when they disagree); None for the other modes."""
+    if options.mode != "ray":
+        if depth_prior is not None and not depth_prior.uniform:
+            raise UsageError(f"--depth-prior applies to --mode ray only (--mode {options.mode})")
+        return None
+    prior = depth_prior or DepthPrior()
+    if prior.token != options.depth_prior:
+        raise UsageError(
+            f"build option depth_prior {options.depth_prior[:19]!r} does not name the given prior ({prior.token[:19]!r}): "
+            "pass the prior array the options were made from"
+        )
+    return prior
+
+
 def build_matrix(
-    rig: RigConfig, options: MatrixOptions | None = None, progress: ProgressFn | None = None, *, jobs: int | None = None
+    rig: RigConfig,
+    options: MatrixOptions | None = None,
+    progress: ProgressFn | None = None,
+    *,
+    jobs: int | None = None,
+    depth_prior: DepthPrior | None = None,
 ) -> MatrixProducts:
     """Build every product of the sparse aggregation matrix of ``rig`` (see module docstring),
     with ``jobs`` threads (default: the cores this process may use; the bytes do not depend on it).
+    Ray mode folds the depth bins with ``depth_prior`` (default uniform; a file prior must be the
+    one ``options.depth_prior`` names).
 
     Convention:
         returns :class:`MatrixProducts`: COO ``coo_row``/``coo_col`` int32 and ``coo_val``
@@ -440,21 +487,22 @@ def build_matrix(
         )
     region = (table.row_of_cell(), table.n_kept, table.cells[:, 2] > 1) if table is not None else None
     check_planned_sizes(options, n_cells if table is None else table.n_kept + 1)
-    if options.mode == "frustum":
+    prior = resolve_prior(options, depth_prior)
+    if options.mode in DEPTH_MODES:
 
         def check_ell(row_nnz: npt.NDArray[np.int64]) -> None:  # K = 0: refuse before pass 2
             ell_shape(options, row_nnz)
 
-        res = frustum_entries(
-            rig,
-            splat=options.splat,
-            rounding=options.rounding,
-            topk=options.topk,
-            progress=progress,
-            check_row_nnz=check_ell,
-            jobs=jobs,
-            region=region,
-        )
+        if prior is not None:
+            res = ray_entries(
+                rig, splat=options.splat, rounding=options.rounding, topk=options.topk, prior=prior.normalised(rig),
+                progress=progress, check_row_nnz=check_ell, jobs=jobs, region=region,
+            )
+        else:
+            res = frustum_entries(
+                rig, splat=options.splat, rounding=options.rounding, topk=options.topk, progress=progress,
+                check_row_nnz=check_ell, jobs=jobs, region=region,
+            )
         kept, total_mass = res.kept, res.total_mass
         counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)
         phases = res.phase_seconds
@@ -474,6 +522,8 @@ def build_matrix(
         total_mass = np.r_[total_mass, 0.0]
     start_phase(progress, "laying out COO / ELL / tiles")
     products = assemble_products(rig, options, kept, total_mass, counts, t0, table)
+    if prior is not None:
+        products = replace(products, depth_prior=prior)
     products.extra["phase_seconds"] = {**phases, "assemble": time.perf_counter() - t1}
     products.extra["selection"] = selection
     products.extra["jobs"] = jobs
@@ -789,12 +839,13 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
     w_f, h_f = rig.feature_size
     ny, nx = products.bev_shape
     frustum = o.mode == "frustum"
+    points = o.mode in DEPTH_MODES
     attrs: dict[str, Any] = {
         "build_options": o.to_dict(),
         "mode": o.mode,
         "splat": o.splat,
         "normalize": o.normalize,
-        "rounding": o.rounding if frustum else None,
+        "rounding": o.rounding if points else None,
         "topk": o.topk,
         "align": o.align,
         "logical_shape": [products.n_rows, products.n_cols],
@@ -817,6 +868,8 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
         "column_input": (
             "X[col, c] = depth_probs[cam, d, v, u] * features[cam, c, v, u] (BEVDet depth x feature outer product)"
             if frustum
+            else "X[col, c] = features[cam, c, v, u] (the depth prior is folded into W)"
+            if o.mode == "ray"
             else "X[col, c] = features[cam, c, v, u]"
         ),
         "product": "F_bev[row, c] = sum_col W[row, col] * X[col, c]",
@@ -905,7 +958,9 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
         attrs["row_ids"] = {"dtype": "int32", "shape": [products.n_rows], "definition": "row_ids[r] = iy * nx + ix of row r"}
     if products.region_cells is not None:
         attrs["region"] = region_attributes(products)
-    if frustum:
+    if products.depth_prior is not None:
+        attrs["depth_prior"] = products.depth_prior.record()
+    if points:
         attrs["depth_bins"] = list(rig.depth.values())
         attrs["n_depth_bins"] = rig.depth.n_bins
         pose = (
@@ -928,6 +983,12 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
 
 
 def _weight_rule(o: MatrixOptions) -> str:
+    if o.mode == "ray":
+        return (
+            "ray: sum over depth bins d (increasing) of p[cam, d, v, u] * the frustum weight of point (u, v, d) in the row ("
+            + _weight_rule(replace(o, mode="frustum", depth_prior=UNIFORM))
+            + "); p = depth prior renormalised per pixel (attrs depth_prior)"
+        )
     if o.mode == "grid":
         if o.splat == "nearest":
             return "grid_sample nearest (round half to even) at every camera and height: weight 1; summed over heights"
@@ -946,7 +1007,17 @@ def _weight_rule(o: MatrixOptions) -> str:
 def matrix_group(products: MatrixProducts, rig: RigConfig) -> GroupData:
     """The ``matrix/`` group: arrays and attributes of :func:`build_matrix`."""
     arrays = products.arrays()
-    return GroupData(arrays=arrays, attrs=matrix_attributes(products, rig), dims={name: MATRIX_DIMENSION_NAMES[name] for name in arrays})
+    return GroupData(arrays=arrays, attrs=matrix_attributes(products, rig), dims=matrix_dims(arrays))
+
+
+def matrix_dims(arrays: Mapping[str, np.ndarray], aliases: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
+    """Dimension names of ``matrix/`` arrays (``aliases``: an array named like another, e.g. the
+    learned store's ``init_ell_weight`` -> ``ell_weight``)."""
+    out = {}
+    for name, arr in arrays.items():
+        base = (aliases or {}).get(name, name)
+        out[name] = prior_dims(arr) if base == PRIOR_ARRAY else MATRIX_DIMENSION_NAMES[base]
+    return out
 
 
 MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
@@ -1021,8 +1092,9 @@ def run_matrix(
     force: bool = False,
     progress: ProgressFn | None = None,
     jobs: int | None = None,
+    depth_prior: DepthPrior | None = None,
 ) -> MatrixRunResult:
-    """Build the matrix of ``rig`` with ``jobs`` threads and write the ``matrix/`` group into
+    """Build the matrix of ``rig`` with ``jobs`` threads (ray mode: with ``depth_prior``) and write the ``matrix/`` group into
     ``<out_dir>/<name>.zarr`` (atomically; creates the store if needed, keeps the other groups of
     a same-config store, refuses another config's store unless ``force``)."""
     options = (options or MatrixOptions()).validate()
@@ -1035,7 +1107,7 @@ def run_matrix(
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
     check_not_learned(path, force)
     t0 = time.perf_counter()
-    products = build_matrix(rig, options, progress=progress, jobs=jobs)
+    products = build_matrix(rig, options, progress=progress, jobs=jobs, depth_prior=depth_prior)
     seconds = time.perf_counter() - t0
     start_phase(progress, f"writing {path.name}")
     report = write_groups(

@@ -20,6 +20,7 @@ from ..rig.region import RegionTable, expand_of_cells, region_table
 from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
 from ..store.zarr_io import array_sha256
 from .build import (
+    DEPTH_MODES,
     INT8_MAX,
     VALUES_ATTR,
     VALUES_LEARNED,
@@ -34,6 +35,8 @@ from .build import (
     tile_blocks,
 )
 from .learned import INIT_ARRAY, LearnedRecord, coo_slots, learned_products, value_change
+from .prior import ARRAY as PRIOR_ARRAY
+from .prior import UNIFORM, DepthPrior, prior_of_store
 from .reference import bev_pool, grid_pool, reference_matrix, region_reference_matrix
 
 GROUP = "matrix"
@@ -76,6 +79,8 @@ def expected_arrays(options: MatrixOptions, learned: bool = False, region: bool 
         out.update(REGION_ARRAYS)
     if learned:
         out[INIT_ARRAY] = np.float32
+    if options.mode == "ray" and options.depth_prior != UNIFORM:
+        out[PRIOR_ARRAY] = np.float64
     if options.compact_rows:
         out["row_ids"] = np.int32
     if options.tile_rows is not None:
@@ -135,6 +140,8 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
             out.add("contract", name, False, "array missing or unreadable (see the store's read and metadata checks)")
             continue
         ndim = 2 if name.startswith("ell_") or name in (INIT_ARRAY, "cells") else 3 if name == "camera_mass" else 1
+        if name == PRIOR_ARRAY:  # (D,), (n_cam, D) or (n_cam, D, H_f, W_f); its values: the depth_prior check
+            ndim = arr.ndim if arr.ndim in (1, 2, 4) else 1
         if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
             out.add("contract", name, False, f"dtype {arr.dtype} ndim {arr.ndim}; expected {np.dtype(dtype)} ndim {ndim}")
             continue
@@ -204,7 +211,7 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     cols_pad = round_up(n_cols, options.align)
     k_pad = round_up(options.topk, options.align) if options.topk > 0 else round_up(max(max_nnz, 1), options.align)
     non_empty = nnz_row[nnz_row > 0]
-    frustum = options.mode == "frustum"
+    frustum = options.mode in DEPTH_MODES
     want_attrs: dict[str, Any] = {
         "logical_shape": [n_rows, n_cols],
         "padded_shape": [rows_pad, cols_pad],
@@ -232,6 +239,16 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         "row_nnz.empty_rows": int(n_cells - non_empty.size) if table is None else int(n_rows - 1 - non_empty.size),
         "camera_mass.shape": [rig.n_cam, ny, nx],
     }
+    if options.mode == "ray":
+        try:
+            prior = prior_of_store(options.depth_prior, arrays.get(PRIOR_ARRAY), rig, "matrix/")
+            out.add("depth_prior", PRIOR_ARRAY if not prior.uniform else "", True, f"depth prior {options.depth_prior[:19]}: checked (shape, finite, >= 0) and its hash matches build_options")
+            want_attrs["depth_prior.kind"] = prior.record()["kind"]
+            if prior.raw is not None:
+                want_attrs["depth_prior.sha256"] = prior.record()["sha256"]
+                want_attrs["depth_prior.shape"] = list(prior.raw.shape)
+        except ValueError as exc:
+            out.add("depth_prior", PRIOR_ARRAY, False, str(exc))
     if frustum:
         want_attrs["depth_bins"] = list(rig.depth.values())
         want_attrs["n_depth_bins"] = rig.depth.n_bins
@@ -551,7 +568,7 @@ def lifted_columns(rig: RigConfig, mode: str, cols: npt.NDArray[np.integer[Any]]
     plane = w_f * h_f
     cols = np.asarray(cols, dtype=np.int64).ravel()
     feats = np.asarray(features).reshape(rig.n_cam, -1, plane)  # gathered first, then float64
-    if mode == "grid":
+    if mode != "frustum":  # grid and ray: columns (cam, v, u)
         cam, pix = cols // plane, cols % plane
         return np.asarray(feats[cam, :, pix], dtype=np.float64)
     if depth_probs is None:
@@ -593,6 +610,17 @@ def _learned_values_at(arrays: Mapping[str, np.ndarray], row_cells: I64, n_cols:
     return out, int(np.count_nonzero(~found))
 
 
+def stored_prior(
+    rig: RigConfig, options: MatrixOptions, arrays: Mapping[str, np.ndarray] | None, record: object = None
+) -> DepthPrior | None:
+    """The depth prior a ray store was built with (uniform, or its checked ``matrix/depth_prior``);
+    None for the other modes. ValueError when the stored array is missing, bad or not the one
+    ``build_options`` names."""
+    if options.mode != "ray":
+        return None
+    return prior_of_store(options.depth_prior, None if arrays is None else arrays.get(PRIOR_ARRAY), rig, "matrix/", record)
+
+
 def _camera_of(rig: RigConfig, mode: str, cols: np.ndarray) -> I64:
     return np.asarray(cols, dtype=np.int64) // (n_columns(rig, mode) // rig.n_cam)
 
@@ -614,6 +642,8 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         raise ValueError("verify needs ctx.features")
     mode = options.mode
     depth = ctx.depth_probs if mode == "frustum" else None
+    prior = stored_prior(rig, options, arrays)
+    prior_dense = prior.normalised(rig).dense(rig) if prior is not None else None
     n_cells = rig.bev.nx * rig.bev.ny
     row = arrays["coo_row"].astype(np.int64)
     row_cells = arrays["row_ids"].astype(np.int64) if options.compact_rows else np.arange(n_cells, dtype=np.int64)
@@ -625,7 +655,7 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
 
     # reference per camera, (n_cam, n_cells_compared, C), and the compared cells
     w_f, h_f = rig.feature_size
-    if mode == "frustum":
+    if mode in DEPTH_MODES:
         size = rig.n_cam * rig.depth.n_bins * w_f * h_f
         sampled = size > VERIFY_FULL_POINTS
     else:
@@ -640,6 +670,10 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
             assert depth is not None
             pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
             note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding})"
+        elif mode == "ray":
+            assert prior_dense is not None
+            pooled = bev_pool(rig, ctx.features, prior_dense, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
+            note = f"reference: BEVDet-style voxel pooling of the features with the depth prior as depth ({options.splat}, {options.rounding})"
         else:
             pooled = grid_pool(rig, ctx.features, splat=options.splat, normalize=options.normalize)
             note = "reference: sum over cameras and heights of grid_sample (numpy, float64 grid)"
@@ -652,7 +686,7 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
             candidates = row_cells[np.bincount(row, minlength=n_rows) > 0]
             take = min(VERIFY_SAMPLED_ROWS, candidates.size)
             cells = np.sort(rng.choice(candidates, size=take, replace=False)) if take else np.zeros(0, np.int64)
-        ref = reference_matrix(rig, options, rows=cells if sampled else None)
+        ref = reference_matrix(rig, options, rows=cells if sampled else None, prior=prior_dense)
         lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
         ref_values = np.asarray(ref.value, dtype=np.float64)
         if learned:
@@ -670,11 +704,11 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         ref_cam = ref_cam_full[:, cells]
         note = f"reference: straightforward build (all points, full lexsort, Top-{options.topk}) in float64{learned_note}"
         if sampled:
-            note += f"; {cells.size} seeded sampled rows (rig has {size:,} {'points' if mode == 'frustum' else 'grid samples'})"
+            note += f"; {cells.size} seeded sampled rows (rig has {size:,} {'points' if mode in DEPTH_MODES else 'grid samples'})"
     cell_to_row = np.full(n_cells, -1, dtype=np.int64)
     cell_to_row[row_cells] = np.arange(n_rows)
     compared_rows = cell_to_row[cells]
-    return _verify_forms(ctx, arrays, attrs, options, ref_cam, cells, compared_rows, n_rows, note, init_ref, sampled, n_cells)
+    return _verify_forms(ctx, arrays, attrs, options, ref_cam, cells, compared_rows, n_rows, note, init_ref, sampled, n_cells, None, prior_dense)
 
 
 def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any], options: MatrixOptions, table: RegionTable) -> list[VerifyRow]:
@@ -692,8 +726,10 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
     row_of_cell = table.row_of_cell()
     w_f, h_f = rig.feature_size
     ny, nx = rig.bev.ny, rig.bev.nx
-    size = rig.n_cam * (rig.depth.n_bins * w_f * h_f if mode == "frustum" else len(rig.bev.heights) * ny * nx)
-    sampled = size > (VERIFY_FULL_POINTS if mode == "frustum" else VERIFY_FULL_GRID_SAMPLES)
+    prior = stored_prior(rig, options, arrays)
+    prior_dense = prior.normalised(rig).dense(rig) if prior is not None else None
+    size = rig.n_cam * (rig.depth.n_bins * w_f * h_f if mode in DEPTH_MODES else len(rig.bev.heights) * ny * nx)
+    sampled = size > (VERIFY_FULL_POINTS if mode in DEPTH_MODES else VERIFY_FULL_GRID_SAMPLES)
     if is_learned(attrs):
         raise ValueError("verify of learned values in a bev.region store is not supported yet")
     rows = np.arange(n_rows)
@@ -713,11 +749,13 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
         return out
 
     if options.topk == 0 and not sampled:
-        if mode == "frustum":
-            assert depth is not None
+        if mode in DEPTH_MODES:  # frustum: the depth probabilities; ray: the depth prior as depth
+            weights = depth if mode == "frustum" else prior_dense
+            assert weights is not None
             pool = lambda f, d: bev_pool(rig, f, d, splat=options.splat, rounding=options.rounding, normalize="sum")  # noqa: E731
-            pooled = pool(ctx.features, depth)
-            mass = pool(np.ones((rig.n_cam, 1, h_f, w_f)), np.ones_like(depth))
+            pooled = pool(ctx.features, weights)
+            # the raw weight of a frustum entry is its splat weight; of a ray entry, the prior-weighted one
+            mass = pool(np.ones((rig.n_cam, 1, h_f, w_f)), np.ones_like(weights) if mode == "frustum" else weights)
             note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding}) of the fine cells, merged per region row"
         else:
             pooled = grid_pool(rig, ctx.features, splat=options.splat, normalize="sum")
@@ -729,14 +767,14 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
             ref_cam = ref_cam / np.where(row_mass > 0, row_mass, 1.0)[None, :, None]
         ref_cam = ref_cam[:, rows]
     else:
-        ref = region_reference_matrix(rig, options, row_of_cell, n_rows, rows=rows if sampled else None)
+        ref = region_reference_matrix(rig, options, row_of_cell, n_rows, rows=rows if sampled else None, prior=prior_dense)
         lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
         camera = _camera_of(rig, mode, ref.col)
         ref_cam = np.stack([apply_entries(ref.row[camera == c], ref.value[camera == c], lifted[camera == c], n_rows) for c in range(rig.n_cam)])[:, rows]
         note = f"reference: straightforward region build (every entry merged per region row, full lexsort, Top-{options.topk}) in float64"
         if sampled:
             note += f"; {rows.size} seeded sampled rows"
-    return _verify_forms(ctx, arrays, attrs, options, ref_cam, rows, rows, n_rows, note, None, sampled, n_rows, table)
+    return _verify_forms(ctx, arrays, attrs, options, ref_cam, rows, rows, n_rows, note, None, sampled, n_rows, table, prior_dense)
 
 
 def _verify_forms(
@@ -753,6 +791,7 @@ def _verify_forms(
     sampled: bool,
     n_cells: int,
     table: RegionTable | None = None,
+    prior_dense: F64 | None = None,
 ) -> list[VerifyRow]:
     """Every stored form against ``ref_cam`` ``(n_cam, cells, C)`` (the reference of the compared
     ``cells``, read from the rows ``compared_rows``; -1: no row, 0)."""
@@ -811,9 +850,9 @@ def _verify_forms(
         # what the pruning costs: the stored Top-K product against the unpruned lift (K = 0,
         # same splat / rounding / normalize), measured on the same cells; reported, not judged
         if table is None:
-            full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None)
+            full = reference_matrix(rig, replace(options, topk=0), rows=cells if sampled else None, prior=prior_dense)
         else:
-            full = region_reference_matrix(rig, replace(options, topk=0), table.row_of_cell(), n_rows, rows=cells if sampled else None)
+            full = region_reference_matrix(rig, replace(options, topk=0), table.row_of_cell(), n_rows, rows=cells if sampled else None, prior=prior_dense)
         lifted_full = lifted_columns(rig, mode, full.col, ctx.features, depth)
         full_all = apply_entries(full.row, full.value, lifted_full, n_cells)[cells]
         peak_full = float(full_all.max() - full_all.min()) if full_all.size else 0.0
@@ -878,7 +917,8 @@ def rebuild_matrix(rig: RigConfig, attrs: Mapping[str, Any], arrays: Mapping[str
     from .build import matrix_attributes
     from .learned import learned_group
 
-    products = build_matrix(rig, _options(attrs))
+    options = _options(attrs)
+    products = build_matrix(rig, options, depth_prior=stored_prior(rig, options, arrays, attrs.get("depth_prior")))
     if not is_learned(attrs):
         return {**products.arrays(), REBUILT_ATTRS: matrix_attributes(products, rig)}
     stored = None if arrays is None else arrays.get("ell_weight")

@@ -667,6 +667,11 @@ class FrustumResult:
     compactions: int = 0
 
 
+RegionRows = tuple[I64, int, npt.NDArray[np.bool_]]
+"""A ``bev.region``'s rows for a streamed mode: ``(row_of_cell (ny * nx,) int64 (-1 outside),
+n_kept, coarse_row (n_kept,) bool)`` (:mod:`bevcompile.matrix.region`)."""
+
+
 def frustum_entries(
     rig: RigConfig,
     *,
@@ -676,7 +681,7 @@ def frustum_entries(
     progress: ProgressFn | None = None,
     check_row_nnz: Callable[[I64], None] | None = None,
     jobs: int = 1,
-    region: tuple[I64, int, npt.NDArray[np.bool_]] | None = None,
+    region: RegionRows | None = None,
 ) -> FrustumResult:
     """Frustum-mode entries that survive the Top-K rule, streamed in two passes by ``jobs``
     threads (:func:`bevcompile.matrix.topk.stream_topk` over :class:`FrustumStream`).
@@ -685,44 +690,52 @@ def frustum_entries(
     hands the counts (``(ny * nx,)`` int64, exactly the final row nnz) to ``check_row_nnz``,
     which may refuse (raise) before pass 2 collects them all. The result is exactly the
     straightforward build's (:func:`bevcompile.matrix.reference.reference_matrix`), the same
-    bytes for every ``jobs``.
+    bytes for every ``jobs``. ``region``: the rows are the region's (:func:`run_point_stream`).
     """
     t0 = time.perf_counter()
-    frustum = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs)
-    stream: FrustumStream | RegionStream = frustum
-    if region is not None:  # rows = the region's compact rows (bevcompile.matrix.region), merged before Top-K
+    stream = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs)
+    return run_point_stream(
+        rig, stream, time.perf_counter() - t0, topk=topk, progress=progress, check_row_nnz=check_row_nnz, jobs=jobs, region=region, splat=splat
+    )
+
+
+def run_point_stream(
+    rig: RigConfig,
+    stream: Any,
+    rays_seconds: float,
+    *,
+    topk: int,
+    progress: ProgressFn | None,
+    check_row_nnz: Callable[[I64], None] | None,
+    jobs: int,
+    region: RegionRows | None = None,
+    splat: str = "bilinear",
+) -> FrustumResult:
+    """:func:`stream_topk` over a mode whose entries are the frustum's points (frustum, ray:
+    ``stream`` has ``n_bins``, ``in_range`` and ``n_valid``), as a :class:`FrustumResult`.
+
+    ``region`` (a ``bev.region``; ``stream`` then built with ``k = 0``): the stream is wrapped in a
+    :class:`~bevcompile.matrix.region.RegionStream`, so the rows are the region's compact rows,
+    merged before Top-K (order score ``1 - w`` for bilinear splats, ``dist2`` for nearest)."""
+    w_f, h_f = rig.feature_size
+    counted: Any = stream
+    if region is not None:
         row_of_cell, n_rows, coarse_row = region
-        stream = RegionStream(
-            frustum, row_of_cell, n_rows, n_columns_frustum(rig),
+        bev = BevBox.of(rig)
+        counted = RegionStream(
+            stream, row_of_cell, n_rows, n_columns_frustum(rig) if isinstance(stream, FrustumStream) else rig.n_cam * h_f * w_f,
             n_bins=hist_bins(n_rows, HIST_BINS_MAX, HIST_MAX_ENTRIES),
-            score="weight" if splat == "bilinear" else "dist2",
-            h2=(0.5 * frustum.bev.dx) ** 2 + (0.5 * frustum.bev.dy) ** 2,
+            score="weight" if splat == "bilinear" or not isinstance(stream, FrustumStream) else "dist2",
+            h2=(0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2,
             coarse_row=coarse_row,
         )
-    rays_seconds = time.perf_counter() - t0
-    w_f, h_f = rig.feature_size
-    counted = stream
     result = stream_topk(
-        stream,
-        k=topk,
-        n_bins=stream.n_bins,
-        jobs=jobs,
-        progress=progress,
-        check_row_nnz=check_row_nnz,
+        counted, k=topk, n_bins=counted.n_bins, jobs=jobs, progress=progress, check_row_nnz=check_row_nnz,
         points_in_range=lambda: counted.in_range,
     )
-    stream_valid = frustum.n_valid
-    in_range = stream.in_range
     return FrustumResult(
-        result.kept,
-        result.total_mass,
-        rig.n_cam * rig.depth.n_bins * w_f * h_f,
-        stream_valid,
-        in_range,
-        result.n_candidates,
-        {"rays": rays_seconds, **result.phase_seconds},
-        result.largest_sort,
-        result.compactions,
+        result.kept, result.total_mass, rig.n_cam * rig.depth.n_bins * w_f * h_f, stream.n_valid, counted.in_range,
+        result.n_candidates, {"rays": rays_seconds, **result.phase_seconds}, result.largest_sort, result.compactions,
     )
 
 

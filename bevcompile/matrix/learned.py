@@ -42,7 +42,6 @@ from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, array_sha256, write_groups
 from .build import (
     MATRIX_COMMAND_GROUPS,
-    MATRIX_DIMENSION_NAMES,
     QUANTIZE,
     VALUES_ATTR,
     VALUES_LEARNED,
@@ -52,9 +51,12 @@ from .build import (
     check_frustum_memory,
     is_learned,
     matrix_attributes,
+    matrix_dims,
     value_products,
 )
 from .checkpoint import Checkpoint, Tensor, read_checkpoint
+from .prior import ARRAY as PRIOR_ARRAY
+from .prior import prior_of_store
 
 INIT_ARRAY = "init_ell_weight"
 TOPOLOGY_ARRAYS = ("coo_row", "coo_col", "ell_index", "row_ids", "tile_cols", "tile_col_offsets")
@@ -199,7 +201,7 @@ INIT_SOURCE = "ell_weight"
 def learned_group(rig: RigConfig, geometric: MatrixProducts, learned: MatrixProducts, record: LearnedRecord) -> GroupData:
     """The ``matrix/`` group of a learned store: the learned products, ``init_ell_weight`` and the attributes."""
     arrays = {**learned.arrays(), INIT_ARRAY: geometric.ell_weight}
-    dims = {name: MATRIX_DIMENSION_NAMES[INIT_SOURCE if name == INIT_ARRAY else name] for name in arrays}
+    dims = matrix_dims(arrays, {INIT_ARRAY: INIT_SOURCE})
     return GroupData(arrays=arrays, attrs=learned_attributes(rig, geometric, learned, record), dims=dims)
 
 
@@ -362,8 +364,15 @@ def geometric_reference(loaded: LoadedStore, options: MatrixOptions, progress: C
     if options.mode == "grid":
         check_grid_memory(rig, "bevcompile absorb (geometric rebuild, --mode grid)")
     check_frustum_memory(rig, options)
-    geometric = build_matrix(rig, options, progress=progress)
     group = loaded["matrix"]
+    prior = None
+    if options.mode == "ray":
+        try:
+            stored = group[PRIOR_ARRAY] if PRIOR_ARRAY in group else None  # noqa: SIM401 - a store group, not a dict
+            prior = prior_of_store(options.depth_prior, stored, rig, f"{loaded.path}: matrix/", group.attrs.get("depth_prior"))
+        except ValueError as exc:
+            raise StoreError(f"{exc}; rebuild it with `bevcompile matrix --force`") from None
+    geometric = build_matrix(rig, options, progress=progress, depth_prior=prior)
     init_name = INIT_ARRAY if is_learned(group.attrs) else "ell_weight"
     built = geometric.arrays()
     for name in (*(n for n in TOPOLOGY_ARRAYS if n in built and n in group), init_name):

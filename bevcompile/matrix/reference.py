@@ -211,17 +211,54 @@ class ReferenceMatrix:
     n_entries: int
 
 
+def reference_ray_entries(
+    rig: RigConfig, splat: str, rounding: str, prior: F64, rows: npt.NDArray[np.integer[Any]] | None = None
+) -> ReferenceEntries:
+    """Every ray-mode entry, straightforwardly: each frustum entry (:func:`reference_frustum_entries`)
+    weighted by ``prior[cam, d, v, u]`` (``(n_cam, D, H_f, W_f)``, normalised per pixel), moved to
+    column ``(cam * H_f + v) * W_f + u``; the entries of one ``(row, column)`` summed one by one in
+    increasing depth bin, ``dist2`` their minimum (only contributions of weight > 0)."""
+    w_f, h_f = rig.feature_size
+    plane = w_f * h_f
+    n_bins = rig.depth.n_bins
+    fr = reference_frustum_entries(rig, splat, rounding, rows)
+    cam, rest = np.divmod(fr.col, n_bins * plane)
+    d, pixel = np.divmod(rest, plane)
+    weight = fr.weight * np.asarray(prior, dtype=np.float64).reshape(rig.n_cam, n_bins, plane)[cam, d, pixel]
+    good = weight > 0
+    col = (cam * plane + pixel)[good]
+    row, d, weight, dist2 = fr.row[good], d[good], weight[good], fr.dist2[good]
+    order = np.lexsort((d, col, row))
+    row, col, weight, dist2 = row[order], col[order], weight[order], dist2[order]
+    first = np.r_[True, (row[1:] != row[:-1]) | (col[1:] != col[:-1])]
+    group = np.cumsum(first) - 1
+    total = np.zeros(int(first.sum()))
+    np.add.at(total, group, weight)  # element by element, in increasing d (the stated summation order)
+    best = np.full(total.size, np.inf)
+    np.minimum.at(best, group, dist2)
+    return ReferenceEntries(row[first], col[first], total, best)
+
+
 def reference_matrix(
-    rig: RigConfig, options: Any, rows: npt.NDArray[np.integer[Any]] | None = None
+    rig: RigConfig, options: Any, rows: npt.NDArray[np.integer[Any]] | None = None, prior: F64 | None = None
 ) -> ReferenceMatrix:
     """The straightforward build (see module docstring). ``options`` is a
     :class:`bevcompile.matrix.build.MatrixOptions` (mode, splat, rounding, topk, normalize are used);
-    ``rows`` restricts the build to those BEV cells (their rows are complete)."""
-    if options.mode == "frustum":
-        entries = reference_frustum_entries(rig, options.splat, options.rounding, rows)
-    else:
-        entries = reference_grid_entries(rig, options.splat, rows)
+    ``rows`` restricts the build to those BEV cells (their rows are complete); ray mode needs
+    ``prior`` (``(n_cam, D, H_f, W_f)`` float64, normalised per pixel)."""
+    entries = _reference_entries(rig, options, rows, prior)
     return _topk_reference(entries.row, entries.col, entries.weight, entries.dist2, options, rig.bev.nx * rig.bev.ny)
+
+
+def _reference_entries(rig: RigConfig, options: Any, rows: npt.NDArray[np.integer[Any]] | None, prior: F64 | None) -> ReferenceEntries:
+    """Every entry of the mode of ``options`` (``rows``: only those BEV cells)."""
+    if options.mode == "frustum":
+        return reference_frustum_entries(rig, options.splat, options.rounding, rows)
+    if options.mode == "ray":
+        if prior is None:
+            raise ValueError("the ray-mode reference needs the normalised depth prior")
+        return reference_ray_entries(rig, options.splat, options.rounding, prior, rows)
+    return reference_grid_entries(rig, options.splat, rows)
 
 
 def _topk_reference(row: I64, col: I64, weight: F64, dist2: F64, options: Any, n_rows: int) -> ReferenceMatrix:
@@ -244,7 +281,12 @@ def _topk_reference(row: I64, col: I64, weight: F64, dist2: F64, options: Any, n
 
 
 def region_reference_matrix(
-    rig: RigConfig, options: Any, row_of_cell: npt.NDArray[np.integer[Any]], n_rows: int, rows: npt.NDArray[np.integer[Any]] | None = None
+    rig: RigConfig,
+    options: Any,
+    row_of_cell: npt.NDArray[np.integer[Any]],
+    n_rows: int,
+    rows: npt.NDArray[np.integer[Any]] | None = None,
+    prior: F64 | None = None,
 ) -> ReferenceMatrix:
     """The straightforward build of a ``bev.region`` matrix: every fine-cell entry, each moved to
     the row ``row_of_cell`` gives its cell (``(ny * nx,)``, -1: dropped), the entries of one
@@ -253,10 +295,7 @@ def region_reference_matrix(
     :func:`reference_matrix`. ``rows`` restricts the build to those region rows (complete)."""
     row_of_cell = np.asarray(row_of_cell, dtype=np.int64)
     fine = None if rows is None else np.flatnonzero(np.isin(row_of_cell, np.asarray(rows)))
-    if options.mode == "frustum":
-        entries = reference_frustum_entries(rig, options.splat, options.rounding, fine)
-    else:
-        entries = reference_grid_entries(rig, options.splat, fine)
+    entries = _reference_entries(rig, options, fine, prior)
     region_row = row_of_cell[entries.row]
     inside = region_row >= 0
     r, c, w, d = region_row[inside], entries.col[inside], entries.weight[inside], entries.dist2[inside]

@@ -436,8 +436,8 @@ class MatrixLayout:
     ``build_options``; nothing is taken on trust from other attributes).
 
     Convention:
-        ``mode`` ``"frustum"`` (columns ``((cam*D + d)*H_f + v)*W_f + u``) or ``"grid"``
-        (columns ``(cam*H_f + v)*W_f + u``); ``n_rows`` logical rows; ``row_cells`` int64
+        ``mode`` ``"frustum"`` (columns ``((cam*D + d)*H_f + v)*W_f + u``), ``"grid"`` or ``"ray"``
+        (columns ``(cam*H_f + v)*W_f + u``: features alone, no depth); ``n_rows`` logical rows; ``row_cells`` int64
         ``(n_rows,)`` = BEV cell ``iy*nx + ix`` of each row (``row_ids``, or ``arange``);
         ``rows_pad``/``k_pad`` the ELL shape; ``tile_rows`` R (None without tiles).
     """
@@ -460,8 +460,8 @@ def matrix_layout(store: LoadedStore) -> MatrixLayout:
     """The :class:`MatrixLayout` of ``store["matrix"]`` (StoreError if inconsistent)."""
     group = store["matrix"]
     options = group.attrs.get("build_options")
-    if not isinstance(options, Mapping) or options.get("mode") not in ("frustum", "grid"):
-        raise StoreError(f"{store.path}: matrix/ has no readable build_options.mode (frustum or grid)")
+    if not isinstance(options, Mapping) or options.get("mode") not in ("frustum", "grid", "ray"):
+        raise StoreError(f"{store.path}: matrix/ has no readable build_options.mode (frustum, grid or ray)")
     mode = str(options["mode"])
     rig = store.rig
     w_f, h_f = rig.feature_size

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from bevcompile.cli import app
 from bevcompile.deploy.onnx_export import ExportOptions, export_onnx
 from bevcompile.matrix.build import MatrixOptions, run_matrix
+from bevcompile.matrix.prior import DepthPrior
 from bevcompile.rig.config import RigConfig
 from bevcompile.store.loader import load
 from bevcompile.torch import LearnableLift, MatrixLift
@@ -60,9 +61,19 @@ def fresh(store: Path, tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("mode", ["grid", "frustum"])
+def _options_and_prior(small: RigConfig, mode: str) -> tuple[MatrixOptions, DepthPrior | None]:
+    """``ray-prior``: a ray store with a per-camera depth prior (stored as matrix/depth_prior)."""
+    if mode != "ray-prior":
+        return MatrixOptions(mode=mode, topk=8, align=16), None
+    prior = DepthPrior(np.linspace(1.0, 0.1, small.n_cam * small.depth.n_bins).reshape(small.n_cam, small.depth.n_bins))
+    return MatrixOptions(mode="ray", topk=8, align=16, depth_prior=prior.token), prior
+
+
+@pytest.mark.parametrize("mode", ["grid", "frustum", "ray", "ray-prior"])
 def test_absorb_round_trip_matrix_lift_and_onnx_equal_the_trained_module(tmp_path: Path, small: RigConfig, mode: str) -> None:
-    store = run_matrix(small, tmp_path, MatrixOptions(mode=mode, topk=8, align=16)).store
+    """Every mode, ray stores included (features alone; the file prior rebuilt from matrix/depth_prior by --strict)."""
+    options, prior = _options_and_prior(small, mode)
+    store = run_matrix(small, tmp_path, options, depth_prior=prior).store
     lift = LearnableLift(store)
     x, d = train(lift, small)
     with torch.no_grad():
@@ -92,7 +103,7 @@ def test_absorb_round_trip_matrix_lift_and_onnx_equal_the_trained_module(tmp_pat
     code, _, err = run("inspect", "--strict", str(store), "--quiet")
     assert code == 0, err
     # the geometric values are kept, bit for bit the geometric build's
-    geometric = run_matrix(small, tmp_path / "geo", MatrixOptions(mode=mode, topk=8, align=16)).products
+    geometric = run_matrix(small, tmp_path / "geo", options, depth_prior=prior).products
     assert np.array_equal(load(store)["matrix"]["init_ell_weight"], geometric.ell_weight)
 
 

@@ -81,7 +81,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
     [
         (["--topk", "-1"], "error: --topk must be an integer >= 0, got -1"),
         (["--align", "0"], "error: --align must be an integer in [1, 65536], got 0"),
-        (["--mode", "voxel"], "error: --mode must be one of frustum, grid, got 'voxel'"),
+        (["--mode", "voxel"], "error: --mode must be one of frustum, grid, ray, got 'voxel'"),
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
@@ -89,7 +89,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
         (["--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["-j", "1025"], "error: --jobs must be an integer in [1, 1024], got 1025"),
-        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum only (grid-mode rows are BEV cells, nothing is rounded)"),
+        (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum and ray only (grid-mode rows are BEV cells, nothing is rounded)"),
         (
             ["--align", "65536"],
             "error: ELL (at least 65,536 rows_pad x 65,536 k_pad, from --align 65,536) would hold 4,294,967,296 slots "
@@ -261,3 +261,66 @@ def test_jobs_write_the_same_store_for_every_count(tmp_path: Path) -> None:
     assert len(digest) > 10 and tree_digest(tmp_path / "2" / "small.zarr") == digest == tree_digest(tmp_path / "3" / "small.zarr")
     summary = json.loads(runner.invoke(app, ["matrix", str(config), "--out", str(tmp_path / "j"), "-j", "2", "--json"]).stdout)
     assert summary["jobs"] == 2 and summary["selection"]["candidates"] == summary["points"]["candidates_sorted"] > 0
+
+
+def test_matrix_mode_ray_with_a_prior_file_then_inspect_strict(tmp_path: Path) -> None:
+    """`matrix --mode ray --depth-prior FILE.npy`: columns (cam, v, u), the prior stored and named by
+    sha256, the summary names it; inspect --strict rebuilds the store from config + build_options + the prior."""
+    rig = small_rig()
+    cfg = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    prior = tmp_path / "prior.npy"
+    np.save(prior, np.linspace(2.0, 0.5, rig.depth.n_bins).astype(np.float32))
+    result = runner.invoke(app, ["matrix", str(cfg), "--out", str(tmp_path), "--mode", "ray", "--topk", "6", "--depth-prior", str(prior)])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    w_f, h_f = rig.feature_size
+    assert "matrix mode ray" in out and f"depth prior prior.npy ({rig.depth.n_bins},)" in out
+    assert f"cols (logical / padded) {rig.n_cam * w_f * h_f:,}" in out
+    group = open_store(tmp_path / "small.zarr").group_attrs("matrix")
+    assert group["build_options"]["depth_prior"].startswith("sha256:") and group["depth_prior"]["source"] == "prior.npy"
+    strict = runner.invoke(app, ["inspect", "--strict", str(tmp_path / "small.zarr")])
+    assert strict.exit_code == 0, strict.output
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("negative", "prior.npy: 1 negative value(s) (first at index 3, -1); a prior is >= 0"),
+        ("nan", "prior.npy: 1 value(s) not finite (first at index 0)"),
+        ("shape", "prior.npy: shape (4, 7); expected one of"),
+        ("zeros", "prior.npy: 0 everywhere: no pixel has any depth weight"),
+        ("text", "prior.npy: not a .npy file (save the prior with numpy.save)"),
+        ("pickle", "prior.npy: a .npy that needs pickle to load or is damaged"),
+        ("missing", "prior.npy: no such file"),
+    ],
+)
+def test_bad_depth_prior_is_one_line_exit_2_and_nothing_written(tmp_path: Path, content: str, message: str) -> None:
+    rig = small_rig()
+    cfg = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    prior = tmp_path / "prior.npy"
+    good = np.ones(rig.depth.n_bins)
+    if content == "negative":
+        good[3] = -1.0
+        np.save(prior, good)
+    elif content == "nan":
+        good[0] = np.nan
+        np.save(prior, good)
+    elif content == "shape":
+        np.save(prior, np.ones((4, 7)))
+    elif content == "zeros":
+        np.save(prior, np.zeros((rig.n_cam, rig.depth.n_bins)))
+    elif content == "text":
+        prior.write_text("1 2 3")
+    elif content == "pickle":
+        np.save(prior, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    result = runner.invoke(app, ["matrix", str(cfg), "--out", str(tmp_path / "out"), "--mode", "ray", "--depth-prior", str(prior)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0].replace(str(tmp_path) + "/", ""), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_depth_prior_needs_mode_ray(tmp_path: Path) -> None:
+    cfg = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    result = runner.invoke(app, ["matrix", str(cfg), "--out", str(tmp_path), "--depth-prior", "p.npy"])
+    assert result.exit_code == 2 and "error: --depth-prior applies to --mode ray only (--mode frustum)" in result.stderr

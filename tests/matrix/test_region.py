@@ -69,7 +69,7 @@ def test_super_cell_row_is_the_merge_of_its_fine_rows(mode: str, splat: str, nor
     assert set(np.unique(table.cells[:, 2]).tolist()) == {1, 2, 4}
 
 
-@pytest.mark.parametrize("mode", ["frustum", "grid"])
+@pytest.mark.parametrize("mode", ["frustum", "grid", "ray"])
 @pytest.mark.parametrize("splat", ["bilinear", "nearest"])
 def test_region_topk_equals_the_straightforward_region_reference_for_any_jobs(mode: str, splat: str) -> None:
     _full, rig = rigs()
@@ -77,7 +77,8 @@ def test_region_topk_equals_the_straightforward_region_reference_for_any_jobs(mo
     options = MatrixOptions(mode=mode, splat=splat, topk=5, normalize="mean")
     one = build_matrix(rig, options, jobs=1)
     two = build_matrix(rig, options, jobs=2)
-    ref = region_reference_matrix(rig, options, table.row_of_cell(), table.n_kept + 1)
+    prior = one.depth_prior.normalised(rig).dense(rig) if one.depth_prior is not None else None
+    ref = region_reference_matrix(rig, options, table.row_of_cell(), table.n_kept + 1, prior=prior)
     assert np.array_equal(one.coo_row, ref.row) and np.array_equal(one.coo_col, ref.col)
     assert np.allclose(one.coo_val, ref.value, rtol=1e-6, atol=0)
     for name, array in one.arrays().items():
