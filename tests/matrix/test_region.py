@@ -33,7 +33,6 @@ def rigs() -> tuple[RigConfig, RigConfig]:
     return full, parse_config(data)
 
 
-@cache
 def dense(mode: str, splat: str, normalize: str, region: bool) -> np.ndarray:
     rig = rigs()[1 if region else 0]
     return build_matrix(rig, MatrixOptions(mode=mode, splat=splat, normalize=normalize, topk=0), jobs=1).dense().astype(np.float64)
