@@ -16,6 +16,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+from bevcompile._version import __version__ as VERSION
 from bevcompile.cli import app
 from bevcompile.store.inspection import inspect_store
 
@@ -129,7 +130,7 @@ def _a_worker_of_another_version_is_refused(cluster: dict[str, Any], tmp_path: P
         _wait_for_workers_to_leave(cluster["address"], 2)
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: --scheduler {cluster['address']}: worker tcp://127.0.0.1:")
-    assert "runs bevcompile 0.0.1 (store format bevcompile/1), this is 0.2.0 (bevcompile/1): every worker must run the same version" in result.stderr
+    assert f"runs bevcompile 0.0.1 (store format bevcompile/1), this is {VERSION} (bevcompile/1): every worker must run the same version" in result.stderr
     assert result.stderr.count("\n") == 1 and not list((tmp_path / "out").glob("*.zarr"))
 
 
