@@ -62,6 +62,18 @@ PREFILTER_MARGIN = 1e-9
 # --------------------------------------------------------------------------------------
 
 
+
+def bilinear_split(fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64]:
+    """``(g_x, g_y, i0_x, i0_y, a_x, a_y)`` of points at continuous cell coordinates ``f_x, f_y``
+    (cell ``i`` spans ``[i, i + 1)``, its centre at ``i + 0.5``): ``g = f - 0.5``, the lower
+    bilinear corner ``i0 = floor(g)`` and the fraction ``a = g - i0`` in ``[0, 1)`` per axis,
+    float64 (the splat rule of every streamed mode)."""
+    gx = fx - 0.5
+    gy = fy - 0.5
+    ix0 = np.floor(gx)
+    iy0 = np.floor(gy)
+    return gx, gy, ix0, iy0, gx - ix0, gy - iy0
+
 @dataclass(frozen=True)
 class CameraRays:
     """Viewing rays of one camera's feature-pixel centres, in the BEV frame (``bev.frame``).
@@ -420,12 +432,7 @@ class FrustumStream:
 
     def _corner_frame(self, fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64, I64]:
         """``(g_x, g_y, i0_x, i0_y, a_x, a_y, padded frame index)`` of points ``f_x, f_y``."""
-        gx = fx - 0.5
-        gy = fy - 0.5
-        ix0 = np.floor(gx)
-        iy0 = np.floor(gy)
-        ax = gx - ix0
-        ay = gy - iy0
+        gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
         frame = iy0 + 2.0
         frame *= self.pad_w
         frame += ix0

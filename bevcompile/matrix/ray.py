@@ -34,6 +34,7 @@ from .entries import (
     CameraPlan,
     FrustumResult,
     RegionRows,
+    bilinear_split,
     block_coordinates,
     camera_rays,
     own_plan,
@@ -207,13 +208,8 @@ class RayStream:
             iy += ix
             point = np.flatnonzero(prior > 0.0)
             return point, point, iy.astype(np.int64)[point], prior[point]
-        gx = fx - 0.5
-        gy = fy - 0.5
-        ix0 = np.floor(gx)
-        iy0 = np.floor(gy)
-        ax = gx - ix0
-        ay = gy - iy0
-        del gx, gy
+        gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
+        del gx, gy  # bounded temporaries: only the corners and fractions are used
         bx = 1.0 - ax
         by = 1.0 - ay
         points, slots, cells, weights = [], [], [], []
