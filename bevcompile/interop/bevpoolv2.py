@@ -399,7 +399,8 @@ def build_bevpoolv2(
             f"batch {batch} x {n_points:,} frustum points / {grid.n_voxels:,} voxels do not fit BEVPoolv2's int32 ranks"
         )
     if options.precision == "float32":  # BEVDet's own float32 op sequence: per camera, one sort
-        ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths = _float32_ranks(frig, grid, options.rounding, batch, progress)
+        ranks_bev, ranks_depth, ranks_feat, starts, lengths = _float32_ranks(frig, grid, options.rounding, batch, progress)
+        n_kept = int(lengths.sum())
     else:
         voxels = _Voxelizer(frig, grid, options.rounding, jobs)
         blocks = voxels.blocks
@@ -438,13 +439,13 @@ def build_bevpoolv2(
                 progress(units)
         ranks_bev = np.empty(batch * n_kept, dtype=np.int32)
         _fill_runs(ranks_bev[:n_kept], occupied, starts)
-        interval_starts = _repeat_with_offset(starts, batch, n_kept)
-        interval_lengths = np.tile(lengths.astype(np.int32), batch)
-        for b in range(1, batch):  # batch b: b is the most significant digit of every rank; still sorted and stable
-            segment = slice(b * n_kept, (b + 1) * n_kept)
-            np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
-            np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
-            np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
+    interval_starts = _repeat_with_offset(starts, batch, n_kept)
+    interval_lengths = np.tile(lengths.astype(np.int32), batch)
+    for b in range(1, batch):  # batch b: b is the most significant digit of every rank; still sorted and stable
+        segment = slice(b * n_kept, (b + 1) * n_kept)
+        np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
+        np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
+        np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
     return BevPoolV2Arrays(
         ranks_bev=ranks_bev,
         ranks_depth=ranks_depth,
@@ -464,12 +465,13 @@ _POINTS_PER_STEP = 1 << 21  # float32 build: frustum points unprojected per step
 def _float32_ranks(
     frig: RigConfig, grid: VoxelGrid, rounding: str, batch: int, progress: ProgressFn | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths`` of the float32
-    build (:func:`bevdet_points_float32`): the points chunk by chunk in ``ranks_depth`` order, then
-    one stable sort by voxel (the float32 path restates upstream for checking a deployment, on
-    upstream-sized rigs; the float64 build streams in bounded memory)."""
+    """``ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths`` of batch item 0 of
+    the float32 build (:func:`bevdet_points_float32`): the points chunk by chunk in ``ranks_depth``
+    order, then one stable sort by voxel (the float32 path restates upstream for checking a
+    deployment, on upstream-sized rigs; the float64 build streams in bounded memory). The three
+    rank arrays have room for ``batch`` items (:func:`build_bevpoolv2` fills items 1 and on, as
+    for the float64 build)."""
     n_cam, n_d, h_f, w_f = frustum_shape(frig)
-    n_points = n_cam * n_d * h_f * w_f
     plane = h_f * w_f
     d_step = max(1, _POINTS_PER_STEP // plane)
     x_size, y_size, _ = grid.size
@@ -488,17 +490,14 @@ def _float32_ranks(
     ranks_bev = np.concatenate(bev_parts) if bev_parts else np.zeros(0, np.int32)
     ranks_depth = np.concatenate(depth_parts) if depth_parts else np.zeros(0, np.int32)
     order = np.argsort(ranks_bev, kind="stable")
-    ranks_bev, ranks_depth = ranks_bev[order], ranks_depth[order]
-    ranks_feat = feat_rank_from_depth_rank(ranks_depth, (n_cam, n_d, h_f, w_f))
-    starts, lengths = intervals_of(ranks_bev)
-    if batch > 1:  # batch b: every rank gets b as its most significant digit; still sorted and stable
-        n_kept_one = int(ranks_bev.size)
-        ranks_bev = _repeat_with_offset(ranks_bev, batch, grid.n_voxels)
-        ranks_depth = _repeat_with_offset(ranks_depth, batch, n_points)
-        ranks_feat = _repeat_with_offset(ranks_feat, batch, n_cam * plane)
-        starts = _repeat_with_offset(starts, batch, n_kept_one)
-        lengths = np.tile(lengths, batch)
-    return ranks_bev, ranks_depth, ranks_feat, starts, lengths
+    n_kept = int(order.size)
+    out_bev, out_depth, out_feat = (np.empty(batch * n_kept, dtype=np.int32) for _ in range(3))
+    out_bev[:n_kept] = ranks_bev[order]
+    out_depth[:n_kept] = ranks_depth[order]
+    del ranks_bev, ranks_depth
+    out_feat[:n_kept] = feat_rank_from_depth_rank(out_depth[:n_kept], (n_cam, n_d, h_f, w_f))
+    starts, lengths = intervals_of(out_bev[:n_kept])
+    return out_bev, out_depth, out_feat, starts, lengths
 
 
 def _fill_runs(out: npt.NDArray[np.int32], values: np.ndarray, starts: np.ndarray) -> None:

@@ -172,6 +172,20 @@ def test_bevpoolv2_float32_equals_bevdet_float32_run_bit_for_bit(nuscenes: RigCo
     assert differing == [204, 4718, 4716, 204, 8]
 
 
+@pytest.mark.parametrize("batch", [2, 3])
+def test_bevpoolv2_float32_batch_equals_bevdet_float32_transcription(batch: int) -> None:
+    """The float32 build laid out for ``batch`` items is BEVDet's own float32 run for ``B`` items,
+    bit for bit (the batch copies are the float64 build's)."""
+    rig = rigs.small_rig(pixel_mapping="linspace", bev_half_m=20.0)
+    ours = build_bevpoolv2(rig, BevPoolOptions(batch=batch, precision="float32"))
+    ref = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32, batch=batch)
+    one = build_bevpoolv2(rig, BevPoolOptions(precision="float32"))
+    assert (ours.n_kept, ours.n_intervals) == (batch * one.n_kept, batch * one.n_intervals) and one.n_kept > 100
+    for name, got, want in zip(NAMES, ours.arrays().values(), ref, strict=True):
+        assert got.dtype == np.int32, name
+        assert np.array_equal(got, want), name
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(-50.0, 50.0, width=32), st.floats(1.0, 4000.0, width=32), st.integers(2, 400))
 @example(-2.664597055882926e-40, 1.0, 14)  # float64 sum exactly halfway between two float32: the exact sum decides
