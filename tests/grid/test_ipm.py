@@ -211,10 +211,11 @@ def test_tangential_fold_cells_are_invalid_and_round_trip() -> None:
     assert np.array_equal(grid.valid, candidates & (det > 0))
     assert int((candidates & (det <= 0)).sum()) == 33
     assert (cv2_jacobian_det(distortion.coeffs, xy[grid.valid]) > 0).all()
-    xy_d, ok = distort_normalized(distortion, xy[grid.valid])
+    xy_valid = xy[grid.valid][::8]  # every 8th valid cell: the round trip is the same per point
+    xy_d, ok = distort_normalized(distortion, xy_valid)
     back, ok_back = undistort_normalized(distortion, xy_d)
     assert ok.all() and ok_back.all()
-    assert np.abs(back - xy[grid.valid]).max() < 1e-9
+    assert np.abs(back - xy_valid).max() < 1e-9
     # the lift (frustum products): a feature pixel whose ray would be folded gives no point
     w_f, h_f = rig.feature_size
     v, u = np.meshgrid(np.arange(h_f, dtype=np.float64), np.arange(w_f, dtype=np.float64), indexing="ij")

@@ -272,10 +272,12 @@ def test_tangential_fold_is_outside_the_valid_field() -> None:
     assert np.abs(det_cv2).min() > 1e-8  # no point too close to the fold for the finite differences
     assert np.array_equal(ok, det_cv2 > 0)
     assert 1_000 < (~ok).sum() < ok.sum()  # the fold cuts a crescent off the ring
-    # every valid point is the ray its pixel unprojects to
-    back, ok_back = undistort_normalized(TANGENTIAL_FOLD, xy_d[ok])
+    # every valid point is the ray its pixel unprojects to (every 8th of them: the round trip is
+    # the same per point, and the 213 k of them took 10 s of the suite)
+    valid = np.flatnonzero(ok)[::8]
+    back, ok_back = undistort_normalized(TANGENTIAL_FOLD, xy_d[valid])
     assert ok_back.all()
-    assert np.abs(back - xy[ok]).max() < 1e-9
+    assert np.abs(back - xy[valid]).max() < 1e-9
     # a folded point's pixel: either no valid preimage, or the OTHER (valid) ray, never the folded one
     folded = ~ok
     back, ok_back = undistort_normalized(TANGENTIAL_FOLD, xy_d[folded])
