@@ -201,7 +201,8 @@ def _print_drift(report: DriftReport) -> None:
     _no_wrap_first(cells)
     for c in report.cameras:
         for move in c.top_cells:
-            cells.add_row(escape(c.camera), f"({move.iy}, {move.ix})", f"{move.x_m:.2f}", f"{move.y_m:.2f}",
+            label = f"({move.iy}, {move.ix})" if move.size == 1 else f"({move.iy}, {move.ix}) x{move.size}"
+            cells.add_row(escape(c.camera), label, f"{move.x_m:.2f}", f"{move.y_m:.2f}",
                           f"{100 * move.share_before:.1f} %", f"{100 * move.share_after:.1f} %")
     if cells.row_count:
         print_table(cells)
