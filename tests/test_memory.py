@@ -71,3 +71,32 @@ def test_an_address_space_limit_refuses_a_big_rig_before_any_work(tmp_path: Path
         result.stderr,
     ), result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# A parent that holds ~400 MiB starts, through bash's exec (as the docs test and CI do), a child that
+# prints its peak both ways. CI's README example printed "1003.4 MiB" for a 105 MiB matrix build.
+BIG_PARENT = (
+    "import subprocess, sys\n"
+    "import numpy as np\n"
+    "held = np.ones(50_000_000)  # 400 MB resident\n"
+    "child = 'import resource; from bevcompile.memory import peak_rss_bytes; '"
+    " 'print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)'\n"
+    "out = subprocess.run(['bash', '-c', f'exec {sys.executable} -c \"{child}\"'], stdout=subprocess.PIPE, text=True, check=True)\n"
+    "print(out.stdout, end='')\n"
+)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's /proc")
+def test_peak_rss_is_the_commands_own_not_its_parents() -> None:
+    out = subprocess.run([sys.executable, "-c", BIG_PARENT], capture_output=True, text=True, timeout=120, check=True)
+    own, inherited = (int(v) for v in out.stdout.split())
+    assert inherited > 380 * 2**20  # what ru_maxrss says: the parent's 400 MB (why it is not used)
+    assert 5 * 2**20 < own < 150 * 2**20  # an interpreter with numpy imported: tens of MiB
+
+
+def test_peak_rss_grows_with_what_the_process_touches() -> None:
+    script = ("import numpy as np; from bevcompile.memory import peak_rss_bytes; before = peak_rss_bytes(); "
+              "block = np.ones(25_000_000); print(before, peak_rss_bytes())")  # 200 MB, all touched
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    before, after = (int(v) for v in out.stdout.split())
+    assert after >= before + 190 * 2**20

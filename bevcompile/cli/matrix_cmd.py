@@ -161,7 +161,7 @@ def _print_summary(result: MatrixRunResult) -> None:
         table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
     table.add_row("build time", f"{result.build_seconds:.2f} s")
     table.add_row("threads (--jobs)", f"{p.extra.get('jobs', 1)}")
-    table.add_row("peak memory (ru_maxrss)", human_bytes(result.peak_rss_bytes))
+    table.add_row("peak memory (RSS)", human_bytes(result.peak_rss_bytes))
     print_table(table)
     sizes = new_table("bytes per product", "product", "in memory", right=("in memory",))
     for name, nbytes in f.product_bytes.items():

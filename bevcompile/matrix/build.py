@@ -55,7 +55,6 @@ is bit-identical to the straightforward build in :mod:`bevcompile.matrix.referen
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -68,7 +67,7 @@ import numpy.typing as npt
 from ..choices import canonical_choice
 from ..errors import StoreConflictError, StoreError, UsageError, check_int_option
 from ..grid.build import check_grid_memory
-from ..memory import refuse_beyond_memory
+from ..memory import peak_rss_bytes, refuse_beyond_memory
 from ..parallel import resolve_jobs
 from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
@@ -340,10 +339,6 @@ class MatrixProducts:
         return coo_to_dense(self.coo_row, self.coo_col, self.coo_val, (self.n_rows, self.n_cols))
 
 
-def _peak_rss_bytes() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 def matrix_work_units(rig: RigConfig, options: MatrixOptions) -> int:
     """Total of the ``progress(n)`` calls of :func:`build_matrix` (points per pass, or grid cells)."""
     if options.mode == "grid":
@@ -613,7 +608,7 @@ def assemble_products(
         dense_bytes=int(n_rows) * int(n_cols) * 4,
         product_bytes=values.product_bytes,
         build_seconds=time.perf_counter() - t0,
-        peak_rss_bytes=_peak_rss_bytes(),
+        peak_rss_bytes=peak_rss_bytes(),
     )
     return MatrixProducts(
         options=options,
@@ -1117,4 +1112,4 @@ def run_matrix(
         force=force,
         replace_groups=MATRIX_COMMAND_GROUPS,
     )
-    return MatrixRunResult(rig, path, products, report, seconds, _peak_rss_bytes())
+    return MatrixRunResult(rig, path, products, report, seconds, peak_rss_bytes())
