@@ -146,9 +146,10 @@ def _print_diff(report: StoreDiff) -> None:
         options = ", ".join(f"{k}={v}" for k, v in m.build_options.items() if v is not None)
         table = new_table(f"matrix/  ({escape(options)})", "figure", "value", right=("value",))
         table.add_row("nnz old / new", f"{m.nnz_old:,} / {m.nnz_new:,}")
-        table.add_row("rows (BEV cells) whose entry set changed", _count(m.rows_entry_set_changed, m.n_rows))
+        rows = {"cells": "rows (BEV cells)", "region rows": "rows (the region's (super-)cells)", "dense map": "rows (different cells: see the note)"}[m.compared]
+        table.add_row(f"{rows} whose entry set changed", _count(m.rows_entry_set_changed, m.n_rows))
         table.add_row("rows whose entries or weights changed", _count(m.rows_changed, m.n_rows))
-        table.add_row("COO output max abs / mean abs", f"{m.output.max_abs:.4g} / {m.output.mean_abs:.4g}")
+        table.add_row("COO output max abs / mean abs" + (" (dense map)" if m.compared == "dense map" else ""), f"{m.output.max_abs:.4g} / {m.output.mean_abs:.4g}")
         table.add_row(f"COO output PSNR dB (peak {m.output.peak:.4g} = range of the old output)", _psnr(m.output.psnr_db))
         print_table(table)
     for note in report.notes:
@@ -201,7 +202,8 @@ def _print_drift(report: DriftReport) -> None:
     _no_wrap_first(cells)
     for c in report.cameras:
         for move in c.top_cells:
-            cells.add_row(escape(c.camera), f"({move.iy}, {move.ix})", f"{move.x_m:.2f}", f"{move.y_m:.2f}",
+            label = f"({move.iy}, {move.ix})" if move.size == 1 else f"({move.iy}, {move.ix}) x{move.size}"
+            cells.add_row(escape(c.camera), label, f"{move.x_m:.2f}", f"{move.y_m:.2f}",
                           f"{100 * move.share_before:.1f} %", f"{100 * move.share_after:.1f} %")
     if cells.row_count:
         print_table(cells)

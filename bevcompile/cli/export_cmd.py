@@ -44,17 +44,28 @@ def export_onnx_command(
             "the QDQ form NPU/GPU toolchains recognise; --opset 13+).",
         ),
     ] = "float32",
+    rows: Annotated[
+        str,
+        typer.Option(
+            "--rows",
+            metavar="dense|compact",
+            help="ell/tiles of a bev.region store: dense (the (N, C, ny, nx) map, one Gather of matrix/expand) "
+            "or compact (the (N, C, n_kept) rows in matrix/cells order, no expand Gather).",
+        ),
+    ] = "dense",
     quiet: QuietOption = False,
     json_output: JsonOption = False,
 ) -> None:
     """Export the store's view transform as a static ONNX graph, then prove it: no GridSample/ScatterND/
     OneHot/NonZero/Loop/If, no dynamic shape, onnxruntime output within 1e-5 of the numpy reference
     (with --weights lut/int8/int8-qdq: the reference with the same dequantised weights; the distance to the
-    float reference and the size against the float32 export are reported)."""
+    float reference and the size against the float32 export are reported). A bev.region store's graph
+    ends with one Gather of matrix/expand back to (N, C, ny, nx); --rows compact leaves it out."""
     from ..deploy.onnx_export import (
         EXPORTERS,
         PRODUCTS,
         REDUCTIONS,
+        ROWS,
         WEIGHTS,
         ExportOptions,
         ExportResult,
@@ -65,7 +76,7 @@ def export_onnx_command(
     options = ExportOptions(
         product=canonical_choice(product, PRODUCTS), opset=opset, channels=channels, batch=batch,
         reduce=canonical_choice(reduce or "sum", REDUCTIONS), seed=seed, exporter=canonical_choice(exporter, EXPORTERS),
-        weights=canonical_choice(weights, WEIGHTS),
+        weights=canonical_choice(weights, WEIGHTS), rows=canonical_choice(rows, ROWS),
     )
     options.validate()
     if reduce is not None and options.product != "gather":
@@ -101,7 +112,7 @@ def _print_export(result: object) -> None:
     scan = result.scan
     table = new_table(
         f"{result.path.name}: {result.product} via {result.module}, opset {scan.opset}, exporter {result.exporter}, "
-        f"weights {result.weights}",
+        f"weights {result.weights}" + (f", rows {result.rows}" if result.rows != "dense" else ""),
         "op", "nodes", "status", right=("nodes",),
     )
     for op, count in scan.op_histogram.items():

@@ -94,6 +94,10 @@ ORT_QDQ_CHECK_ACCURACY = "1"
 """Accuracy level of the ``int8-qdq`` check session: 1 = float32 activations, the graph's
 own semantics (the default session's figures are reported separately)."""
 EXPORTERS = ("legacy", "dynamo")
+ROWS = ("dense", "compact")
+"""``--rows`` (``ell``/``tiles``; ``MatrixLift(rows=...)``, :data:`bevcompile.deploy.torch.MATRIX_ROWS`):
+``dense`` the ``(N, C, ny, nx)`` map (a ``bev.region`` store: one Gather of ``matrix/expand``),
+``compact`` a ``bev.region`` store's ``(N, C, n_kept)`` rows in ``matrix/cells`` order (no expand Gather)."""
 DEFAULT_OPSET = 17
 MIN_OPSET = 9
 """Lowest opset whose graphs are static: below 9 the legacy exporter leaves the Reshape targets
@@ -136,7 +140,8 @@ def _require_torch() -> Any:
 class ExportOptions:
     """Options of :func:`export_onnx`. ``reduce`` applies to ``gather`` only; ``weights`` is
     ``float32``, ``lut`` (``gather`` only), ``int8`` or ``int8-qdq`` (``ell``/``tiles`` only;
-    ``int8-qdq`` needs ``opset >= 13``)."""
+    ``int8-qdq`` needs ``opset >= 13``); ``rows`` (:data:`ROWS`) ``compact`` applies to
+    ``ell``/``tiles`` of a ``bev.region`` store only."""
 
     product: str = "gather"
     opset: int = DEFAULT_OPSET
@@ -147,6 +152,7 @@ class ExportOptions:
     exporter: str = "legacy"
     tolerance: float = MAX_ABS_TOLERANCE
     weights: str = "float32"
+    rows: str = "dense"
 
     @property
     def quantised(self) -> bool:
@@ -192,6 +198,10 @@ class ExportOptions:
             raise UsageError(f"--batch must be in [1, 64], got {self.batch}")
         if self.reduce not in REDUCTIONS:
             raise UsageError(f"--reduce must be sum or mean, got {self.reduce!r}")
+        if self.rows not in ROWS:
+            raise UsageError(f"--rows must be one of {', '.join(ROWS)}, got {self.rows!r}")
+        if self.rows == "compact" and self.product == "gather":
+            raise UsageError("--rows compact applies to --product ell or tiles (the matrix rows of a bev.region store), got --product gather")
         if self.exporter not in EXPORTERS:
             raise UsageError(f"--exporter must be one of {', '.join(EXPORTERS)}, got {self.exporter!r}")
 
@@ -401,26 +411,27 @@ def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) 
     return out
 
 
-def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None) -> np.ndarray:
+def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense") -> np.ndarray:
     """``W @ X`` with the ``matrix/`` group's COO form, in float64 (scipy.sparse).
 
     Convention: features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` in
     frustum mode; returns float64 ``(N, C, ny, nx)`` (rows scattered to their BEV cells via
     ``row_ids`` when rows are compacted; cells without a row are 0; a ``bev.region`` store's rows
-    are expanded with ``matrix/expand``, applied here as a numpy fancy index).
+    are expanded with ``matrix/expand``, applied here as a numpy fancy index); ``rows="compact"``
+    (a ``bev.region`` store): float64 ``(N, C, n_kept)``, the rows in ``matrix/cells`` order.
     """
     import scipy.sparse as sp
 
     layout = matrix_layout(store)
     group = store["matrix"]
-    rows = np.asarray(group["coo_row"], dtype=np.int64)
+    coo_row = np.asarray(group["coo_row"], dtype=np.int64)
     cols = np.asarray(group["coo_col"], dtype=np.int64)
     vals = np.asarray(group["coo_val"], dtype=np.float64)
-    w_mat = sp.csr_matrix((vals, (rows, cols)), shape=(layout.n_rows, layout.n_cols))
-    return _apply_matrix(store, layout, w_mat, features, depth)
+    w_mat = sp.csr_matrix((vals, (coo_row, cols)), shape=(layout.n_rows, layout.n_cols))
+    return _apply_matrix(store, layout, w_mat, features, depth, rows)
 
 
-def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, form: str) -> np.ndarray:
+def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, form: str, out_rows: str = "dense") -> np.ndarray:
     """``W_dequant @ X`` in float64: the reference of ``--weights int8``.
 
     ``W_dequant`` is the stored decode ``float32(q) * row_scale[r]``
@@ -458,14 +469,20 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
     w_mat = sp.csr_matrix(
         (vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols)
     )
-    return _apply_matrix(store, layout, w_mat, features, depth)
+    return _apply_matrix(store, layout, w_mat, features, depth, out_rows)
 
 
-def _apply_matrix(store: LoadedStore, layout: MatrixLayout, w_mat: Any, features: np.ndarray, depth: np.ndarray | None) -> np.ndarray:
-    """``w_mat @ X`` per batch item, rows scattered to their BEV cells (float64 ``(N, C, ny, nx)``)."""
+def _apply_matrix(
+    store: LoadedStore, layout: MatrixLayout, w_mat: Any, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense"
+) -> np.ndarray:
+    """``w_mat @ X`` per batch item, rows scattered to their BEV cells (float64 ``(N, C, ny, nx)``);
+    ``rows="compact"``: a ``bev.region`` store's compact rows, float64 ``(N, C, n_kept)``."""
     n, _n_cam, c, h_f, w_f = features.shape
     _, ny, nx = store.bev_shape
-    out = np.zeros((n, c, ny * nx), dtype=np.float64)
+    compact = rows == "compact"
+    if compact and layout.expand is None:
+        raise UsageError(no_region_message(store))
+    out = np.zeros((n, c, layout.n_rows - 1 if compact else ny * nx), dtype=np.float64)
     if layout.mode == "frustum":
         if depth is None:
             raise UsageError("frustum-mode matrix needs depth probabilities")
@@ -487,11 +504,21 @@ def _apply_matrix(store: LoadedStore, layout: MatrixLayout, w_mat: Any, features
                 y += np.asarray(w_csc[:, cols] @ x)
         else:
             y = np.asarray(w_mat @ feats)  # (n_rows, C)
-        if layout.expand is not None:  # bev.region: each fine cell reads its (super-)cell's row, the zero row outside
+        if compact:  # bev.region: the kept (super-)cells' rows, without the zero row
+            out[b] = y[: layout.n_rows - 1].T
+        elif layout.expand is not None:  # bev.region: each fine cell reads its (super-)cell's row, the zero row outside
             out[b] = y[np.asarray(layout.expand, dtype=np.int64)].T
         else:
             out[b][:, layout.row_cells] = y.T
-    return out.reshape(n, c, ny, nx)
+    return out if compact else out.reshape(n, c, ny, nx)
+
+
+def no_region_message(store: LoadedStore) -> str:
+    """The one-line refusal of ``--rows compact`` on a store whose matrix rows are the BEV cells."""
+    return (
+        f"{store.path}: matrix/expand: --rows compact needs a store built with a bev.region (its rows are the kept "
+        "(super-)cells); this matrix's rows are the BEV cells: drop --rows compact"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -520,6 +547,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     weights: str = "float32"
+    rows: str = "dense"
     float_reference: QuantisationReport | None = None
     float32_export: Float32Export | None = None
     qdq: QdqReport | None = None
@@ -563,6 +591,7 @@ class ExportResult:
             "failures": self.failures,
             "notes": self.notes,
             "weights": self.weights,
+            "rows": self.rows if self.product != "gather" else None,
             "float_reference": None if self.float_reference is None else self.float_reference.to_json(),
             "float32_export": None if self.float32_export is None else self.float32_export.to_json(),
             "constant_bytes_vs_float32": _finite(self.constant_ratio_vs_float32),
@@ -656,16 +685,16 @@ def build_module(store: LoadedStore, options: ExportOptions) -> tuple[Any, bool]
     from . import torch as bt
 
     if options.weights == "int8-qdq":
-        module = qdq_module(store, options.product)
+        module = qdq_module(store, options.product, options.rows)
         return module, module.mode == "frustum"
     if options.product == "gather":
         if options.weights == "float32":
             return bt.GridGather(store, reduce=options.reduce), False
         return bt.GridGather(store, reduce=options.reduce, weights=options.weights), False
     if options.weights == "float32":
-        module = bt.MatrixLift(store, form=options.product)
+        module = bt.MatrixLift(store, form=options.product, rows=options.rows)
     else:
-        module = bt.MatrixLift(store, form=options.product, weights=options.weights)
+        module = bt.MatrixLift(store, form=options.product, weights=options.weights, rows=options.rows)
     return module, module.mode == "frustum"
 
 
@@ -686,7 +715,7 @@ def qdq_weights(module: Any) -> list[QdqWeight]:
     ]
 
 
-def qdq_module(store: LoadedStore, form: str) -> Any:
+def qdq_module(store: LoadedStore, form: str, rows: str = "dense") -> Any:
     """``MatrixLift(form=form)`` (float32) whose weights are the store's dequantised int8 weights.
 
     The int8 values and row scales are read (and checked) through ``MatrixLift(weights="int8")``;
@@ -699,7 +728,7 @@ def qdq_module(store: LoadedStore, form: str) -> Any:
 
     torch = _require_torch()
     weights = qdq_weights(bt.MatrixLift(store, form=form, weights="int8"))
-    module: Any = bt.MatrixLift(store, form=form)  # Any: it gains the plain attribute qdq_weights
+    module: Any = bt.MatrixLift(store, form=form, rows=rows)  # Any: it gains the plain attribute qdq_weights
     with torch.no_grad():
         for w in weights:
             buffer = getattr(module, w.name)
@@ -782,6 +811,8 @@ def export_onnx(
             raise DependencyError(f"--exporter dynamo needs onnxscript: {EXTRA_HINT}") from None
     if options.product != "gather" and store.has_group("matrix") and int(store["matrix"].attrs.get("nnz", 1) or 0) == 0:
         raise UsageError(f"{store.path}: matrix/ is empty (no entries: no camera reaches the BEV range), nothing to export")
+    if options.rows == "compact" and store.has_group("matrix") and "expand" not in store["matrix"]:
+        raise UsageError(no_region_message(store))
     check_export_memory(store, options)
     module, needs_depth = build_module(store, options)
     module.eval()
@@ -793,11 +824,11 @@ def export_onnx(
     if options.product == "gather":
         float_reference = reference_grid_gather(store, inputs["features"], options.reduce)
     else:
-        float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"))
+        float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows)
     if options.weights == "lut":
         reference = reference_gather_lut(store, inputs["features"], options.reduce)
     elif options.weights in ("int8", "int8-qdq"):
-        reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product)
+        reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
     else:
         reference = float_reference
     tolerance = export_tolerance(store, options)
@@ -899,6 +930,7 @@ def export_onnx(
         module=repr(module).splitlines()[0],
         failures=failures,
         weights=options.weights,
+        rows=options.rows,
         float_reference=quantisation,
         float32_export=float32_export,
         qdq=qdq,
@@ -997,6 +1029,7 @@ def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, export
         "bevcompile.product": options.product,
         "bevcompile.reduce": options.reduce if options.product == "gather" else "",
         "bevcompile.weights": options.weights,
+        "bevcompile.rows": options.rows if options.product != "gather" else "",
         "bevcompile.exporter": exporter,
         "bevcompile.feature_size": f"[{w_f}, {h_f}]",
         "bevcompile.bev_shape": f"[{n_h}, {ny}, {nx}]",

@@ -649,11 +649,15 @@ class LearnableLift(MatrixLift):
       :class:`MatrixLift`'s (``ell_index``, ``ell_weight``, ...), so ``bevcompile absorb STORE
       ckpt.pt`` and ``MatrixLift.load_state_dict`` take a checkpoint as it is.
     * ``form="ell"`` only: absorb re-derives the tiles (``--tile-rows``) and int8 from the values.
+    * A ``bev.region`` store: the rows are its kept (super-)cells and the zero row (no real slot,
+      so it stays 0); ``rows="dense"`` trains on the ``(N, C, ny, nx)`` map the head sees (the
+      ``expand`` Gather passes each fine cell's gradient to its row), ``rows="compact"`` on the
+      ``(N, C, n_kept)`` rows. The state dict is the same either way.
     """
 
     ell_mask: torch.Tensor
 
-    def __init__(self, store: StoreLike, *, form: str = "ell", constraint: str = "none") -> None:
+    def __init__(self, store: StoreLike, *, form: str = "ell", constraint: str = "none", rows: str = "dense") -> None:
         if form != "ell":
             raise UsageError(
                 f"LearnableLift trains the ELL values (form='ell'), got form={form!r}; "
@@ -664,7 +668,7 @@ class LearnableLift(MatrixLift):
         from ..matrix.learned import real_slots
 
         loaded = load(store)
-        super().__init__(loaded, form="ell")
+        super().__init__(loaded, form="ell", rows=rows)
         self.constraint = constraint
         mask = real_slots(np.asarray(loaded["matrix"]["coo_row"]), (self.rows_pad, self.k_pad))
         init = self._buffers.pop("ell_weight")

@@ -716,7 +716,9 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
     cells' pooling references (BEVDet-style voxel pooling / grid_sample pooling, ``sum``) merged by
     the stated rule (a row sums its fine cells; ``mean`` divides by the summed raw weight of its
     fine cells, pooled from ones); with K > 0 :func:`region_reference_matrix` (every entry, merged,
-    full lexsort Top-K), on seeded sampled rows for big rigs."""
+    full lexsort Top-K), on seeded sampled rows for big rigs. A learned store: the reference's
+    entries (any K) carrying the learned values of the stored ELL real slots, and the geometric
+    reference as the informational ``learned_vs_init`` row, as for a full-grid store."""
     rig = ctx.rig
     assert ctx.features is not None
     mode = options.mode
@@ -730,8 +732,8 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
     prior_dense = prior.normalised(rig).dense(rig) if prior is not None else None
     size = rig.n_cam * (rig.depth.n_bins * w_f * h_f if mode in DEPTH_MODES else len(rig.bev.heights) * ny * nx)
     sampled = size > (VERIFY_FULL_POINTS if mode in DEPTH_MODES else VERIFY_FULL_GRID_SAMPLES)
-    if is_learned(attrs):
-        raise ValueError("verify of learned values in a bev.region store is not supported yet")
+    learned = is_learned(attrs)
+    init_ref: F64 | None = None  # learned: the reference product of the geometric (init) values, all cameras
     rows = np.arange(n_rows)
     row = arrays["coo_row"].astype(np.int64)
     if sampled:
@@ -748,7 +750,7 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
                 out[c, :, ch] = np.bincount(row_of_cell[inside], weights=per_cell[c, ch][inside], minlength=n_rows)
         return out
 
-    if options.topk == 0 and not sampled:
+    if options.topk == 0 and not sampled and not learned:
         if mode in DEPTH_MODES:  # frustum: the depth probabilities; ray: the depth prior as depth
             weights = depth if mode == "frustum" else prior_dense
             assert weights is not None
@@ -770,11 +772,20 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
         ref = region_reference_matrix(rig, options, row_of_cell, n_rows, rows=rows if sampled else None, prior=prior_dense)
         lifted = lifted_columns(rig, mode, ref.col, ctx.features, depth)
         camera = _camera_of(rig, mode, ref.col)
-        ref_cam = np.stack([apply_entries(ref.row[camera == c], ref.value[camera == c], lifted[camera == c], n_rows) for c in range(rig.n_cam)])[:, rows]
-        note = f"reference: straightforward region build (every entry merged per region row, full lexsort, Top-{options.topk}) in float64"
+        ref_values = np.asarray(ref.value, dtype=np.float64)
+        learned_note = ""
+        if learned:  # the learned values on the reference's entries (the topology is the geometric build's)
+            ref_values, missing = _learned_values_at(arrays, np.arange(n_rows, dtype=np.int64), n_columns(rig, mode), ref.row, ref.col)
+            init_ref = apply_entries(ref.row, ref.value, lifted, n_rows)[rows]
+            learned_note = (
+                "; the learned values (ell_weight real slots) on the reference's entries"
+                + (f"; {missing} reference entr{'y' if missing == 1 else 'ies'} not in the store" if missing else "")
+            )
+        ref_cam = np.stack([apply_entries(ref.row[camera == c], ref_values[camera == c], lifted[camera == c], n_rows) for c in range(rig.n_cam)])[:, rows]
+        note = f"reference: straightforward region build (every entry merged per region row, full lexsort, Top-{options.topk}) in float64{learned_note}"
         if sampled:
             note += f"; {rows.size} seeded sampled rows"
-    return _verify_forms(ctx, arrays, attrs, options, ref_cam, rows, rows, n_rows, note, None, sampled, n_rows, table, prior_dense)
+    return _verify_forms(ctx, arrays, attrs, options, ref_cam, rows, rows, n_rows, note, init_ref, sampled, n_rows, table, prior_dense)
 
 
 def _verify_forms(

@@ -660,6 +660,16 @@ class FrustumStream:
         self.plans, self._blocks = [], []
         self._thr, self._wmin = np.zeros(0, np.int64), []
 
+    # ---- the bev.region hook (bevcompile.matrix.region.RegionStream, pass 2) -------------
+
+    def begin_region_collect(self, threshold: I64, n_bins: int, scale: float, k: int) -> None:
+        """Pass 2 under a :class:`~bevcompile.matrix.region.RegionStream` (this stream built with
+        ``k = 0``: no tie groups): keep each cell's entries whose score bin in the REGION's bins
+        (``n_bins``, ``scale``: the formulas of :meth:`_score_bin`) is ``<= threshold[cell]``
+        (``(n_cells,)``; -1 none, ``n_bins`` all), with the K > 0 pre-filter of :meth:`collect`."""
+        self.k, self.n_bins, self.scale = k, n_bins, scale
+        self.begin_collect(threshold, n_bins, k)
+
 
 @dataclass
 class FrustumResult:

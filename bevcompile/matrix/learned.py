@@ -6,7 +6,9 @@ parameter). ``absorb`` brings trained values back into the store:
 
 * the topology is the geometric build's, rebuilt here from the stored config and
   ``build_options`` and required equal to the stored one: ``coo_row``, ``coo_col``, ``ell_index``,
-  ``row_ids`` (and ``tile_cols`` / ``tile_col_offsets``, derived from them) never change;
+  ``row_ids`` (and ``tile_cols`` / ``tile_col_offsets``, derived from them) never change; nor do
+  a ``bev.region`` store's ``cells`` and ``expand`` (its rows are the kept (super-)cells and the
+  zero row, learned like any row; ``camera_mass`` is laid out on the dense map through ``expand``);
 * the learned values are the ELL "real slots" (slot ``j`` of row ``r`` with ``j < nnz(r)``, the
   row's j-th entry by increasing column); padding slots must be exactly 0; an entry whose learned
   value is 0 (or negative) stays in the COO;
@@ -59,7 +61,7 @@ from .prior import ARRAY as PRIOR_ARRAY
 from .prior import prior_of_store
 
 INIT_ARRAY = "init_ell_weight"
-TOPOLOGY_ARRAYS = ("coo_row", "coo_col", "ell_index", "row_ids", "tile_cols", "tile_col_offsets")
+TOPOLOGY_ARRAYS = ("coo_row", "coo_col", "ell_index", "row_ids", "tile_cols", "tile_col_offsets", "cells", "expand")
 """Arrays of a learned ``matrix/`` that are the geometric build's, bit for bit."""
 LEARNED_RULE = (
     "the topology (coo_row, coo_col, ell_index, row_ids, tile_cols, tile_col_offsets) is the geometric build's; "
@@ -143,7 +145,10 @@ def learned_products(rig: RigConfig, geometric: MatrixProducts, learned_ell: npt
     coo_val = np.ascontiguousarray(learned_ell[geometric.coo_row.astype(np.int64), coo_slots(geometric.coo_row)], dtype=np.float32)
     row_cells = geometric.row_ids.astype(np.int64) if geometric.row_ids is not None else np.arange(geometric.n_rows, dtype=np.int64)
     cells = row_cells[geometric.coo_row.astype(np.int64)]
-    values = value_products(rig, options, geometric.coo_row, geometric.coo_col, coo_val, cells, geometric.n_rows, *shape)
+    values = value_products(rig, options, geometric.coo_row, geometric.coo_col, coo_val, cells, geometric.n_rows, *shape, expand=geometric.expand)
+    if geometric.region_cells is not None and geometric.expand is not None:  # bev.region: the cell table and expand are topology
+        values.product_bytes["cells"] = int(geometric.region_cells.nbytes)
+        values.product_bytes["expand"] = int(geometric.expand.nbytes)
     if geometric.row_ids is not None:
         values.product_bytes["row_ids"] = int(geometric.row_ids.nbytes)
     values.product_bytes[INIT_ARRAY] = int(geometric.ell_weight.nbytes)

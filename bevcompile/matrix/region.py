@@ -23,6 +23,13 @@ Streamed modes plug in through :class:`RegionStream`, a wrapper around the mode'
 :class:`~bevcompile.matrix.topk.EntryStream` built with ``k = 0``: each block's entries (all of
 them) are mapped and merged in the block, then counted and filtered on the region rows. Exact,
 because every column's entries come from one block (a column is one frustum point or ray sample).
+
+Pass 2 of a mode with the hook ``begin_region_collect`` (frustum): a fine (size-1) cell's row
+holds exactly its cell's entries, in the region's score bins, so the mode applies that row's
+pass-1 threshold to them itself, with its cheap pre-filter, before it builds any entry (as a
+full-grid build does); only the entries of super-cells (merged, then filtered) and the survivors
+reach the merge. The same entries pass as without it (the pre-filter only drops entries whose bin
+exceeds the threshold), so the build's bytes, its candidate count included, do not change.
 """
 
 from __future__ import annotations
@@ -142,6 +149,15 @@ class RegionStream:
 
     def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
         self._thr = threshold if k > 0 else np.zeros(0, np.int64)
+        hook = getattr(self.inner, "begin_region_collect", None)
+        if k > 0 and hook is not None:
+            # fine cells: their row's threshold, applied by the mode itself before it builds the
+            # entries (a fine row's entries are its cell's, in the same bins); cells of super-cells:
+            # every entry (their row is a merge: filtered after it, in collect); outside: none
+            row = self.row_of_cell
+            coarse = np.zeros(row.size, dtype=bool) if self.coarse_row is None else self.coarse_row[np.maximum(row, 0)]
+            cell_thr = np.where(row < 0, -1, np.where(coarse, n_bins, threshold[np.maximum(row, 0)]))
+            hook(cell_thr.astype(np.int64), self.n_bins, self.scale, k)
 
     def collect(self, block: Any) -> tuple[Entries, int]:
         e, n_in = self._entries(block)

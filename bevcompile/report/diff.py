@@ -13,7 +13,11 @@ tables moved:
   ``grid/coords``) and the fraction of cells whose nearest feature pixel changes;
 * the output change of ``grid_sample`` (numpy reference) on seeded random features;
 * ``matrix/`` (when both stores have one with the same build options): nnz, changed rows and
-  the output change of the COO product on the same seeded features.
+  the output change of the COO product on the same seeded features. ``bev.region`` stores: with
+  the same region (equal ``matrix/cells``) row by row over the kept (super-)cells; with different
+  regions, or a region against the full grid, on the dense ``(ny, nx)`` map the head sees (each
+  fine cell reads its row through ``matrix/expand``, 0 outside the region), and changed rows are
+  not counted (the rows are not the same cells); a note says which.
 
 Stores are read only through :func:`bevcompile.load` (content hashes verified). Pure: nothing
 here prints. Memory is bounded per camera (and per chunk of matrix entries), so a 200x200 BEV,
@@ -215,6 +219,11 @@ class MatrixDiff:
     ``output``: the COO product of each store on the same seeded features (frustum mode:
     ``X[col, c] = depth_probs[cam, d, v, u] * features[cam, c, v, u]``), float64; PSNR peak =
     the range (max - min) of the old output, as in ``bevcompile verify``.
+    ``compared`` (:data:`MATRIX_COMPARED`): ``cells`` (full grids: the rows are the BEV cells),
+    ``region rows`` (the same ``bev.region``: the ``n_rows`` rows are its kept (super-)cells and
+    the zero row) or ``dense map`` (different regions, or a region vs the full grid: the output on
+    the ``ny * nx`` fine cells through ``matrix/expand``; the row counts are None); ``n_rows`` the
+    rows counted (BEV cells, the region's ``n_kept`` (super-)cells, or the ``ny * nx`` cells).
     """
 
     mode: str
@@ -225,10 +234,12 @@ class MatrixDiff:
     rows_entry_set_changed: int | None  # None: not counted (keys would overflow int64)
     rows_changed: int | None
     output: OutputChange
+    compared: str = "cells"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "compared": self.compared,
             "build_options": self.build_options,
             "nnz_old": self.nnz_old,
             "nnz_new": self.nnz_new,
@@ -649,11 +660,18 @@ def grid_output_change(
 # --------------------------------------------------------------------------------------
 
 
+MATRIX_COMPARED = ("cells", "region rows", "dense map")
+"""What :func:`matrix_diff` compares (:class:`MatrixDiff` ``compared``)."""
+
+
 @dataclass(frozen=True)
 class _Coo:
-    cells: I64  # BEV cell of every entry
+    cells: I64  # BEV cell of every entry (a bev.region store: its compact row)
     cols: I64
     values: npt.NDArray[np.float32]
+    n_rows: int  # rows of cells (ny * nx, or a region's n_kept + 1)
+    expand: I64 | None = None  # bev.region: (ny * nx,) row of every fine cell (n_kept: the zero row)
+    region_cells: npt.NDArray[Any] | None = None  # bev.region: matrix/cells (n_kept, 3)
 
 
 def _read_coo(store: LoadedStore) -> _Coo:
@@ -686,7 +704,35 @@ def _read_coo(store: LoadedStore) -> _Coo:
         )
     if layout.row_cells.size > 1 and not np.all(np.diff(layout.row_cells) > 0):
         raise StoreError(f"{store.path}: matrix/row_ids not strictly increasing")
-    return _Coo(layout.row_cells[row], col, val)
+    if layout.expand is not None:  # bev.region: the compact rows, and the way back to the dense map
+        return _Coo(row, col, val, layout.n_rows, np.asarray(layout.expand, np.int64), np.asarray(group["cells"]))
+    return _Coo(layout.row_cells[row], col, val, layout.n_cells)
+
+
+def _region_comparison(old: _Coo, new: _Coo, n_cells: int, notes: list[str]) -> str:
+    """What two ``matrix/`` are compared on (:data:`MATRIX_COMPARED`), with a note for regions."""
+    if old.expand is None and new.expand is None:
+        return "cells"
+    a, b = old.region_cells, new.region_cells
+    if a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b):
+        n_kept = old.n_rows - 1
+        notes.append(f"matrix/: both stores have the same bev.region: compared row by row over its {n_kept:,} kept (super-)cells")
+        return "region rows"
+
+    def what(coo: _Coo) -> str:
+        return "the full grid" if coo.expand is None else f"a bev.region of {coo.n_rows - 1:,} rows"
+
+    notes.append(
+        f"matrix/: OLD has {what(old)}, NEW {'a different bev.region' if old.expand is not None and new.expand is not None else what(new)}: "
+        f"the output is compared on the dense {n_cells:,}-cell map the head sees (region rows read through matrix/expand, 0 outside "
+        "the region); changed rows are not counted (the rows are not the same cells)"
+    )
+    return "dense map"
+
+
+def _dense_output(coo: _Coo, per_row: F64) -> F64:
+    """``(n_rows, C)`` row outputs on the dense map ``(ny * nx, C)`` (a full-grid store's rows already are)."""
+    return per_row if coo.expand is None else per_row[coo.expand]
 
 
 def _changed_rows(old: _Coo, new: _Coo, n_cols: int) -> tuple[int, int]:
@@ -745,11 +791,14 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
     coo_old, coo_new = _read_coo(old), _read_coo(new)
     for side, store, coo in (("OLD", old, coo_old), ("NEW", new, coo_new)):
         _note_non_finite(notes, side, store, "matrix/coo_val", coo.values, "the COO output figures")
-    n_cells = layout_old.n_cells
     n_cols = layout_old.n_cols
+    compared = _region_comparison(coo_old, coo_new, layout_old.n_cells, notes)
+    n_cells = coo_old.n_rows if compared == "region rows" else layout_old.n_cells
     set_changed: int | None = None
     changed: int | None = None
-    if n_cells * n_cols >= 2**62:
+    if compared == "dense map":
+        pass  # the rows are different (super-)cells: the note says so
+    elif n_cells * n_cols >= 2**62:
         notes.append("matrix/: changed rows not counted (cell x column keys would overflow int64)")
     else:
         set_changed, changed = _changed_rows(coo_old, coo_new, n_cols)
@@ -758,7 +807,7 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
     plane = w_f * h_f
     per_cam = n_cols // rig.n_cam
     channels = inputs.features.shape[1]
-    outputs = [np.zeros((n_cells, channels)), np.zeros((n_cells, channels))]
+    outputs = [np.zeros((coo.n_rows, channels)) for coo in (coo_old, coo_new)]
     order = [np.argsort(coo.cols // per_cam, kind="stable") for coo in (coo_old, coo_new)]
     bounds = [np.searchsorted((coo.cols // per_cam)[o], np.arange(rig.n_cam + 1)) for coo, o in zip((coo_old, coo_new), order, strict=True)]
     depth_iter: Iterator[npt.NDArray[np.float32] | None] = (
@@ -769,6 +818,8 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         for k, coo in enumerate((coo_old, coo_new)):
             entries = order[k][bounds[k][cam] : bounds[k][cam + 1]]
             _apply_camera(coo, entries, features_cam, depth_cam, plane, per_cam, outputs[k])
+    if compared == "dense map":
+        outputs = [_dense_output(coo, out) for coo, out in zip((coo_old, coo_new), outputs, strict=True)]
     peak = float(outputs[0].max() - outputs[0].min()) if outputs[0].size else 0.0  # NaN stays NaN below
     acc = _Accumulator()
     acc.add(outputs[1] - outputs[0])
@@ -777,10 +828,11 @@ def matrix_diff(old: LoadedStore, new: LoadedStore, inputs: SeededInputs, notes:
         build_options=dict(opts_old) if isinstance(opts_old, dict) else {},
         nnz_old=int(coo_old.cols.size),
         nnz_new=int(coo_new.cols.size),
-        n_rows=n_cells,
+        n_rows=n_cells - 1 if compared == "region rows" else n_cells,  # a region's zero row is not a cell
         rows_entry_set_changed=set_changed,
         rows_changed=changed,
         output=acc.result("matrix COO", 1.0 if peak <= 0 else peak),
+        compared=compared,
     )
 
 

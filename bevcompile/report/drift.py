@@ -14,6 +14,11 @@ learned ``matrix/`` (``bevcompile absorb``), per camera:
   and after. A grid-mode matrix has no entry there (0 by construction); a frustum matrix has some
   (points above the ground plane, bilinear splat), so the change is the signal.
 
+A ``bev.region`` store (``matrix/expand``): every figure is computed over its compact rows, the
+kept (super-)cells (the zero row holds nothing): a cell above is a row ``(iy, ix, size)`` of
+``matrix/cells`` (listed with its size and its centre), and a row is inside a camera's footprint
+iff the camera sees at least one of its fine cells.
+
 "Before" is the learned store's ``init_ell_weight`` (``--against-init``) or the values of the
 first store (geometric or learned; same config, same topology). Stores are read through
 :func:`bevcompile.load` (hashes verified). Pure: nothing here prints.
@@ -32,6 +37,7 @@ import numpy.typing as npt
 from ..errors import UsageError
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig
+from ..rig.region import region_table
 from ..store.loader import LoadedStore, load, matrix_layout
 
 F64 = npt.NDArray[np.float64]
@@ -95,9 +101,13 @@ class CellMove:
     y_m: float
     share_before: float
     share_after: float
+    size: int = 1  # a bev.region store: the side of the (super-)cell in fine cells
 
     def to_json(self) -> dict[str, Any]:
-        return {"iy": self.iy, "ix": self.ix, "x_m": self.x_m, "y_m": self.y_m, "share_before": self.share_before, "share_after": self.share_after}
+        out: dict[str, Any] = {"iy": self.iy, "ix": self.ix, "x_m": self.x_m, "y_m": self.y_m, "share_before": self.share_before, "share_after": self.share_after}
+        if self.size != 1:
+            out["size"] = self.size
+        return out
 
 
 @dataclass(frozen=True)
@@ -148,27 +158,61 @@ def footprint(rig: RigConfig) -> npt.NDArray[np.bool_]:
     return np.asarray(compute_sampling_grid(rig).valid.any(axis=1)).reshape(rig.n_cam, -1)
 
 
+@dataclass(frozen=True)
+class RowCells:
+    """What the rows of a ``matrix/`` are on the BEV grid. Convention: ``iy``, ``ix``, ``size``
+    int64 ``(n_rows,)`` (a row's first fine cell and its side in fine cells); ``x_m``, ``y_m``
+    float64 ``(n_rows,)`` its centre, metres in the BEV frame; ``seen`` bool ``(n_cam, n_rows)``
+    (the camera sees at least one of the row's fine cells)."""
+
+    iy: I64
+    ix: I64
+    size: I64
+    x_m: F64
+    y_m: F64
+    seen: npt.NDArray[np.bool_]
+
+
+def row_cells(rig: RigConfig) -> RowCells:
+    """The BEV cells (full grid) or, with ``bev.region``, the kept (super-)cells then the zero
+    row (size 0, never seen) that the drift figures are computed over."""
+    bev = rig.bev
+    seen = footprint(rig)
+    if bev.region is None:
+        k = np.arange(bev.ny * bev.nx, dtype=np.int64)
+        iy, ix, size = k // bev.nx, k % bev.nx, np.ones(k.size, np.int64)
+    else:
+        table = region_table(bev)
+        iy, ix, size = (np.r_[table.cells[:, i].astype(np.int64), 0] for i in range(3))
+        row = table.row_of_cell()
+        inside = row >= 0
+        hits = np.stack([np.bincount(row[inside], weights=seen[c][inside], minlength=table.n_kept + 1) for c in range(rig.n_cam)])
+        seen = hits > 0
+    return RowCells(iy, ix, size, bev.x.min + (ix + size / 2) * bev.x.step, bev.y.min + (iy + size / 2) * bev.y.step, seen)
+
+
 def drift(rig: RigConfig, mode: str, entries: MatrixValues, before: F64, after: F64, labels: tuple[str, str], top: int = DEFAULT_TOP_CELLS) -> DriftReport:
-    """The per-camera drift of ``after`` against ``before`` (values of the same COO entries)."""
-    n_cam, n_cells = rig.n_cam, rig.bev.ny * rig.bev.nx
+    """The per-camera drift of ``after`` against ``before`` (values of the same COO entries;
+    ``entries.cells`` the matrix rows' index into :func:`row_cells`)."""
+    geometry = row_cells(rig)
+    n_cam, n_cells = rig.n_cam, int(geometry.iy.size)
     m0 = camera_mass(entries.cells, entries.cams, before, n_cam, n_cells)
     m1 = camera_mass(entries.cells, entries.cams, after, n_cam, n_cells)
     t0, t1 = m0.sum(axis=0), m1.sum(axis=0)
     both = (t0 > 0) & (t1 > 0)
     share0 = np.where(both, m0 / np.where(both, t0, 1.0), 0.0)
     share1 = np.where(both, m1 / np.where(both, t1, 1.0), 0.0)
-    seen = footprint(rig)
+    seen = geometry.seen
     rel = np.abs(after - before) / np.where(before != 0, np.abs(before), 1.0)
     total0, total1 = float(m0.sum()), float(m1.sum())
-    bev = rig.bev
     cameras = []
     for c, name in enumerate(rig.camera_names):
         mine = entries.cams == c
         moved = np.abs(share1[c] - share0[c])
         order = np.argsort(-moved, kind="stable")[:top]
         cells = tuple(
-            CellMove(int(k // bev.nx), int(k % bev.nx), bev.x.min + (k % bev.nx + 0.5) * bev.x.step, bev.y.min + (k // bev.nx + 0.5) * bev.y.step,
-                     float(share0[c, k]), float(share1[c, k]))
+            CellMove(int(geometry.iy[k]), int(geometry.ix[k]), float(geometry.x_m[k]), float(geometry.y_m[k]),
+                     float(share0[c, k]), float(share1[c, k]), int(geometry.size[k]))
             for k in order if moved[k] > SHARE_MOVE_MIN
         )
         mass0, mass1 = float(m0[c].sum()), float(m1[c].sum())
@@ -178,7 +222,11 @@ def drift(rig: RigConfig, mode: str, entries: MatrixValues, before: F64, after: 
             float(rel[mine].mean()) if mine.any() else 0.0, float(rel[mine].max()) if mine.any() else 0.0,
             out0 / mass0 if mass0 else 0.0, out1 / mass1 if mass1 else 0.0, cells,
         ))
-    return DriftReport(labels[0], labels[1], mode, cameras, total0, total1, int(before.size), int(np.count_nonzero(after != before)))
+    notes = [] if rig.bev.region is None else [
+        f"bev.region store: figures over its {n_cells - 1:,} compact rows (kept (super-)cells; a cell is listed with its size), "
+        "a row inside a camera's footprint iff the camera sees one of its fine cells"
+    ]
+    return DriftReport(labels[0], labels[1], mode, cameras, total0, total1, int(before.size), int(np.count_nonzero(after != before)), notes)
 
 
 def _topology(store: LoadedStore) -> tuple[Any, ...]:

@@ -230,7 +230,14 @@ def _learned_panel(reader: StoreReader, rig: RigConfig) -> np.ndarray | None:
         raise StoreError(f"{reader.path}: matrix/ arrays are inconsistent; run bevcompile inspect")
     per_cam = max(1, int(reader.group_attrs("matrix").get("columns_per_camera") or 1))
     init_values = init[row, _ell_slots(row)].astype(np.float32).astype(np.float64)
-    before = camera_mass(cells, col // per_cam, init_values, rig.n_cam, ny * nx).reshape(rig.n_cam, ny, nx)
+    if "expand" in names:  # bev.region: rows are the kept (super-)cells; each fine cell reads its row's mass
+        expand = reader.read("matrix", "expand").astype(np.int64).ravel()
+        n_rows = int(expand.max(initial=0)) + 1
+        if expand.size != ny * nx or (row.size and row.max() >= n_rows):
+            raise StoreError(f"{reader.path}: matrix/ arrays are inconsistent; run bevcompile inspect")
+        before = camera_mass(row, col // per_cam, init_values, rig.n_cam, n_rows)[:, expand].reshape(rig.n_cam, ny, nx)
+    else:
+        before = camera_mass(cells, col // per_cam, init_values, rig.n_cam, ny * nx).reshape(rig.n_cam, ny, nx)
     return mass - before
 
 

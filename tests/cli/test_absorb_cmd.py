@@ -259,3 +259,62 @@ def test_absorb_on_a_store_without_matrix_names_the_command(tmp_path: Path, smal
     np.save(tmp_path / "v.npy", np.zeros((576, 16), np.float32))
     code, _, err = run("absorb", str(store), str(tmp_path / "v.npy"))
     assert code == 2 and "no group matrix/" in err and "bevcompile matrix" in err
+
+
+@pytest.mark.parametrize(("mode", "normalize"), [("grid", "sum"), ("frustum", "mean")])
+def test_region_store_learned_round_trip(tmp_path: Path, mode: str, normalize: str) -> None:
+    """Issue 17's loop on a bev.region store (corridor + rings, so super-cells of sizes 2 and 4):
+    train LearnableLift a few steps on the dense map -> absorb -> MatrixLift (ell and tiles, rows
+    dense and compact) and the exported graphs (dense, and --rows compact) equal the trained module
+    to 1e-6; inspect --strict, verify (float64 reference carrying the learned values) and the drift
+    report (over the compact rows) pass."""
+    from ..matrix.test_region import REGION
+
+    data = small_rig_data()
+    data["bev"]["region"] = REGION
+    config = write_yaml(tmp_path / "small.yaml", data)
+    code, _, err = run("matrix", str(config), "--mode", mode, "--normalize", normalize, "--topk", "8", "--align", "16", "--out", str(tmp_path), "--quiet")
+    assert code == 0, err
+    store = tmp_path / "small.zarr"
+    loaded = load(store)
+    rig = loaded.rig
+    expand = torch.from_numpy(np.asarray(loaded["matrix"]["expand"]).astype(np.int64))
+    n_kept = int(loaded.array_info("matrix", "cells").shape[0])
+    assert {int(s) for s in np.unique(loaded["matrix"]["cells"][:, 2])} == {1, 2, 4}
+    lift = LearnableLift(store)
+    assert set(LearnableLift(store, rows="compact").state_dict()) == set(lift.state_dict())
+    x, d = train(lift, rig)
+    with torch.no_grad():
+        trained = lift(x, d) if d is not None else lift(x)
+    assert trained.shape == (2, 3, rig.bev.ny, rig.bev.nx)
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save({"model": {"lift": lift.state_dict()}}, ckpt)
+    code, out, err = run("absorb", str(store), str(ckpt), "--tile-rows", "32", "--quantize", "int8")
+    assert code == 0, err
+    assert "model.lift.ell_weight" in out and "equal to the store's" in out
+    flat = trained.reshape(2, 3, -1)
+    for form in ("ell", "tiles"):
+        with torch.no_grad():
+            dense = MatrixLift(store, form=form)(*((x, d) if d is not None else (x,)))
+            compact = MatrixLift(store, form=form, rows="compact")(*((x, d) if d is not None else (x,)))
+        assert torch.max(torch.abs(dense - trained)).item() <= 1e-6, form
+        assert compact.shape == (2, 3, n_kept)
+        padded = torch.cat([compact, torch.zeros(2, 3, 1)], dim=2)
+        assert torch.max(torch.abs(padded[:, :, expand] - flat)).item() <= 1e-6, form
+    import onnxruntime as ort
+
+    feeds = {"features": x.numpy()} | ({"depth": d.numpy()} if d is not None else {})
+    for rows in ("dense", "compact"):
+        path = tmp_path / f"{rows}.onnx"
+        export_onnx(store, path, ExportOptions(product="ell", channels=3, batch=2, rows=rows))
+        got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["bev"], feeds)[0]
+        want = trained.numpy() if rows == "dense" else compact.numpy()
+        assert got.shape == want.shape and np.max(np.abs(got - want)) <= 1e-6, rows
+    code, out, err = run("inspect", "--strict", str(store))
+    assert code == 0, err + out
+    code, out, err = run("verify", str(store))
+    assert code == 0, err + out
+    assert "matrix/learned_vs_init" in out and "rows passed" in out
+    code, out, err = run("diff", "--against-init", str(store))
+    assert code == 0, err
+    assert f"bev.region store: figures over its {n_kept} compact rows" in " ".join(out.split())

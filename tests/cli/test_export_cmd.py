@@ -412,3 +412,71 @@ def test_export_interop_petr_coords3d(tmp_path: Path, small: RigConfig) -> None:
     options = dict(load(store)["interop"].attrs["build_options"]["petr-coords3d"])
     assert (options["depth_num"], options["lid"], options["precision"]) == (16, False, "float32")
     assert runner.invoke(app, ["inspect", str(store), "--quiet"]).exit_code == 0
+
+
+@pytest.fixture(scope="module")
+def region_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from bevcompile.matrix.build import run_matrix
+    from bevcompile.rig.config import parse_config
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data
+
+    data = small_rig_data()
+    data["bev"]["region"] = REGION
+    return run_matrix(parse_config(data), tmp_path_factory.mktemp("region"), MatrixOptions(mode="grid", topk=8, align=16, tile_rows=32)).store
+
+
+@pytest.mark.parametrize("product", ["ell", "tiles"])
+def test_export_onnx_rows_compact_returns_the_region_rows_without_the_expand_gather(region_store: Path, tmp_path: Path, product: str) -> None:
+    """--rows compact: output (N, C, n_kept), one Gather fewer than the default (dense) graph and
+    none reading matrix/expand; onnxruntime equals the dense graph's output at each row's cells."""
+    import onnxruntime as ort
+
+    from bevcompile.deploy.onnx_export import make_inputs
+
+    loaded = load(region_store)
+    expand = np.asarray(loaded["matrix"]["expand"])
+    n_kept = int(loaded.array_info("matrix", "cells").shape[0])
+    graphs = {}
+    for rows in ("dense", "compact"):
+        out = tmp_path / f"{rows}.onnx"
+        result = runner.invoke(app, ["export-onnx", str(region_store), "--product", product, "--rows", rows, "--channels", "3", "--out", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["rows"] == rows and data["passed"] and data["max_abs_vs_reference"] <= 1e-5
+        assert data["output"] == ([1, 3, n_kept] if rows == "compact" else [1, 3, 24, 24])
+        graphs[rows] = onnx.load(str(out))
+    gathers = {rows: sum(n.op_type == "Gather" for n in g.graph.node) for rows, g in graphs.items()}
+    assert gathers["compact"] == gathers["dense"] - 1
+    consts = {i.name: onnx.numpy_helper.to_array(i) for i in graphs["compact"].graph.initializer}
+    consts |= {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graphs["compact"].graph.node if n.op_type == "Constant" and n.attribute}
+    assert not any(n.op_type == "Gather" and np.array_equal(np.ravel(consts.get(n.input[1], [])), expand) for n in graphs["compact"].graph.node)
+    assert {p.key: p.value for p in graphs["compact"].metadata_props}["bevcompile.rows"] == "compact"
+    feeds = make_inputs(loaded, 3, 1, seed=5, with_depth=False)
+    dense, compact = (ort.InferenceSession(str(tmp_path / f"{r}.onnx"), providers=["CPUExecutionProvider"]).run(["bev"], feeds)[0] for r in ("dense", "compact"))
+    padded = np.concatenate([compact, np.zeros((1, 3, 1), np.float32)], axis=2)
+    assert np.array_equal(padded[:, :, expand], dense.reshape(1, 3, -1))
+    text = runner.invoke(app, ["export-onnx", str(region_store), "--product", product, "--rows", "COMPACT", "--channels", "3", "--out", str(tmp_path / "t.onnx")])
+    assert text.exit_code == 0, text.output
+    assert "rows compact" in text.stdout and f"bev 1x3x{n_kept}" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("which", "args", "message"),
+    [
+        ("int8", ["--product", "ell", "--rows", "compact"],
+         "matrix/expand: --rows compact needs a store built with a bev.region (its rows are the kept (super-)cells); "
+         "this matrix's rows are the BEV cells: drop --rows compact"),
+        ("region", ["--rows", "compact"],
+         "error: --rows compact applies to --product ell or tiles (the matrix rows of a bev.region store), got --product gather"),
+        ("region", ["--product", "ell", "--rows", "sparse"], "error: --rows must be one of dense, compact, got 'sparse'"),
+    ],
+)
+def test_export_onnx_rows_compact_errors(request: pytest.FixtureRequest, tmp_path: Path, which: str, args: list[str], message: str) -> None:
+    path = request.getfixturevalue(f"{which}_store")
+    result = runner.invoke(app, ["export-onnx", str(path), "--out", str(tmp_path / "m.onnx"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists()

@@ -118,3 +118,48 @@ def test_a_geometric_store_may_not_carry_an_init(tmp_path: Path, small: RigConfi
     write_groups(path, root_attrs=root_attributes(small), groups={"matrix": replace(group)}, force=True)
     failures = " ".join(inspect_store(path).failure_lines())
     assert "arrays not produced by these build_options: init_ell_weight" in failures
+
+
+@pytest.mark.parametrize("topk", [0, 6], ids=["k0", "k6"])
+def test_region_store_learned_values_products_verify_and_tampering(tmp_path: Path, topk: int) -> None:
+    """A bev.region store: init values give back every geometric array bit for bit (camera_mass laid
+    out on the dense map through expand; cells / expand kept); learned values pass inspect --strict
+    and verify (K = 0 too: the reference's entries carry the learned values, not the pooling
+    reference), and a tampered learned value fails both."""
+    from bevcompile.rig.config import parse_config
+    from bevcompile.rig.region import region_table
+
+    from ..rigs import small_rig_data
+    from .test_region import REGION
+
+    data = small_rig_data()
+    data["bev"]["region"] = REGION
+    rig = parse_config(data)
+    options = MatrixOptions(mode="frustum", topk=topk, align=8, tile_rows=32, quantize="int8", normalize="mean")
+    geometric = build_matrix(rig, options)
+    again = learned_products(rig, geometric, geometric.ell_weight)
+    for name, array in geometric.arrays().items():
+        got = again.arrays()[name]
+        assert got.dtype == array.dtype and np.array_equal(got, array), name
+    assert {"cells", "expand"} <= set(again.figures.product_bytes)
+    # camera_mass of learned values: each fine cell carries its (super-)cell row's mass, 0 outside
+    values = (geometric.ell_weight * np.random.default_rng(3).uniform(0.5, 1.5, geometric.ell_weight.shape)).astype(np.float32)
+    learned = learned_products(rig, geometric, values)
+    table = region_table(rig.bev)
+    cam = learned.coo_col.astype(np.int64) // learned.cols_per_camera
+    for c in range(rig.n_cam):
+        per_row = np.array([learned.coo_val[(cam == c) & (learned.coo_row == r)].astype(np.float64).sum() for r in range(table.n_kept + 1)])
+        assert np.array_equal(learned.camera_mass[c].ravel(), per_row[table.expand].astype(np.float32))
+    for tamper in (None, "value"):
+        path = _write_learned(rig, tmp_path / str(tamper), options, tamper)
+        report = inspect_store(path, strict=True)
+        verify = verify_store(path, channels=3)
+        if tamper is None:
+            assert report.passed, report.failure_lines()
+            assert verify.passed, verify.failure_lines()
+            coo = [r for r in verify.rows if r.product == "matrix/coo" and r.camera == "all"]
+            assert coo[0].max_abs < 1e-5 and "learned values" in coo[0].note and "region" in coo[0].note
+            assert any(r.product == "matrix/learned_vs_init" and r.max_abs > 0 for r in verify.rows)
+        else:
+            assert {"learned_values_sha256", "ell_reconstructs_coo"} <= {c.name for c in report.failures}
+            assert not verify.passed

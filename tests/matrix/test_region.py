@@ -4,6 +4,7 @@ matrix/cells + matrix/expand arrays and the inspect / verify / --strict plug-in.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -133,3 +134,34 @@ def test_region_store_passes_inspect_strict_and_verify_and_damage_is_caught(tmp_
     damaged = runner.invoke(app, ["inspect", str(store)])
     assert damaged.exit_code == 1, damaged.output
     assert "region_expand" in damaged.output
+
+
+@pytest.mark.parametrize("splat", ["bilinear", "nearest"])
+def test_pass2_prefilter_of_fine_cells_changes_nothing_but_the_entries_built(monkeypatch: pytest.MonkeyPatch, splat: str) -> None:
+    """The frustum hook (FrustumStream.begin_region_collect: fine cells filtered by their rows' pass-1
+    thresholds before their entries are built) gives the same arrays, figures and candidate count as
+    the region build without it, from fewer pass-2 entries."""
+    from bevcompile.matrix import entries as entries_module
+    from bevcompile.matrix.entries import FrustumStream
+
+    _full, rig = rigs()
+    options = MatrixOptions(mode="frustum", splat=splat, topk=3, normalize="mean", tile_rows=32, quantize="int8")
+    built: dict[str, int] = {}
+    original = FrustumStream.collect
+
+    def counting(self: FrustumStream, block: object) -> object:
+        out = original(self, block)  # type: ignore[arg-type]
+        built[label] = built.get(label, 0) + len(out[0])
+        return out
+
+    monkeypatch.setattr(entries_module.FrustumStream, "collect", counting)
+    label = "hook"
+    with_hook = build_matrix(rig, options, jobs=1)
+    monkeypatch.delattr(entries_module.FrustumStream, "begin_region_collect")
+    label = "none"
+    without = build_matrix(rig, options, jobs=1)
+    for name, array in with_hook.arrays().items():
+        assert np.array_equal(array, without.arrays()[name]), name
+    assert with_hook.figures == replace(without.figures, build_seconds=with_hook.figures.build_seconds, peak_rss_bytes=with_hook.figures.peak_rss_bytes)
+    assert with_hook.figures.n_candidates == without.figures.n_candidates
+    assert built["hook"] < built["none"]

@@ -577,3 +577,79 @@ def test_nan_grid_norm_makes_that_heights_output_nan(stores: dict[str, Path], tm
     result = runner.invoke(app, ["diff", str(stores["old"]), str(damaged), "--max-shift-px", "0"])
     assert result.exit_code == 0 and result.stderr == ""
     assert f"z={HEIGHTS[ih]:g} m nan nan nan" in _flat(result.stdout)
+
+
+# --------------------------------------------------------------------------------------
+# bev.region matrices
+# --------------------------------------------------------------------------------------
+
+
+def _region_data(region: dict[str, Any] | None, moved: bool = False) -> dict[str, Any]:
+    data = _moved_data() if moved else _data()
+    if region is not None:
+        data["bev"]["region"] = region
+    return data
+
+
+@pytest.fixture(scope="module")
+def region_stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from ..matrix.test_region import REGION
+
+    base = tmp_path_factory.mktemp("diff_region")
+    other = {"keep": REGION["keep"], "rings": [{"beyond_m": 4, "factor": 2}]}
+    options = MatrixOptions(mode="grid", topk=TOPK)
+    return {
+        "region": _build(_region_data(REGION), base / "region", matrix=options),
+        "region_moved": _build(_region_data(REGION, moved=True), base / "region_moved", matrix=options),
+        "other_region": _build(_region_data(other), base / "other_region", matrix=options),
+        "full": _build(_region_data(None), base / "full", matrix=options),
+    }
+
+
+def _direct_output(store: Path, dense: bool) -> np.ndarray:
+    """The COO product computed here (apply_entries on the stored rows; dense: each fine cell reads
+    its row through matrix/expand, a full-grid store's rows are its cells)."""
+    loaded = load(store)
+    rig = loaded.rig
+    group = loaded["matrix"]
+    features, _ = make_features(rig, 4, 0)
+    lifted = lifted_columns(rig, "grid", group["coo_col"], features, None)
+    n_rows = int(loaded.array_info("matrix", "cells").shape[0]) + 1 if "expand" in group else rig.bev.nx * rig.bev.ny
+    out = apply_entries(group["coo_row"], group["coo_val"], lifted, n_rows)
+    return out[np.asarray(group["expand"])] if dense and "expand" in group else out
+
+
+def test_region_stores_of_the_same_region_compare_row_by_row(region_stores: dict[str, Path]) -> None:
+    old, new = region_stores["region"], region_stores["region_moved"]
+    report = diff_stores(old, new, seed=0, channels=4)
+    m = report.matrix
+    n_kept = int(load(old).array_info("matrix", "cells").shape[0])
+    assert m is not None and m.compared == "region rows" and m.n_rows == n_kept
+    assert f"matrix/: both stores have the same bev.region: compared row by row over its {n_kept:,} kept (super-)cells" in report.notes
+    diff = _direct_output(new, dense=False) - _direct_output(old, dense=False)
+    assert m.output.max_abs == pytest.approx(float(np.abs(diff).max()), rel=1e-9)
+    assert m.output.mean_abs == pytest.approx(float(np.abs(diff).mean()), rel=1e-9)
+    assert m.rows_changed is not None and 0 < m.rows_changed < n_kept
+    same = diff_stores(old, old).matrix
+    assert same is not None and same.rows_changed == 0 and same.output.max_abs == 0.0
+
+
+@pytest.mark.parametrize(("old", "new"), [("region", "other_region"), ("full", "region"), ("region", "full")])
+def test_different_regions_compare_on_the_dense_map_and_say_so(region_stores: dict[str, Path], old: str, new: str) -> None:
+    report = diff_stores(region_stores[old], region_stores[new], seed=0, channels=4)
+    m = report.matrix
+    assert m is not None and m.compared == "dense map"
+    assert m.rows_entry_set_changed is None and m.rows_changed is None
+    diff = _direct_output(region_stores[new], dense=True) - _direct_output(region_stores[old], dense=True)
+    assert m.output.max_abs == pytest.approx(float(np.abs(diff).max()), rel=1e-9) and m.output.max_abs > 0
+    assert m.output.mean_abs == pytest.approx(float(np.abs(diff).mean()), rel=1e-9)
+    note = [n for n in report.notes if n.startswith("matrix/:")]
+    assert len(note) == 1 and "compared on the dense 576-cell map the head sees" in note[0] and "changed rows are not counted" in note[0]
+    want = {"region": "a bev.region of", "other_region": "a different bev.region", "full": "the full grid"}
+    assert want[new] in note[0].split("NEW", 1)[1]
+    result = runner.invoke(app, ["diff", str(region_stores[old]), str(region_stores[new])])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert "COO output max abs / mean abs (dense map)" in out and "not counted" in out and "the output is compared on the dense" in out
+    data = json.loads(runner.invoke(app, ["diff", str(region_stores[old]), str(region_stores[new]), "--json"]).stdout)
+    assert data["matrix"]["compared"] == "dense map" and data["matrix"]["rows_changed"] is None

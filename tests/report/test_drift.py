@@ -87,3 +87,60 @@ def test_render_draws_the_learned_minus_init_mass(stores: tuple[Path, Path], tmp
     assert delta is not None and np.allclose(delta[CAM], mass[CAM] / 2, rtol=1e-6, atol=1e-7)
     assert np.all(np.delete(np.abs(delta), CAM, axis=0) <= 1e-6)
     assert render_store(geometric, tmp_path / "g.png").second_panel.startswith("matrix/camera_mass")
+
+
+def test_region_store_drift_is_computed_over_its_compact_rows(tmp_path: Path) -> None:
+    """A bev.region frustum store (super-cells of sizes 2 and 4), one camera's learned weights doubled:
+    per-camera mass over the compact rows, a listed cell is a (super-)cell of matrix/cells (its size
+    and centre), and the mass outside the footprint equals a per-row loop over the fine cells the
+    camera sees (grid/ geometry: compute_sampling_grid's valid)."""
+    from bevcompile.grid.ipm import compute_sampling_grid
+    from bevcompile.rig.config import parse_config
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data
+
+    data = small_rig_data()
+    data["bev"]["region"] = REGION
+    rig = parse_config(data)
+    store = run_matrix(rig, tmp_path, MatrixOptions(mode="frustum", topk=16, align=16)).store
+    group = load(store)["matrix"]
+    index, weight = np.asarray(group["ell_index"]), np.array(group["ell_weight"])
+    per_cam = group.attrs["columns_per_camera"]
+    weight[(index // per_cam) == CAM] *= 2
+    np.save(tmp_path / "v.npy", weight)
+    assert CliRunner().invoke(app, ["absorb", str(store), str(tmp_path / "v.npy"), "--quiet"]).exit_code == 0
+    report = drift_stores(store)
+    loaded = load(store)["matrix"]
+    cells = np.asarray(loaded["cells"])
+    row, col, val = np.asarray(loaded["coo_row"]), np.asarray(loaded["coo_col"]), np.asarray(loaded["coo_val"], np.float64)
+    valid = np.asarray(compute_sampling_grid(rig).valid).any(axis=1)  # (n_cam, ny, nx)
+    total = val.sum()
+    for c, drift in enumerate(report.cameras):
+        mine = col // per_cam == c
+        assert drift.share_after == pytest.approx(val[mine].sum() / total, rel=1e-9)
+        outside = sum(
+            val[mine & (row == r)].sum()
+            for r, (iy, ix, size) in enumerate(cells)
+            if not valid[c, iy : iy + size, ix : ix + size].any()
+        )
+        assert drift.outside_after == pytest.approx(outside / val[mine].sum(), rel=1e-9, abs=1e-12)
+    moved = report.cameras[CAM]
+    assert moved.share_after > moved.share_before and moved.top_cells
+    sizes = {(int(iy), int(ix)): int(size) for iy, ix, size in cells}
+    for cell in moved.top_cells:
+        assert sizes[(cell.iy, cell.ix)] == cell.size
+        assert cell.x_m == pytest.approx(rig.bev.x.min + (cell.ix + cell.size / 2) * rig.bev.x.step)
+        assert cell.y_m == pytest.approx(rig.bev.y.min + (cell.iy + cell.size / 2) * rig.bev.y.step)
+    assert any(c.outside_after > 0 for c in report.cameras)  # frustum: points above the ground plane
+    assert report.notes and f"{cells.shape[0]:,} compact rows" in report.notes[0]
+    listed = [m for c in report.to_json()["cameras"] for m in c["top_cells"]]
+    assert all(m.get("size", 1) == sizes[(m["iy"], m["ix"])] for m in listed)
+    # render's learned-minus-init panel reads each fine cell's row through matrix/expand
+    from bevcompile.report.render import _learned_panel
+    from bevcompile.store.zarr_io import open_store
+
+    delta = _learned_panel(open_store(store), rig)
+    mass = np.asarray(loaded["camera_mass"], np.float64)
+    assert delta is not None and np.allclose(delta[CAM], mass[CAM] / 2, rtol=1e-6, atol=1e-7)
+    assert np.all(np.delete(np.abs(delta), CAM, axis=0) <= 1e-6)
