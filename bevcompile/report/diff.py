@@ -442,11 +442,66 @@ def check_comparable(old: LoadedStore, new: LoadedStore) -> None:
         raise UsageError(f"cannot compare: grid align_corners {ac_a} vs {ac_b}")
 
 
-def _grid_arrays(store: LoadedStore) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
-    """``grid/coords``, ``grid/valid``, ``grid/norm`` with the shapes the rig implies (StoreError otherwise)."""
+GridArrays = tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.float32]]
+
+REGION_COMPARED = (
+    "bev.region: compared the (super-)cells both stores sample at the same place, i.e. equal (iy, ix, size) "
+    "(a store without a region samples every fine cell, size 1)"
+)
+
+
+def _region_cells(store: LoadedStore) -> npt.NDArray[np.int64] | None:
+    """``grid/cells`` ``(n_kept, 3)`` of a ``bev.region`` store (StoreError if malformed); None without a region."""
+    group = store["grid"]
+    if store.rig.bev.region is None:
+        return None
+    if "cells" not in group:
+        raise StoreError(f"{store.path}: grid/ of a bev.region store has no cells; rebuild it with `bevcompile grid`")
+    cells = np.asarray(group["cells"], dtype=np.int64)
+    if cells.ndim != 2 or cells.shape[1] != 3:
+        raise StoreError(f"{store.path}: grid/cells has shape {cells.shape}; expected (n_kept, 3)")
+    return cells
+
+
+def compared_grid_arrays(old: LoadedStore, new: LoadedStore, notes: list[str] | None = None) -> tuple[GridArrays, GridArrays]:
+    """``(coords, valid, norm)`` of both stores on the cells they both sample.
+
+    Two stores without a region: the stored ``(n_cam, n_h, ny, nx[, 2])`` arrays as they are. With
+    a ``bev.region`` on either side (:data:`REGION_COMPARED`): the cells with equal ``(iy, ix, size)``
+    in both (a full store's cell ``(iy, ix)`` is ``(iy, ix, 1)``), in increasing ``iy * nx + ix``, as
+    ``(n_cam, n_h, 1, n_common[, 2])``; ``notes`` gets a line with the counts."""
+    cells_old, cells_new = _region_cells(old), _region_cells(new)
+    if cells_old is None and cells_new is None:
+        return _grid_arrays(old), _grid_arrays(new)
+    ny, nx = old.rig.bev.ny, old.rig.bev.nx
+
+    def table(cells: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
+        if cells is not None:
+            return cells
+        iy, ix = np.divmod(np.arange(ny * nx, dtype=np.int64), nx)
+        return np.stack([iy, ix, np.ones_like(iy)], axis=1)
+
+    t_old, t_new = table(cells_old), table(cells_new)
+    key_old = (t_old[:, 0] * nx + t_old[:, 1]) * (max(ny, nx) + 1) + t_old[:, 2]
+    key_new = (t_new[:, 0] * nx + t_new[:, 1]) * (max(ny, nx) + 1) + t_new[:, 2]
+    _, pick_old, pick_new = np.intersect1d(key_old, key_new, assume_unique=True, return_indices=True)
+    out = []
+    for store, cells, pick in ((old, cells_old, pick_old), (new, cells_new, pick_new)):
+        arrays = _grid_arrays(store, None if cells is None else int(cells.shape[0]))
+        flat = [a.reshape(*a.shape[:2], -1, *a.shape[4 if cells is None else 3:]) for a in arrays]
+        coords, valid, norm = (a[:, :, pick][:, :, None] for a in flat)
+        out.append((coords, valid, norm))
+    if notes is not None:
+        notes.append(f"{REGION_COMPARED}: {pick_old.size} cells in both (OLD samples {t_old.shape[0]}, NEW {t_new.shape[0]})")
+    return out[0], out[1]
+
+
+def _grid_arrays(store: LoadedStore, n_kept: int | None = None) -> GridArrays:
+    """``grid/coords``, ``grid/valid``, ``grid/norm`` with the shapes the rig implies (StoreError otherwise);
+    ``n_kept``: a region store's kept cells, ``(n_cam, n_h, n_kept[, 2])``."""
     group = store["grid"]
     rig = store.rig
-    shape = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    shape: tuple[int, ...] = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx) if n_kept is None else (rig.n_cam, len(rig.bev.heights), n_kept)
     coords, valid, norm = group["coords"], group["valid"], group["norm"]
     for name, array, want in (("coords", coords, (*shape, 2)), ("valid", valid, shape), ("norm", norm, (*shape, 2))):
         if array.shape != want:
@@ -904,8 +959,7 @@ def camera_diffs(
     old.group("grid")
     new.group("grid")
     check_comparable(old, new)
-    coords_old, valid_old, _ = _grid_arrays(old)
-    coords_new, valid_new, _ = _grid_arrays(new)
+    (coords_old, valid_old, _), (coords_new, valid_new, _) = compared_grid_arrays(old, new)
     with np.errstate(invalid="ignore", over="ignore"):
         return _camera_diffs(old.rig, new.rig, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change)
 
@@ -923,9 +977,8 @@ def _diff_stores(
     store_new.group("grid")
     check_comparable(store_old, store_new)
     rig_old, rig_new = store_old.rig, store_new.rig
-    coords_old, valid_old, norm_old = _grid_arrays(store_old)
-    coords_new, valid_new, norm_new = _grid_arrays(store_new)
     notes: list[str] = []
+    (coords_old, valid_old, norm_old), (coords_new, valid_new, norm_new) = compared_grid_arrays(store_old, store_new, notes)
     for side, store, coords, norm in (("OLD", store_old, coords_old, norm_old), ("NEW", store_new, coords_new, norm_new)):
         _note_non_finite(notes, side, store, "grid/coords", coords, "the shift figures")
         _note_non_finite(notes, side, store, "grid/norm", norm, "the output-change figures")
