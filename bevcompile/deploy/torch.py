@@ -236,7 +236,8 @@ class GridGather(nn.Module):
     ``bev.region`` stores (``grid/cells``, ``grid/expand``): the tables hold the kept (super-)cells,
     each sampled at its centre; ``rows="dense"`` (default) computes them plus one zero cell (appended
     to the tables: index 0, weight 0) per height and applies ``grid/expand`` as ONE Gather
-    (``index_select``; no scatter, no repeat), so the output is still ``(N, C[, n_heights], ny, nx)``:
+    (``index_select``; no scatter, no repeat; buffer ``expand`` int32 ``(n_heights * ny * nx,)``
+    ``ih * (n_kept + 1) + grid/expand``, or ``grid/expand`` with ``collapse_heights``), so the output is still ``(N, C[, n_heights], ny, nx)``:
     every fine cell reads its (super-)cell, cells outside the region read 0. ``rows="compact"``
     returns the kept cells, ``(N, C, n_heights, n_kept)`` or ``(N, C, n_kept)`` (``collapse_heights``),
     in ``grid/cells`` order.
@@ -316,7 +317,11 @@ class GridGather(nn.Module):
         self.cells_per_height = self.bev_shape[1] * self.bev_shape[2] if region is None else self.n_kept + (rows == "dense")
         if region is not None and rows == "dense":
             index, weight, codes, row_of_cell = _with_zero_cell(index, weight, codes, row_of_cell, self.n_cam, n_h, self.n_kept)
-            self.register_buffer("expand", _buffer(region[1], np.int32), persistent=True)
+            # collapse_heights: grid/expand itself; else one index over the (height, cell) axis, so the
+            # expansion is ONE Gather on the flat output and needs no extra Reshape
+            per_height = np.asarray(region[1], dtype=np.int64)
+            flat = per_height if collapse_heights else (np.arange(n_h, dtype=np.int64)[:, None] * (self.n_kept + 1) + per_height[None]).reshape(-1)
+            self.register_buffer("expand", _buffer(flat, np.int32), persistent=True)
         self.register_buffer("index", _buffer(index, np.int32), persistent=True)
         if weights == "float32":
             self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
@@ -391,7 +396,7 @@ class GridGather(nn.Module):
         if self.rows == "compact":
             return out.reshape(n, c, n_h, per_height)
         if self.expands:
-            out = out.reshape(n, c, n_h, per_height).index_select(3, self.expand)
+            out = out.index_select(2, self.expand)  # (N, C, n_h * ny * nx)
         return out.reshape(n, c, n_h, ny, nx)
 
 

@@ -485,12 +485,15 @@ def compared_grid_arrays(old: LoadedStore, new: LoadedStore, notes: list[str] | 
     key_old = (t_old[:, 0] * nx + t_old[:, 1]) * (max(ny, nx) + 1) + t_old[:, 2]
     key_new = (t_new[:, 0] * nx + t_new[:, 1]) * (max(ny, nx) + 1) + t_new[:, 2]
     _, pick_old, pick_new = np.intersect1d(key_old, key_new, assume_unique=True, return_indices=True)
-    out = []
+    out: list[GridArrays] = []
     for store, cells, pick in ((old, cells_old, pick_old), (new, cells_new, pick_new)):
-        arrays = _grid_arrays(store, None if cells is None else int(cells.shape[0]))
-        flat = [a.reshape(*a.shape[:2], -1, *a.shape[4 if cells is None else 3:]) for a in arrays]
-        coords, valid, norm = (a[:, :, pick][:, :, None] for a in flat)
-        out.append((coords, valid, norm))
+        coords, valid, norm = _grid_arrays(store, None if cells is None else int(cells.shape[0]))
+
+        def common(a: np.ndarray, cells: npt.NDArray[np.int64] | None = cells, pick: npt.NDArray[np.intp] = pick) -> np.ndarray:
+            flat = a.reshape(*a.shape[:2], -1, *a.shape[4 if cells is None else 3 :])
+            return flat[:, :, pick][:, :, None]
+
+        out.append((common(coords), common(valid), common(norm)))
     if notes is not None:
         notes.append(f"{REGION_COMPARED}: {pick_old.size} cells in both (OLD samples {t_old.shape[0]}, NEW {t_new.shape[0]})")
     return out[0], out[1]
