@@ -740,7 +740,7 @@ def test_region_grid_gather_expands_with_one_gather_and_samples_super_cells_at_t
 
 def test_region_grid_gather_rows_option_is_checked(tmp_path: Path) -> None:
     full, _region = region_grid_stores(tmp_path, npu=True)
-    with pytest.raises(UsageError, match="rows='compact' needs a store built with a bev.region"):
+    with pytest.raises(UsageError, match=r"rows='compact' needs a store built with a bev\.region"):
         GridGather(full, rows="compact")
     with pytest.raises(UsageError, match="rows must be one of dense, compact, got 'sparse'"):
         GridGather(full, rows="sparse")
