@@ -60,6 +60,7 @@ from .ipm import (
     compute_product_grid,
     coverage_fraction,
     grid_region,
+    product_lattice_shape,
 )
 
 GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
@@ -784,6 +785,13 @@ def run_grid(
 def total_grid_cells(rig: RigConfig) -> int:
     """Samples of ``bevcompile grid``: camera x height x BEV cell, at every feature level."""
     return rig.n_levels * rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+
+
+def product_grid_samples(rig: RigConfig) -> int:
+    """Samples ``bevcompile grid`` projects (its progress total): :func:`total_grid_cells`, or with
+    a ``bev.region`` camera x height x kept (super-)cell at every feature level."""
+    lattice = product_lattice_shape(rig.bev)
+    return rig.n_levels * rig.n_cam * len(rig.bev.heights) * lattice[0] * lattice[1]
 
 
 def as_float_list(values: np.ndarray) -> list[float]:
