@@ -29,6 +29,8 @@ from bevcompile.rig.config import RigConfig
 from bevcompile.store.loader import load, matrix_layout
 from bevcompile.torch import GridGather, LearnableLift, MatrixLift, bilinear_tables_from_norm
 
+from ..grid.test_build import region_grid_stores  # the small rig with and without tests/matrix/test_region.REGION
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------------------
@@ -668,20 +670,6 @@ def test_learnable_lift_refuses_other_forms_and_constraints(learnable_store: Pat
 # --------------------------------------------------------------------------------------
 # GridGather on a bev.region store
 # --------------------------------------------------------------------------------------
-
-
-def region_grid_stores(tmp_path: Path, **options: object) -> tuple[Path, Path]:
-    """``bevcompile grid`` (npu) of the small rig without and with tests/matrix/test_region.REGION."""
-    from bevcompile.rig.config import parse_config
-
-    from ..matrix.test_region import REGION
-    from ..rigs import small_rig_data
-
-    data = small_rig_data()
-    full = run_grid(parse_config(data), tmp_path / "full", **options).store  # type: ignore[arg-type]
-    data["bev"]["region"] = REGION
-    region = run_grid(parse_config(data), tmp_path / "region", **options).store  # type: ignore[arg-type]
-    return full, region
 
 
 @pytest.mark.parametrize(("align", "order", "weights", "reduce"), [(1, "row", "float32", "sum"), (8, "cache", "float32", "mean"), (1, "row", "lut", "sum")])

@@ -86,8 +86,8 @@ def test_the_grid_memory_estimate_is_not_under_the_measured_peak(tmp_path: Path,
 # --------------------------------------------------------------------------------------
 
 
-def _region_stores(tmp_path: Path, **options: object) -> tuple[Path, Path]:
-    """The small rig's full-grid store and its bev.region twin (tests/matrix/test_region.REGION)."""
+def region_grid_stores(tmp_path: Path, **options: object) -> tuple[Path, Path]:
+    """``run_grid`` of the small rig without and with tests/matrix/test_region.REGION (also used by tests/deploy)."""
     from bevcompile.grid.build import run_grid
     from bevcompile.rig.config import parse_config
 
@@ -114,7 +114,7 @@ def test_convention_region_grid_samples_each_kept_cell_at_its_centre(tmp_path: P
     from bevcompile.rig.region import region_table
     from bevcompile.store.loader import load
 
-    full, region = _region_stores(tmp_path, align=align, formats=("pixel_q", "uq12"))
+    full, region = region_grid_stores(tmp_path, align=align, formats=("pixel_q", "uq12"))
     r, f = load(region), load(full)
     rig = r.rig
     table = region_table(rig.bev)
