@@ -32,6 +32,7 @@ REGION_CONVENTIONS: dict[str, str] = {
     "region_rings": "BEV region rings: a cell's distance is max(|x_c|, |y_c|) of its centre from the BEV frame's origin; its factor is that of the last band with beyond_m < distance; an aligned f x f block is one super-cell iff all its fine cells are kept with factor >= f (a block straddling a band or the keep boundary belongs to the finer band).",
     "region_cells": "BEV region cell table: (iy, ix, size) of each kept (super-)cell, its first fine cell and side in fine cells, sorted by iy * nx + ix; its centre is (x_min + (ix + size / 2) dx, y_min + (iy + size / 2) dy).",
     "region_expand": "BEV region expand: int32 (ny * nx,); fine cell iy * nx + ix reads compact row expand[iy * nx + ix], the row of its (super-)cell, or n_kept (the zero row after the compact rows) outside the region: dense = concat(rows, 0)[expand].",
+    "region_grid": "BEV region grid products: grid/, gather/ (layout bev) and delta/ replace the cell axes (ny, nx) by one kept_cell axis of length n_kept in the cell table's order (grid/cells, grid/expand = matrix/cells, matrix/expand), each (super-)cell sampled at its centre; the delta-LUT tiles each cell size's lattice into B x B blocks and gathers the kept cells with delta/cell_pos.",
 }
 """The conventions of a BEV region (``bev.region``): recorded in a store's root ``conventions``
 only when its config has a region, so stores without one keep their bytes."""

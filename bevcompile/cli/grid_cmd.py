@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..grid.build import grid_command_options, run_grid, total_grid_cells
+from ..grid.build import grid_command_options, product_grid_samples, run_grid
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..grid.formats import FORMATS
 from ..grid.gather import ORDERS
@@ -84,7 +84,7 @@ def grid(
         align_corners=align_corners, formats=formats or (), frac_bits=frac_bits, align=align, order=order,
         block=block, max_error_px=max_error_px,
     )
-    with progress_bar("projecting BEV cells", total_grid_cells(rig), enabled=not (quiet or json_output), unit="samples") as advance:
+    with progress_bar("projecting BEV cells", product_grid_samples(rig), enabled=not (quiet or json_output), unit="samples") as advance:
         result = run_grid(rig, out, force=force, progress=advance, **options.run_kwargs())
     saturated = result.products.norm_int16_saturated_valid_cells
     if saturated:  # on stderr, also under --quiet/--json: a CI log must show it

@@ -366,6 +366,10 @@ def reference_grid_gather(store: LoadedStore, features: np.ndarray, reduce: str)
     valid = np.asarray(grid["valid"], dtype=bool)
     align = bool(grid.attrs.get("align_corners", False))
     n, n_cam, c = features.shape[:3]
+    region = "expand" in grid and norm.ndim == 4  # bev.region: (n_cam, n_h, n_kept, 2), the one-row lattice
+    if region:
+        norm = norm[:, :, None]
+        valid = valid[:, :, None]
     _, n_h, ny, nx, _ = norm.shape
     out = np.zeros((n, c, n_h, ny, nx), dtype=np.float64)
     for cam in range(n_cam):
@@ -375,7 +379,16 @@ def reference_grid_gather(store: LoadedStore, features: np.ndarray, reduce: str)
     if reduce == "mean":
         count = valid.sum(axis=0)
         out = np.where(count > 0, out / np.maximum(count, 1), 0.0)
-    return out
+    return _expand_region(store, out[:, :, :, 0]) if region else out
+
+
+def _expand_region(store: LoadedStore, compact: np.ndarray) -> np.ndarray:
+    """``(N, C, n_heights, n_kept)`` values of a region store's kept cells on the dense map
+    ``(N, C, n_heights, ny, nx)``: ``concat(values, 0)[..., grid/expand]`` (numpy fancy index)."""
+    n_h, ny, nx = store.bev_shape
+    expand = np.asarray(store["grid"]["expand"], dtype=np.int64)
+    padded = np.concatenate([compact, np.zeros((*compact.shape[:-1], 1), dtype=compact.dtype)], axis=-1)
+    return padded[..., expand].reshape(*compact.shape[:2], n_h, ny, nx)
 
 
 def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) -> np.ndarray:
@@ -396,6 +409,9 @@ def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) 
     weight = lut_weights(np.asarray(group["weight_u8"]), np.asarray(group["lut"])).reshape(-1, 4)
     n, n_cam, c = features.shape[:3]
     n_h, ny, nx = store.bev_shape
+    region = "expand" in store["grid"]
+    if region:  # bev.region: the kept cells (grid/cells order), expanded at the end
+        ny, nx = 1, int(np.asarray(store["grid"]["cells"]).shape[0])
     cells = n_h * ny * nx
     if "perm_inverse" in group:
         row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
@@ -406,9 +422,9 @@ def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) 
         per_row = gather_sample(features[b], index, weight)  # (C, rows)
         out[b] = per_row[:, row_of_cell].reshape(c, n_cam, n_h, ny, nx).sum(axis=1)
     if reduce == "mean":
-        count = np.asarray(store["grid"]["valid"], dtype=bool).sum(axis=0)
+        count = np.asarray(store["grid"]["valid"], dtype=bool).sum(axis=0).reshape(n_h, ny, nx)
         out = np.where(count > 0, out / np.maximum(count, 1), 0.0)
-    return out
+    return _expand_region(store, out[:, :, :, 0]) if region else out
 
 
 def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense") -> np.ndarray:

@@ -138,9 +138,10 @@ def _gather_tables(store: LoadedStore, source: str, level: int = 0) -> tuple[np.
     (``gather/perm_inverse``, or ``arange(n_cells)``).
     """
     n_h, ny, nx = store.bev_shape
-    logical = (store.rig.n_cam, n_h, ny, nx, 4)
-    n_cells = int(np.prod(logical[:-1]))
     gather_name, grid_name = level_group("gather", level), level_group("grid", level)
+    region = grid_region_tables(store, level)
+    logical = (store.rig.n_cam, n_h, ny, nx, 4) if region is None else (store.rig.n_cam, n_h, int(region[0].shape[0]), 4)
+    n_cells = int(np.prod(logical[:-1]))
     if source == "gather" or (source == "auto" and store.has_group(gather_name)):
         group = store[gather_name]
         index = np.asarray(group["index"])
@@ -167,6 +168,40 @@ def _gather_tables(store: LoadedStore, source: str, level: int = 0) -> tuple[np.
     align = bool(grid.attrs.get("align_corners", False))
     index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.level_feature_size(level), align)
     return index, weight, None, "grid", "bev"
+
+
+def grid_region_tables(store: LoadedStore, level: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(cells, expand)`` of a ``bev.region`` store's ``grid/`` (``grid_l<l>/``), checked; None
+    for a store without a region (or without ``grid/``)."""
+    grid_name = level_group("grid", level)
+    if store.rig.bev.region is None or not store.has_group(grid_name):
+        return None
+    group = store[grid_name]
+    if "cells" not in group or "expand" not in group:
+        raise StoreError(f"{store.path}: {grid_name}/ of a bev.region store has no cells/expand; rebuild it with `bevcompile grid`")
+    cells = np.asarray(group["cells"])
+    expand = np.asarray(group["expand"])
+    _, ny, nx = store.bev_shape
+    n_kept = int(cells.shape[0]) if cells.ndim == 2 else -1
+    if n_kept < 0 or expand.shape != (ny * nx,) or (expand.size and (int(expand.min()) < 0 or int(expand.max()) > n_kept)):
+        raise StoreError(f"{store.path}: {grid_name}/expand is not a ({ny * nx},) index into {grid_name}/cells rows + the zero row")
+    return cells, expand
+
+
+def _with_zero_cell(index: np.ndarray, weight: np.ndarray, codes: np.ndarray | None, row_of_cell: np.ndarray | None, n_cam: int, n_h: int, n_kept: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """The tables of a region store with one ZERO cell appended after the ``n_kept`` kept cells of
+    every (camera, height): index 0 (in range), weight 0 (LUT codes 0: ``lut[0] = 0``), so the
+    gathered output has ``n_kept + 1`` cells per height, the last exactly 0, and ``expand``
+    (which reads ``n_kept`` outside the region) is ONE Gather of it. Bev layout: the cell axis
+    grows by one; flat layouts: one zero row at the end that every zero cell's ``row_of_cell`` reads."""
+    if row_of_cell is None:
+        pad = [(0, 0), (0, 0), (0, 1), (0, 0)]
+        return np.pad(index, pad), np.pad(weight, pad), None if codes is None else np.pad(codes, pad), None
+    rows = index.shape[0]
+    grown = np.pad(index, [(0, 1), (0, 0)]), np.pad(weight, [(0, 1), (0, 0)]), None if codes is None else np.pad(codes, [(0, 1), (0, 0)])
+    per = np.full((n_cam * n_h, n_kept + 1), rows, dtype=np.int64)
+    per[:, :n_kept] = np.asarray(row_of_cell, dtype=np.int64).reshape(n_cam * n_h, n_kept)
+    return grown[0], grown[1], grown[2], per.reshape(-1)
 
 
 class GridGather(nn.Module):
@@ -198,6 +233,15 @@ class GridGather(nn.Module):
     the weighted sum is then the same. Its distance to ``grid_sample`` on features in
     ``[0, 1]`` is bounded per camera by ``gather/``'s ``lut_max_sample_error_unit_features``.
 
+    ``bev.region`` stores (``grid/cells``, ``grid/expand``): the tables hold the kept (super-)cells,
+    each sampled at its centre; ``rows="dense"`` (default) computes them plus one zero cell (appended
+    to the tables: index 0, weight 0) per height and applies ``grid/expand`` as ONE Gather
+    (``index_select``; no scatter, no repeat; buffer ``expand`` int32 ``(n_heights * ny * nx,)``
+    ``ih * (n_kept + 1) + grid/expand``, or ``grid/expand`` with ``collapse_heights``), so the output is still ``(N, C[, n_heights], ny, nx)``:
+    every fine cell reads its (super-)cell, cells outside the region read 0. ``rows="compact"``
+    returns the kept cells, ``(N, C, n_heights, n_kept)`` or ``(N, C, n_kept)`` (``collapse_heights``),
+    in ``grid/cells`` order.
+
     Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
     ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
     (layouts ``flat``/``flat_cache``/``flat_feature`` of ``grid --align N [--order cache|feature]``:
@@ -217,6 +261,7 @@ class GridGather(nn.Module):
     corner_v_code: torch.Tensor
     row_of_cell: torch.Tensor
     inv_count: torch.Tensor
+    expand: torch.Tensor
 
     def __init__(
         self,
@@ -227,8 +272,11 @@ class GridGather(nn.Module):
         source: str = "auto",
         weights: str = "float32",
         level: int = 0,
+        rows: str = "dense",
     ) -> None:
         super().__init__()
+        if rows not in MATRIX_ROWS:
+            raise UsageError(f"rows must be one of {', '.join(MATRIX_ROWS)}, got {rows!r}")
         if reduce not in REDUCTIONS:
             raise UsageError(f"reduce must be one of {', '.join(REDUCTIONS)}, got {reduce!r}")
         if source not in GRID_SOURCES:
@@ -256,11 +304,29 @@ class GridGather(nn.Module):
         index, weight, row_of_cell, used, layout = _gather_tables(loaded, source, level)
         self.source = used
         self.layout = layout
+        region = grid_region_tables(loaded, level)
+        if region is None and rows == "compact":
+            raise UsageError(f"{loaded.path}: rows='compact' needs a store built with a bev.region (grid/cells, grid/expand); this one samples every BEV cell")
+        codes = lut = None
+        if weights == "lut":
+            codes, lut = _lut_tables(loaded, tuple(index.shape), level)
+        n_h = self.bev_shape[0]
+        self.n_kept = 0 if region is None else int(region[0].shape[0])
+        self.rows = "dense" if region is None else rows
+        self.expands = region is not None and rows == "dense"
+        self.cells_per_height = self.bev_shape[1] * self.bev_shape[2] if region is None else self.n_kept + (rows == "dense")
+        if region is not None and rows == "dense":
+            index, weight, codes, row_of_cell = _with_zero_cell(index, weight, codes, row_of_cell, self.n_cam, n_h, self.n_kept)
+            # collapse_heights: grid/expand itself; else one index over the (height, cell) axis, so the
+            # expansion is ONE Gather on the flat output and needs no extra Reshape
+            per_height = np.asarray(region[1], dtype=np.int64)
+            flat = per_height if collapse_heights else (np.arange(n_h, dtype=np.int64)[:, None] * (self.n_kept + 1) + per_height[None]).reshape(-1)
+            self.register_buffer("expand", _buffer(flat, np.int32), persistent=True)
         self.register_buffer("index", _buffer(index, np.int32), persistent=True)
         if weights == "float32":
             self.register_buffer("weight", _buffer(weight, np.float32), persistent=True)
         else:
-            codes, lut = _lut_tables(loaded, tuple(index.shape), level)
+            assert codes is not None and lut is not None
             self.register_buffer("weight_u8", _buffer(codes, np.uint8), persistent=True)
             self.register_buffer("lut", _buffer(lut, np.float32), persistent=True)
             self.register_buffer("corner_u_code", torch.tensor(LUT_CORNER_U_CODE, dtype=torch.int32), persistent=False)
@@ -270,6 +336,8 @@ class GridGather(nn.Module):
         if reduce == "mean":
             valid = np.asarray(loaded.level_group("grid", level)["valid"], dtype=bool)
             count = valid.sum(axis=(0, 1)) if collapse_heights else valid.sum(axis=0)
+            if region is not None and rows == "dense":  # the zero cell: no camera sees it
+                count = np.concatenate([count, np.zeros((*count.shape[:-1], 1), dtype=count.dtype)], axis=-1)
             with np.errstate(divide="ignore"):
                 inv = np.where(count > 0, 1.0 / np.maximum(count, 1), 0.0)
             self.register_buffer("inv_count", _buffer(inv, np.float32), persistent=True)
@@ -282,6 +350,7 @@ class GridGather(nn.Module):
             f"collapse_heights={self.collapse_heights}, source={self.source}, layout={self.layout}"
             + ("" if self.weights == "float32" else f", weights={self.weights}")
             + ("" if self.level == 0 else f", level={self.level}")
+            + ("" if not self.n_kept else f", region={self.n_kept} kept cells, rows={self.rows}")
         )
 
     def corner_weights(self) -> torch.Tensor:
@@ -300,7 +369,8 @@ class GridGather(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
         n_h, ny, nx = self.bev_shape
-        cells = n_h * ny * nx
+        per_height = self.cells_per_height  # ny * nx; a region's n_kept (+ the zero cell for rows="dense")
+        cells = n_h * per_height
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
         weight = self.corner_weights()
         if self.layout == "bev":
@@ -313,12 +383,20 @@ class GridGather(nn.Module):
             per_cell = per_row.index_select(2, self.row_of_cell)  # (N, C, n_cam * cells)
             out = per_cell.reshape(n, c, n_cam, cells).sum(dim=2)
         if self.collapse_heights:
-            out = out.reshape(n, c, n_h, ny * nx).sum(dim=2)
+            out = out.reshape(n, c, n_h, per_height).sum(dim=2)
             if self.reduce == "mean":
-                out = out * self.inv_count.reshape(ny * nx)
+                out = out * self.inv_count.reshape(per_height)
+            if self.rows == "compact":
+                return out
+            if self.expands:  # bev.region: ONE Gather to the dense map
+                out = out.index_select(2, self.expand)
             return out.reshape(n, c, ny, nx)
         if self.reduce == "mean":
             out = out * self.inv_count.reshape(cells)
+        if self.rows == "compact":
+            return out.reshape(n, c, n_h, per_height)
+        if self.expands:
+            out = out.index_select(2, self.expand)  # (N, C, n_h * ny * nx)
         return out.reshape(n, c, n_h, ny, nx)
 
 

@@ -19,6 +19,7 @@ from ..errors import UsageError
 from ..memory import refuse_beyond_memory
 from ..progress import ProgressFn, start_phase
 from ..rig.config import RigConfig, config_sha256
+from ..rig.region import RegionTable
 from ..store.plugins import level_group
 from ..store.root import root_attributes
 from ..store.zarr_io import GroupData, WriteReport, check_replaceable, store_path, write_groups
@@ -33,6 +34,7 @@ from .delta import (
     check_escape_resolution,
     check_max_error,
     encode_delta,
+    encode_region_delta,
 )
 from .formats import FORMATS, FormatProduct, build_formats, check_format_names, resolve_pixel_q_frac_bits
 from .gather import (
@@ -55,8 +57,10 @@ from .ipm import (
     GridProducts,
     SamplingGrid,
     build_grid_products,
-    compute_sampling_grid,
+    compute_product_grid,
     coverage_fraction,
+    grid_region,
+    product_lattice_shape,
 )
 
 GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
@@ -65,15 +69,78 @@ GRID_COMMAND_GROUPS = ("grid", "gather", "delta")
 
 
 
-def grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatProduct] = (), pixel_q_frac_bits: int | None = None) -> GroupData:
+GRID_REGION_LAYOUT = (
+    "bev.region: the cell axes (ny, nx) of every grid/, gather/ (bev layout) and delta/ array are one kept_cell axis: "
+    "k < n_kept is the kept (super-)cell cells[k] = (iy, ix, size) (sorted by iy * nx + ix), sampled at its centre "
+    "(x_min + (ix + size / 2) dx, y_min + (iy + size / 2) dy, heights[ih]) in the BEV frame; "
+    "the dense BEV map of per-cell values is concat(values, 0)[expand] (expand = grid/expand, the same as matrix/expand)"
+)
+"""How a region store's grid products are laid out (``grid/``, ``gather/`` and ``delta/`` attributes ``region.layout``)."""
+
+
+def grid_region_attributes(table: RegionTable) -> dict[str, Any]:
+    """The ``region`` attribute of the ``grid/``, ``gather/`` and ``delta/`` groups of a ``bev.region`` build."""
+    sizes, counts = np.unique(table.cells[:, 2], return_counts=True)
+    return {
+        "n_kept": table.n_kept,
+        "n_fine_kept": table.n_fine_kept,
+        "cells_by_size": {str(int(s)): int(c) for s, c in zip(sizes, counts, strict=True)},
+        "bev_shape": [int(table.bev_shape[0]), int(table.bev_shape[1])],
+        "layout": GRID_REGION_LAYOUT,
+        "cells": "grid/cells: (n_kept, 3) int32 (iy, ix, size): first fine cell and side in fine cells",
+        "expand": "grid/expand: (ny * nx,) int32: the kept cell of fine cell iy * nx + ix, n_kept (the zero row) outside the region",
+    }
+
+
+def _squeeze_lattice(array: np.ndarray) -> np.ndarray:
+    """A region's one-row lattice ``(n_cam, n_h, 1, n_kept, ...)`` as stored: ``(n_cam, n_h, n_kept, ...)``."""
+    return array.reshape(*array.shape[:2], *array.shape[3:])
+
+
+def grid_group(
+    products: GridProducts,
+    rig: RigConfig,
+    formats: Sequence[FormatProduct] = (),
+    pixel_q_frac_bits: int | None = None,
+    table: RegionTable | None = None,
+) -> GroupData:
     """The ``grid/`` group: coords, valid, norm, norm_int16, the requested fixed-point
     ``formats`` (see :mod:`bevcompile.grid.formats`) and their attributes.
 
     ``build_options`` is ``{"align_corners"}`` plus, when formats are requested, ``"formats"``
     (canonical order) and, with pixel_q, ``"pixel_q_frac_bits"``: exactly what rebuilds the group.
+    With a ``bev.region`` (``table``; products on the one-row lattice of
+    :func:`~bevcompile.grid.ipm.compute_product_grid`) every array has one ``kept_cell`` axis
+    instead of ``(y, x)`` and the group also holds ``cells`` and ``expand`` (:data:`GRID_REGION_LAYOUT`).
     """
+    group = _grid_group(products, rig, formats, pixel_q_frac_bits)
+    if table is None:
+        return group
+    arrays = {name: _squeeze_lattice(a) for name, a in group.arrays.items()}
+    arrays["cells"] = table.cells
+    arrays["expand"] = table.expand
+    attrs = dict(group.attrs)
+    attrs["shape_order"] = "(n_cam, n_heights, n_kept[, 2])"
+    attrs["region"] = grid_region_attributes(table)
+    chunks = {name: (1, *a.shape[1:]) for name, a in arrays.items() if name not in ("cells", "expand")}
+    dims = {name: region_grid_dimension_names(name, a.ndim) for name, a in arrays.items()}
+    return GroupData(arrays=arrays, attrs=attrs, chunks=chunks, dims=dims)
+
+
+def region_grid_dimension_names(name: str, ndim: int) -> tuple[str, ...]:
+    """``grid/`` axes of a region store: ``(camera, height, kept_cell[, uv|xy])``; ``cells``
+    ``(kept_cell, cell_field)``, ``expand`` ``(cell,)`` (as in ``matrix/``)."""
+    if name == "cells":
+        return ("kept_cell", "cell_field")
+    if name == "expand":
+        return ("cell",)
+    cell = ("camera", "height", "kept_cell")
+    return cell if ndim == 3 else (*cell, "xy" if name.startswith("norm") else "uv")
+
+
+def _grid_group(products: GridProducts, rig: RigConfig, formats: Sequence[FormatProduct], pixel_q_frac_bits: int | None) -> GroupData:
     w_f, h_f = products.feature_size
-    per_cam_chunks = (1, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    per_cam_chunks = (1, *products.valid.shape[1:])
     attrs: dict[str, Any] = {
         "build_options": {"align_corners": products.align_corners},
         "align_corners": products.align_corners,
@@ -326,24 +393,35 @@ def _build_level(
     rig: RigConfig, options: GridBuildOptions, progress: ProgressFn | None, sampling: SamplingGrid | None
 ) -> GridCommandBuild:
     """The groups of one single-level rig (``rig.level(i)``), named ``grid``, ``gather``, ``delta``."""
+    table = grid_region(rig.bev)
     if sampling is None:
-        sampling = compute_sampling_grid(rig, progress=progress)
+        sampling = compute_product_grid(rig, progress=progress)
     start_phase(progress, "fixed-point formats")
     products = build_grid_products(sampling, options.align_corners)
-    formats, pixel_q_bits = build_formats(sampling, options.formats, options.align_corners, frac_bits=options.frac_bits)
-    groups = {"grid": grid_group(products, rig, formats, pixel_q_bits)}
+    formats, pixel_q_bits = build_formats(
+        sampling, options.formats, options.align_corners, frac_bits=options.frac_bits, bev_shape=(rig.bev.ny, rig.bev.nx)
+    )
+    groups = {"grid": grid_group(products, rig, formats, pixel_q_bits, table)}
     summary: dict[str, Any] = {"formats": _format_summary(products, formats), "gather": None, "delta": None}
+    if table is not None:
+        summary["region"] = grid_region_attributes(table)
     tables = layout = encoding = None
     if options.npu:
         start_phase(progress, "gather tables")
         tables = build_gather_tables(sampling, options.lut_frac_bits)
         layout = layout_tables(tables, sampling.coords_feature_px, align=options.align, order=options.order)
-        groups["gather"] = gather_group(tables, layout, rig)
+        groups["gather"] = gather_group(tables, layout, rig, table)
         start_phase(progress, "delta-LUT")
-        encoding = encode_delta(
-            sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=options.block, max_error_px=options.max_error_px
-        )
-        groups["delta"] = delta_group(encoding, rig)
+        if table is None:
+            encoding = encode_delta(
+                sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=options.block, max_error_px=options.max_error_px
+            )
+        else:
+            encoding = encode_region_delta(
+                sampling.coords_feature_px[:, :, 0], sampling.valid[:, :, 0], sampling.feature_size, table.cells, table.bev_shape,
+                block=options.block, max_error_px=options.max_error_px,
+            )
+        groups["delta"] = delta_group(encoding, rig, table)
         summary["gather"] = _gather_summary(groups["gather"].attrs)
         summary["delta"] = _delta_summary(groups["delta"].attrs)
     return GridCommandBuild(sampling, products, formats, pixel_q_bits, tables, layout, encoding, groups, summary)
@@ -354,8 +432,29 @@ def build_grid_command_groups(rig: RigConfig, options: GridBuildOptions) -> dict
     return build_grid_command(rig, options).groups
 
 
-def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> GroupData:
-    """The ``gather/`` group (index, weight, weight_u8, lut [, cell_valid, perm, perm_inverse])."""
+def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig, table: RegionTable | None = None) -> GroupData:
+    """The ``gather/`` group (index, weight, weight_u8, lut [, cell_valid, perm, perm_inverse]).
+
+    With a ``bev.region`` (``table``) a cell is a kept (super-)cell: the bev layout is
+    ``(n_cam, n_heights, n_kept, 4)``, flat rows ``(cam * n_heights + ih) * n_kept + k``
+    (:data:`GRID_REGION_LAYOUT`; ``cells`` / ``expand`` live in ``grid/``)."""
+    group = _gather_group(tables, layout, rig)
+    if table is None:
+        return group
+    arrays = {name: _squeeze_lattice(a) if name in ("index", "weight", "weight_u8") and layout.layout == "bev" else a for name, a in group.arrays.items()}
+    attrs = dict(group.attrs)
+    n_h = len(rig.bev.heights)
+    attrs["logical_shape"] = [rig.n_cam, n_h, table.n_kept]
+    if layout.layout == "bev":
+        attrs["table_shape"] = "(n_cam, n_heights, n_kept, 4)"
+    else:
+        attrs["flat_cell_formula"] = "flat = (cam * n_heights + ih) * n_kept + k (k: the kept cell, grid/cells order)"
+    attrs["region"] = grid_region_attributes(table)
+    dims = {name: ("camera", "height", "kept_cell", "corner") if a.ndim == 4 else gather_dimension_names(name, a.ndim) for name, a in arrays.items()}
+    return GroupData(arrays=arrays, attrs=attrs, dims=dims)
+
+
+def _gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> GroupData:
     w_f, h_f = tables.feature_size
     n_h, ny, nx = len(rig.bev.heights), rig.bev.ny, rig.bev.nx
     levels = 1 << tables.frac_bits
@@ -416,8 +515,37 @@ def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig) -> 
     return GroupData(arrays=arrays, attrs=attrs, dims={name: gather_dimension_names(name, a.ndim) for name, a in arrays.items()})
 
 
-def delta_group(encoding: DeltaEncoding, rig: RigConfig) -> GroupData:
-    """The ``delta/`` group (every array the decoder reads; see :mod:`bevcompile.grid.delta`)."""
+REGION_DELTA_DECODE = (
+    "each cell size s present (increasing) has its lattice of (ny / s) x (nx / s) s-cells tiled into B x B blocks (row-major, edge padded); "
+    "block b of block_slot[cam, ih, b] decodes like a full-grid block into positions b * B * B + ly * B + lx; "
+    "kept cell k (grid/cells order) reads position cell_pos[k] (one Gather); lattice cells that are no kept cell are don't-care"
+)
+
+
+def delta_group(encoding: DeltaEncoding, rig: RigConfig, table: RegionTable | None = None) -> GroupData:
+    """The ``delta/`` group (every array the decoder reads; see :mod:`bevcompile.grid.delta`).
+
+    With a ``bev.region`` (``table``; :func:`~bevcompile.grid.delta.encode_region_delta`)
+    ``block_slot`` is ``(n_cam, n_heights, n_blocks)`` over the kept cells folded into rows of B
+    (:data:`REGION_DELTA_DECODE`)."""
+    group = _delta_group(encoding, rig)
+    if table is None:
+        return group
+    arrays = dict(group.arrays)
+    arrays["block_slot"] = arrays["block_slot"].reshape(*arrays["block_slot"].shape[:2], -1)
+    attrs = dict(group.attrs)
+    attrs["logical_shape"] = [rig.n_cam, len(rig.bev.heights), table.n_kept]
+    attrs["block_grid"] = [int(arrays["block_slot"].shape[2])]
+    attrs["decode"] = f"{REGION_DELTA_DECODE}: {attrs['decode']}"
+    attrs["region"] = grid_region_attributes(table)
+    dims = dict(DELTA_DIMENSION_NAMES)
+    dims["block_slot"] = ("camera", "height", "block")
+    dims["cell_pos"] = ("kept_cell",)
+    attrs["on_device_arrays"] = [*LUT_ARRAYS, "cell_pos"]
+    return GroupData(arrays=arrays, attrs=attrs, dims=dims)
+
+
+def _delta_group(encoding: DeltaEncoding, rig: RigConfig) -> GroupData:
     lut = encoding.lut
     w_f, h_f = rig.feature_size
     n_cam, n_h, ny, nx = lut.logical_shape
@@ -657,6 +785,13 @@ def run_grid(
 def total_grid_cells(rig: RigConfig) -> int:
     """Samples of ``bevcompile grid``: camera x height x BEV cell, at every feature level."""
     return rig.n_levels * rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+
+
+def product_grid_samples(rig: RigConfig) -> int:
+    """Samples ``bevcompile grid`` projects (its progress total): :func:`total_grid_cells`, or with
+    a ``bev.region`` camera x height x kept (super-)cell at every feature level."""
+    lattice = product_lattice_shape(rig.bev)
+    return rig.n_levels * rig.n_cam * len(rig.bev.heights) * lattice[0] * lattice[1]
 
 
 def as_float_list(values: np.ndarray) -> list[float]:

@@ -42,7 +42,7 @@ Design (README "Store contract: delta/"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -143,14 +143,20 @@ class DeltaLUT:
     res16: npt.NDArray[np.int16]
     basis: npt.NDArray[np.float32]
     block: int
-    logical_shape: tuple[int, int, int, int]  # (n_cam, n_h, ny, nx)
+    logical_shape: tuple[int, int, int, int]  # (n_cam, n_h, ny, nx); a region's (n_cam, n_h, 1, n_kept)
     escape_frac_bits: int
+    cell_pos: npt.NDArray[np.int32] | None = None  # bev.region: (n_kept,) position of each kept cell in the decoded blocks
+
+    @property
+    def array_names(self) -> tuple[str, ...]:
+        """:data:`LUT_ARRAYS`, and ``cell_pos`` for a region."""
+        return LUT_ARRAYS if self.cell_pos is None else (*LUT_ARRAYS, "cell_pos")
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in LUT_ARRAYS}
+        return {name: getattr(self, name) for name in self.array_names}
 
     def on_device_bytes(self) -> dict[str, int]:
-        return {name: int(getattr(self, name).nbytes) for name in LUT_ARRAYS}
+        return {name: int(getattr(self, name).nbytes) for name in self.array_names}
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,8 @@ def decode_delta(lut: DeltaLUT, dtype: npt.DTypeLike = np.float64) -> npt.NDArra
 
     Exactly the tensor ops a model runs: Gather rows by block id, Gather slabs by slot, one
     MatMul with the constant basis, Mul by the per-row scales, Add, Reshape/Transpose/Slice.
-    ``dtype=float32`` reproduces device arithmetic (float64 is exact).
+    ``dtype=float32`` reproduces device arithmetic (float64 is exact). A region's LUT (``cell_pos``)
+    decodes to ``(n_cam, n_h, 1, n_kept, 2)``: the blocks, then one Gather of ``cell_pos``.
     """
     block = lut.block
     bb = block * block
@@ -227,6 +234,10 @@ def decode_delta(lut: DeltaLUT, dtype: npt.DTypeLike = np.float64) -> npt.NDArra
     res16 = np.asarray(lut.res16).astype(dtype).reshape(-1, bb, 2)[np.asarray(lut.res16_slot, dtype=np.int64)[slot]]
     escape_scale = np.asarray(2.0**-lut.escape_frac_bits, dtype=dtype)
     coords = pred * scale[:, None, 0:1] + res8 * scale[:, None, 1:2] + res16 * escape_scale
+    if lut.cell_pos is not None:  # bev.region: ONE Gather of the kept cells from the decoded blocks
+        n_cam, n_h = lut.logical_shape[:2]
+        picked = coords.reshape(n_cam, n_h, -1, 2)[:, :, np.asarray(lut.cell_pos, dtype=np.int64)]
+        return picked.reshape(*lut.logical_shape, 2)
     return _unblocks(coords, block, lut.logical_shape)
 
 
@@ -259,8 +270,12 @@ def encode_delta(
     *,
     block: int = DEFAULT_BLOCK,
     max_error_px: float = DEFAULT_MAX_ERROR_PX,
+    care: npt.NDArray[np.bool_] | None = None,
 ) -> DeltaEncoding:
     """Encode a feature-pixel grid into a :class:`DeltaLUT` and measure it.
+
+    ``care`` ``(n_cam, n_h, ny, nx)`` bool (optional, default all): cells that matter; the others
+    are treated like the edge padding (not fitted, may decode to anything; they must be invalid).
 
     Convention:
         coords_feature_px ``(n_cam, n_h, ny, nx, 2)`` float ``(u, v)`` feature pixels (invalid
@@ -289,7 +304,7 @@ def encode_delta(
     bb = block * block
     x = _blocks(np.where(valid[..., None], coords, 0.0), block, 0.0)  # (nb, B*B, 2)
     vb = _blocks(valid, block, False)  # (nb, B*B)
-    real = _blocks(np.ones(valid.shape, dtype=bool), block, False)
+    real = _blocks(np.ones(valid.shape, dtype=bool) if care is None else np.asarray(care, dtype=bool), block, False)
     n_blocks = int(vb.shape[0])
     basis32 = delta_basis(block)
     basis = basis32.astype(np.float64).reshape(N_TERMS, bb)  # (6, n)
@@ -400,3 +415,92 @@ def encode_delta(
 def _max_err(decoded: np.ndarray, coords: np.ndarray, valid: np.ndarray) -> float:
     err = np.abs(decoded - coords)[valid]
     return float(err.max()) if err.size else 0.0
+
+
+# --------------------------------------------------------------------------------------
+# bev.region: B x B blocks on each cell size's own lattice, one Gather back to the kept cells
+# --------------------------------------------------------------------------------------
+#
+# A kept (super-)cell (iy, ix, size s) sits at (iy / s, ix / s) of the lattice of s-cells,
+# (ny / s) x (nx / s) cells of side s (its centre is that lattice cell's centre). Each size present
+# is tiled into the usual B x B blocks (edge padded), the sizes in increasing order, each lattice's
+# blocks row-major: block_slot[cam, ih, b] is a row of the same per-block tables as the full grid's.
+# Lattice cells that are not a kept cell of that size are DON'T-CARE (not fitted, not measured,
+# decode to anything); blocks without a valid kept cell are the empty row 0. The decode is the full
+# grid's (Gather rows by block id, MatMul with the basis, Mul, Add) giving (n_cam, n_h, n_blocks * B * B, 2)
+# followed by ONE Gather of the static int32 ``cell_pos`` (n_kept,): kept cell k reads position
+# cell_pos[k] = (block_offset(s) + (by * nbx_s + bx)) * B * B + ly * B + lx with
+# (by, ly) = divmod(iy / s, B), (bx, lx) = divmod(ix / s, B). A region's spatial neighbours stay in
+# one block (the 2-D predictor fits them as on the full grid), whatever the region's shape.
+
+
+def region_cell_positions(cells: npt.NDArray[np.integer[Any]], bev_shape: tuple[int, int], block: int) -> tuple[npt.NDArray[np.int32], list[tuple[int, int, int]]]:
+    """``cell_pos`` ``(n_kept,)`` int32 and the lattices ``[(size, nby, nbx), ...]`` (increasing
+    size) of the region delta-LUT (see the comment above) for the cell table ``cells``."""
+    block = check_block(block)
+    ny, nx = bev_shape
+    cells64 = np.asarray(cells, dtype=np.int64).reshape(-1, 3)
+    pos = np.zeros(cells64.shape[0], dtype=np.int64)
+    lattices: list[tuple[int, int, int]] = []
+    offset = 0
+    for size in sorted({int(v) for v in np.unique(cells64[:, 2])}):
+        rows = np.flatnonzero(cells64[:, 2] == size)
+        nby, nbx = -(-(ny // size) // block), -(-(nx // size) // block)
+        by, ly = np.divmod(cells64[rows, 0] // size, block)
+        bx, lx = np.divmod(cells64[rows, 1] // size, block)
+        pos[rows] = ((offset + by * nbx + bx) * block + ly) * block + lx
+        lattices.append((size, nby, nbx))
+        offset += nby * nbx
+    if offset * block * block > np.iinfo(np.int32).max:
+        raise UsageError(f"delta: {offset} blocks of {block} x {block} cells do not fit int32 cell positions")
+    return pos.astype(np.int32), lattices
+
+
+def encode_region_delta(
+    coords_feature_px: npt.NDArray[np.floating],
+    valid: npt.NDArray[np.bool_],
+    feature_size: tuple[int, int],
+    cells: npt.NDArray[np.integer[Any]],
+    bev_shape: tuple[int, int],
+    *,
+    block: int = DEFAULT_BLOCK,
+    max_error_px: float = DEFAULT_MAX_ERROR_PX,
+) -> DeltaEncoding:
+    """Encode a region's kept cells into a :class:`DeltaLUT` with ``cell_pos`` and measure it
+    (every figure over the kept cells; see the comment above).
+
+    Convention:
+        coords_feature_px ``(n_cam, n_h, n_kept, 2)`` float ``(u, v)`` feature pixels, valid
+        ``(n_cam, n_h, n_kept)``, both in the order of ``cells`` ``(n_kept, 3)`` ``(iy, ix, size)``;
+        ``bev_shape`` ``(ny, nx)``. The LUT's ``logical_shape`` is ``(n_cam, n_h, 1, n_kept)``.
+    """
+    block = check_block(block)
+    coords = np.asarray(coords_feature_px, dtype=np.float64)
+    valid = np.asarray(valid, dtype=bool)
+    n_cam, n_h, n_kept = valid.shape
+    cell_pos, lattices = region_cell_positions(cells, bev_shape, block)
+    n_slots = sum(nby * nbx for _, nby, nbx in lattices) * block * block
+    flat_coords = np.zeros((n_cam, n_h, n_slots, 2), dtype=np.float64)
+    flat_valid = np.zeros((n_cam, n_h, n_slots), dtype=bool)
+    care = np.zeros(n_slots, dtype=bool)
+    flat_coords[:, :, cell_pos] = np.where(valid[..., None], coords, 0.0)
+    flat_valid[:, :, cell_pos] = valid
+    care[cell_pos] = True
+    # the blocked layout (n_cam, n_h, n_blocks, B * B) IS one lattice of n_blocks x 1 blocks
+    shape4 = (n_cam, n_h, n_slots // block, block)
+    encoding = encode_delta(
+        flat_coords.reshape(*shape4, 2), flat_valid.reshape(shape4), feature_size, block=block, max_error_px=max_error_px,
+        care=np.broadcast_to(care.reshape(1, 1, *shape4[2:]), shape4),
+    )
+    lut = replace(encoding.lut, cell_pos=cell_pos, logical_shape=(n_cam, n_h, 1, n_kept))
+    decoded = decode_delta(lut)[:, :, 0]
+    decoded32 = decode_delta(lut, np.float32)[:, :, 0].astype(np.float64)
+    return replace(
+        encoding,
+        lut=lut,
+        max_error_px=_max_err(decoded, coords, valid),
+        max_error_px_float32=_max_err(decoded32, coords, valid),
+        invalid_not_off_map=int(np.count_nonzero(~valid & ~off_map_margin(decoded, feature_size))),
+        on_device_bytes=lut.on_device_bytes(),
+        norm_int16_bytes=n_cam * n_h * n_kept * 2 * 2,
+    )

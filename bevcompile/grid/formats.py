@@ -440,13 +440,15 @@ def build_formats(
     align_corners: bool,
     *,
     frac_bits: int | None = None,
+    bev_shape: tuple[int, int] | None = None,
 ) -> tuple[list[FormatProduct], int | None]:
     """Every requested extra format (canonical order) and the resolved pixel_q fractional
-    bits (None when pixel_q is not requested)."""
+    bits (None when pixel_q is not requested). ``bev_shape`` ``(ny, nx)`` of the J5 rule
+    defaults to the grid's cell axes (give the BEV grid's for a region's one-row lattice)."""
     extra = check_format_names(names)
     pixel_q_bits: int | None = None
     if "pixel_q" in extra:
-        ny, nx = grid.valid.shape[-2:]
+        ny, nx = bev_shape if bev_shape is not None else grid.valid.shape[-2:]
         pixel_q_bits = resolve_pixel_q_frac_bits(frac_bits, grid.feature_size, (ny, nx))
     products = [build_format(n, grid, align_corners, pixel_q_frac_bits=pixel_q_bits) for n in extra]
     return products, pixel_q_bits

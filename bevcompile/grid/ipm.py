@@ -31,10 +31,12 @@ import numpy.typing as npt
 from ..progress import ProgressFn
 from ..rig.config import BevSpec, RigConfig
 from ..rig.geometry import project_bev_to_feature
+from ..rig.region import RegionTable, region_table
 
 INVALID_PX = -2.0
 NORM_INT16_SCALE = 32767
 ROWS_PER_CHUNK = 64  # BEV rows projected per step: bounds peak memory for huge grids
+CELLS_PER_ROW_CHUNK = 2048  # the cells of a row of a short lattice projected per step, times ROWS_PER_CHUNK / rows
 
 
 
@@ -91,23 +93,77 @@ def compute_sampling_grid(rig: RigConfig, progress: ProgressFn | None = None) ->
 
     Streams over blocks of ``ROWS_PER_CHUNK`` BEV rows so peak memory stays bounded.
     ``progress(n)`` (optional) is called with the number of cells finished in each step;
-    the total is ``n_cam * n_heights * ny * nx``.
+    the total is ``n_cam * n_heights * ny * nx``. Always the full fine grid, whatever
+    ``bev.region`` says (the matrix modes and interop pool fine cells); the grid products of a
+    region are :func:`compute_product_grid`'s.
     """
-    bev = rig.bev
-    n_h, ny, nx = len(bev.heights), bev.ny, bev.nx
+    return _project_centres(rig, bev_cell_centres(rig.bev), progress)
+
+
+def grid_region(bev: BevSpec) -> RegionTable | None:
+    """The region table the grid products of ``bev`` sample (None without ``bev.region``)."""
+    return region_table(bev) if bev.region is not None else None
+
+
+def region_cell_centres(bev: BevSpec, table: RegionTable) -> npt.NDArray[np.float64]:
+    """BEV-frame coordinates of every kept (super-)cell's centre at every sampling height.
+
+    Convention:
+        returns ``(n_heights, 1, n_kept, 3)`` float64 metres ``(x, y, z)`` in the BEV frame;
+        ``[ih, 0, k] = (x_min + (ix + size / 2) dx, y_min + (iy + size / 2) dy, heights[ih])``
+        with ``(iy, ix, size) = table.cells[k]`` (the cell table's order). The singleton axis is
+        the one-row LATTICE the grid products are computed on (:func:`compute_product_grid`).
+    """
+    xy = table.centres(bev.x.min, bev.x.step, bev.y.min, bev.y.step)  # (n_kept, 2)
+    hs = np.asarray(bev.heights, dtype=np.float64)
+    out = np.empty((hs.size, 1, table.n_kept, 3), dtype=np.float64)
+    out[..., 0] = xy[None, None, :, 0]
+    out[..., 1] = xy[None, None, :, 1]
+    out[..., 2] = hs[:, None, None]
+    return out
+
+
+def product_lattice_shape(bev: BevSpec) -> tuple[int, int]:
+    """The cell axes of the grid products' lattice: ``(ny, nx)``, or ``(1, n_kept)`` with a
+    ``bev.region`` (stored squeezed to one ``cell`` axis, see :func:`compute_product_grid`)."""
+    table = grid_region(bev)
+    return (bev.ny, bev.nx) if table is None else (1, table.n_kept)
+
+
+def compute_product_grid(rig: RigConfig, progress: ProgressFn | None = None) -> SamplingGrid:
+    """The float64 grid ``bevcompile grid`` encodes: :func:`compute_sampling_grid` without a
+    ``bev.region``; with one, the projection of each kept (super-)cell's centre
+    (:func:`region_cell_centres`) on the one-row lattice ``(n_cam, n_heights, 1, n_kept[, 2])``
+    (cells in the cell table's order). ``progress`` totals ``n_cam * n_heights * n_kept`` then.
+    """
+    table = grid_region(rig.bev)
+    if table is None:
+        return compute_sampling_grid(rig, progress)
+    return _project_centres(rig, region_cell_centres(rig.bev, table), progress)
+
+
+def _project_centres(rig: RigConfig, centres: npt.NDArray[np.float64], progress: ProgressFn | None) -> SamplingGrid:
+    """Project ``centres`` ``(n_h, ny, nx, 3)`` (BEV-frame metres) into every camera, by blocks of
+    :data:`ROWS_PER_CHUNK` rows."""
+    n_h, ny, nx = centres.shape[:3]
     coords = np.empty((rig.n_cam, n_h, ny, nx, 2), dtype=np.float64)
     valid = np.empty((rig.n_cam, n_h, ny, nx), dtype=np.bool_)
-    centres = bev_cell_centres(bev)
+    # a step projects at most ROWS_PER_CHUNK rows, and at most ROWS_PER_CHUNK * CELLS_PER_ROW_CHUNK
+    # cells of a long row (the one-row lattice of a region): elementwise, so the chunking never
+    # changes a value
+    cols = max(1, (ROWS_PER_CHUNK * CELLS_PER_ROW_CHUNK) // max(1, min(ny, ROWS_PER_CHUNK))) if ny < ROWS_PER_CHUNK else nx
     for cam_index, camera in enumerate(rig.cameras):
         for row0 in range(0, ny, ROWS_PER_CHUNK):
             row1 = min(ny, row0 + ROWS_PER_CHUNK)
-            points_bev = centres[:, row0:row1]
-            uv, ok = project_bev_to_feature(rig, camera, points_bev)
-            ok &= inside_feature_map(uv, rig.feature_size)
-            coords[cam_index, :, row0:row1] = np.where(ok[..., None], uv, INVALID_PX)
-            valid[cam_index, :, row0:row1] = ok
-            if progress is not None:
-                progress(n_h * (row1 - row0) * nx)
+            for col0 in range(0, nx, cols):
+                col1 = min(nx, col0 + cols)
+                points_bev = centres[:, row0:row1, col0:col1]
+                uv, ok = project_bev_to_feature(rig, camera, points_bev)
+                ok &= inside_feature_map(uv, rig.feature_size)
+                coords[cam_index, :, row0:row1, col0:col1] = np.where(ok[..., None], uv, INVALID_PX)
+                valid[cam_index, :, row0:row1, col0:col1] = ok
+                if progress is not None:
+                    progress(n_h * (row1 - row0) * (col1 - col0))
     return SamplingGrid(coords, valid, rig.feature_size)
 
 

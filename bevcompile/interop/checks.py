@@ -351,7 +351,9 @@ def _check_fastbev_level0(ctx: CheckContext, arrays: Mapping[str, np.ndarray], o
     shape = lut.shape  # (n_heights, ny, nx), checked by _check_lut_range
     valid = ctx.grid_arrays.get("valid")
     coords = ctx.grid_arrays.get("coords")
-    if valid is None or coords is None:  # a store without grid/ (matrix + export-interop): the projection itself
+    if valid is not None and np.shape(valid) != (rig.n_cam, *shape):  # a bev.region grid/: its kept cells, not the LUT's fine cells
+        valid = coords = None
+    if valid is None or coords is None:  # a store without grid/ (matrix + export-interop), or a region's: the projection itself
         truth = ctx.sampling_grid()
         valid, coords = truth.valid, truth.coords_feature_px
     valid = np.asarray(valid, dtype=bool)

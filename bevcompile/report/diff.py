@@ -453,11 +453,70 @@ def check_comparable(old: LoadedStore, new: LoadedStore) -> None:
         raise UsageError(f"cannot compare: grid align_corners {ac_a} vs {ac_b}")
 
 
-def _grid_arrays(store: LoadedStore) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.float32]]:
-    """``grid/coords``, ``grid/valid``, ``grid/norm`` with the shapes the rig implies (StoreError otherwise)."""
+GridArrays = tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.float32]]
+
+REGION_COMPARED = (
+    "bev.region: compared the (super-)cells both stores sample at the same place, i.e. equal (iy, ix, size) "
+    "(a store without a region samples every fine cell, size 1)"
+)
+
+
+def _region_cells(store: LoadedStore) -> npt.NDArray[np.int64] | None:
+    """``grid/cells`` ``(n_kept, 3)`` of a ``bev.region`` store (StoreError if malformed); None without a region."""
+    group = store["grid"]
+    if store.rig.bev.region is None:
+        return None
+    if "cells" not in group:
+        raise StoreError(f"{store.path}: grid/ of a bev.region store has no cells; rebuild it with `bevcompile grid`")
+    cells = np.asarray(group["cells"], dtype=np.int64)
+    if cells.ndim != 2 or cells.shape[1] != 3:
+        raise StoreError(f"{store.path}: grid/cells has shape {cells.shape}; expected (n_kept, 3)")
+    return cells
+
+
+def compared_grid_arrays(old: LoadedStore, new: LoadedStore, notes: list[str] | None = None) -> tuple[GridArrays, GridArrays, npt.NDArray[np.int64] | None]:
+    """``(coords, valid, norm)`` of both stores on the cells they both sample.
+
+    Two stores without a region: the stored ``(n_cam, n_h, ny, nx[, 2])`` arrays as they are. With
+    a ``bev.region`` on either side (:data:`REGION_COMPARED`): the cells with equal ``(iy, ix, size)``
+    in both (a full store's cell ``(iy, ix)`` is ``(iy, ix, 1)``), in increasing ``iy * nx + ix``, as
+    ``(n_cam, n_h, 1, n_common[, 2])``, and their ``(iy, ix, size)`` ``(n_common, 3)`` (None without a
+    region); ``notes`` gets a line with the counts."""
+    cells_old, cells_new = _region_cells(old), _region_cells(new)
+    if cells_old is None and cells_new is None:
+        return _grid_arrays(old), _grid_arrays(new), None
+    ny, nx = old.rig.bev.ny, old.rig.bev.nx
+
+    def table(cells: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
+        if cells is not None:
+            return cells
+        iy, ix = np.divmod(np.arange(ny * nx, dtype=np.int64), nx)
+        return np.stack([iy, ix, np.ones_like(iy)], axis=1)
+
+    t_old, t_new = table(cells_old), table(cells_new)
+    key_old = (t_old[:, 0] * nx + t_old[:, 1]) * (max(ny, nx) + 1) + t_old[:, 2]
+    key_new = (t_new[:, 0] * nx + t_new[:, 1]) * (max(ny, nx) + 1) + t_new[:, 2]
+    _, pick_old, pick_new = np.intersect1d(key_old, key_new, assume_unique=True, return_indices=True)
+    out: list[GridArrays] = []
+    for store, cells, pick in ((old, cells_old, pick_old), (new, cells_new, pick_new)):
+        coords, valid, norm = _grid_arrays(store, None if cells is None else int(cells.shape[0]))
+
+        def common(a: np.ndarray, cells: npt.NDArray[np.int64] | None = cells, pick: npt.NDArray[np.intp] = pick) -> np.ndarray:
+            flat = a.reshape(*a.shape[:2], -1, *a.shape[4 if cells is None else 3 :])
+            return flat[:, :, pick][:, :, None]
+
+        out.append((common(coords), common(valid), common(norm)))
+    if notes is not None:
+        notes.append(f"{REGION_COMPARED}: {pick_old.size} cells in both (OLD samples {t_old.shape[0]}, NEW {t_new.shape[0]})")
+    return out[0], out[1], t_old[pick_old]
+
+
+def _grid_arrays(store: LoadedStore, n_kept: int | None = None) -> GridArrays:
+    """``grid/coords``, ``grid/valid``, ``grid/norm`` with the shapes the rig implies (StoreError otherwise);
+    ``n_kept``: a region store's kept cells, ``(n_cam, n_h, n_kept[, 2])``."""
     group = store["grid"]
     rig = store.rig
-    shape = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    shape: tuple[int, ...] = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx) if n_kept is None else (rig.n_cam, len(rig.bev.heights), n_kept)
     coords, valid, norm = group["coords"], group["valid"], group["norm"]
     for name, array, want in (("coords", coords, (*shape, 2)), ("valid", valid, shape), ("norm", norm, (*shape, 2))):
         if array.shape != want:
@@ -499,8 +558,11 @@ def _shift_stats(
     coords_new: npt.NDArray[np.float32],
     valid_new: npt.NDArray[np.bool_],
     height_indices: Sequence[int],
+    cells: npt.NDArray[np.int64] | None = None,
 ) -> ShiftStats:
-    """Stats of one camera over ``height_indices`` (``coords_*`` ``(n_h, ny, nx, 2)``, ``valid_*`` ``(n_h, ny, nx)``)."""
+    """Stats of one camera over ``height_indices`` (``coords_*`` ``(n_h, ny, nx, 2)``, ``valid_*`` ``(n_h, ny, nx)``;
+    with ``cells`` (bev.region, :func:`compared_grid_arrays`) ``(n_h, 1, n_common)`` whose cell ``k`` is
+    ``cells[k] = (iy, ix, size)``: the max-shift cell is then its first fine cell and its centre the (super-)cell's)."""
     idx = np.asarray(height_indices, dtype=np.int64)
     vo, vn = valid_old[idx], valid_new[idx]
     both = vo & vn
@@ -520,8 +582,12 @@ def _shift_stats(
     if not shift[k] <= 0:  # moved, or not finite
         ih, iy, ix = int(idx[where[0][k]]), int(where[1][k]), int(where[2][k])
         bev = rig.bev
+        half = 0.5
+        if cells is not None:
+            iy, ix, size = (int(v) for v in cells[ix])
+            half = size / 2
         cell = (ih, iy, ix)
-        centre = (bev.x.min + (ix + 0.5) * bev.x.step, bev.y.min + (iy + 0.5) * bev.y.step, float(bev.heights[ih]))
+        centre = (bev.x.min + (ix + half) * bev.x.step, bev.y.min + (iy + half) * bev.y.step, float(bev.heights[ih]))
     return ShiftStats(
         n_cells=n_cells,
         cells_both=n_both,
@@ -923,17 +989,18 @@ def _camera_diffs(
     grid_new: tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]],
     max_shift_px: float | None,
     max_coverage_change: float | None,
+    cells: npt.NDArray[np.int64] | None = None,
 ) -> list[CameraDiff]:
     """Per camera: pose change, sampling shift over all heights (and per height) and gate failures,
-    from the ``(grid/coords, grid/valid)`` of each store."""
+    from the ``(grid/coords, grid/valid)`` of each store (``cells``: the compared region cells)."""
     (coords_old, valid_old), (coords_new, valid_new) = grid_old, grid_new
     heights = tuple(float(h) for h in rig_old.bev.heights)
     all_heights = list(range(len(heights)))
     cameras: list[CameraDiff] = []
     for cam, name in enumerate(rig_old.camera_names):
         args = (rig_old, coords_old[cam], valid_old[cam], coords_new[cam], valid_new[cam])
-        total = _shift_stats(*args, all_heights)
-        per_height = tuple((heights[ih], _shift_stats(*args, [ih])) for ih in all_heights) if len(heights) > 1 else ((heights[0], total),)
+        total = _shift_stats(*args, all_heights, cells)
+        per_height = tuple((heights[ih], _shift_stats(*args, [ih], cells)) for ih in all_heights) if len(heights) > 1 else ((heights[0], total),)
         rotation_deg, translation_mm, delta_mm = pose_change(rig_old, rig_new, cam)
         cameras.append(
             CameraDiff(name, rotation_deg, translation_mm, delta_mm, total, per_height, gate_failures(total, max_shift_px, max_coverage_change))
@@ -956,10 +1023,9 @@ def camera_diffs(
     old.group("grid")
     new.group("grid")
     check_comparable(old, new)
-    coords_old, valid_old, _ = _grid_arrays(old)
-    coords_new, valid_new, _ = _grid_arrays(new)
+    (coords_old, valid_old, _), (coords_new, valid_new, _), cells = compared_grid_arrays(old, new)
     with np.errstate(invalid="ignore", over="ignore"):
-        return _camera_diffs(old.rig, new.rig, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change)
+        return _camera_diffs(old.rig, new.rig, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change, cells)
 
 
 def _diff_stores(
@@ -975,14 +1041,13 @@ def _diff_stores(
     store_new.group("grid")
     check_comparable(store_old, store_new)
     rig_old, rig_new = store_old.rig, store_new.rig
-    coords_old, valid_old, norm_old = _grid_arrays(store_old)
-    coords_new, valid_new, norm_new = _grid_arrays(store_new)
     notes: list[str] = []
+    (coords_old, valid_old, norm_old), (coords_new, valid_new, norm_new), cells = compared_grid_arrays(store_old, store_new, notes)
     for side, store, coords, norm in (("OLD", store_old, coords_old, norm_old), ("NEW", store_new, coords_new, norm_new)):
         _note_non_finite(notes, side, store, "grid/coords", coords, "the shift figures")
         _note_non_finite(notes, side, store, "grid/norm", norm, "the output-change figures")
     heights = tuple(float(h) for h in rig_old.bev.heights)
-    cameras = _camera_diffs(rig_old, rig_new, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change)
+    cameras = _camera_diffs(rig_old, rig_new, (coords_old, valid_old), (coords_new, valid_new), max_shift_px, max_coverage_change, cells)
     inputs = SeededInputs(rig_old, channels, seed)
     align_corners = grid_align_corners(store_old)
     output = grid_output_change(inputs.features, norm_old, norm_new, heights, align_corners, valid_old, valid_new)

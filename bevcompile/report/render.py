@@ -272,9 +272,11 @@ def render_store(
     if reader.has_group(grid_name):
         valid = reader.read(grid_name, "valid")
         expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+        if rig.bev.region is not None:  # the kept (super-)cells, drawn on the fine cells they cover
+            valid = _region_valid_on_grid(store, reader, grid_name, valid, expected)
         if valid.dtype != np.bool_ or valid.shape != expected:
             raise StoreError(f"{store}: {grid_name}/valid is {valid.dtype}{list(valid.shape)}, expected bool{list(expected)}; run bevcompile inspect")
-        source = f"{grid_name}/valid"
+        source = f"{grid_name}/valid" + (" of the kept cells" if rig.bev.region is not None else "")
     else:
         # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
         # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
@@ -476,6 +478,18 @@ def _draw_coverage(
                 arrowprops={"arrowstyle": "-|>", "color": "black", "linewidth": 1.3, "shrinkA": 0, "shrinkB": 0},
                 zorder=6,
             )
+
+
+def _region_valid_on_grid(store: Any, reader: Any, grid_name: str, valid: np.ndarray, expected: tuple[int, int, int, int]) -> np.ndarray:
+    """A region store's ``grid/valid`` ``(n_cam, n_h, n_kept)`` on the fine grid ``expected``
+    through ``grid/expand``: each fine cell shows its (super-)cell's flag (sampled at the
+    super-cell's centre), cells outside the region are not covered."""
+    expand = reader.read(grid_name, "expand")
+    n_kept = valid.shape[-1] if valid.ndim == 3 else -1
+    if valid.dtype != np.bool_ or valid.shape[:2] != expected[:2] or expand.shape != (expected[2] * expected[3],) or (expand.size and (int(expand.min()) < 0 or int(expand.max()) > n_kept)):
+        raise StoreError(f"{store}: {grid_name}/valid {valid.dtype}{list(valid.shape)} and {grid_name}/expand {list(expand.shape)} are not a region's kept cells; run bevcompile inspect")
+    padded = np.concatenate([valid, np.zeros((*valid.shape[:2], 1), dtype=bool)], axis=-1)
+    return padded[:, :, np.asarray(expand, dtype=np.int64)].reshape(expected)
 
 
 def _draw_region(ax: Any, rig: RigConfig, h_centres: np.ndarray, v_centres: np.ndarray) -> None:

@@ -496,3 +496,32 @@ def test_region_export_adds_exactly_one_gather_and_matches_the_torch_module(tmp_
     assert compact.shape == (1, 4, int(expand.max()))
     dense = np.concatenate([compact, np.zeros((1, 4, 1), np.float32)], axis=2)[:, :, expand].reshape(1, 4, 24, 24)
     assert np.array_equal(dense, want)
+
+
+def test_region_grid_export_adds_exactly_one_gather_and_onnxruntime_equals_torch(tmp_path: Path) -> None:
+    """--product gather of a region grid store: the full-grid twin's graph plus ONE Gather, which
+    reads grid/expand; no forbidden op; onnxruntime equals GridGather (and the numpy reference)."""
+    from collections import Counter
+
+    from bevcompile.torch import GridGather
+
+    from ..deploy.test_torch import region_grid_stores
+
+    stores = dict(zip(("full", "region"), region_grid_stores(tmp_path, npu=True), strict=True))
+    results = {label: export_onnx(path, tmp_path / f"{label}.onnx", ExportOptions(channels=4)) for label, path in stores.items()}
+    ops = {label: Counter(n.op_type for n in onnx.load(str(r.path)).graph.node) for label, r in results.items()}
+    assert ops["region"] - ops["full"] == Counter({"Gather": 1}) and not ops["full"] - ops["region"], ops
+    graph = onnx.load(str(results["region"].path)).graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    expand = np.asarray(load(stores["region"])["grid"]["expand"])
+    reads = [n for n in graph.node if n.op_type == "Gather" and n.input[1] in consts and np.array_equal(consts[n.input[1]].ravel(), expand)]
+    assert len(reads) == 1  # one height: the (height, cell) index is grid/expand itself
+    _assert_clean(results["region"])
+    assert results["region"].max_abs <= 1e-5
+    region = load(stores["region"])
+    inputs = make_inputs(region, 4, 1, seed=5, with_depth=False)
+    got = _ort(results["region"].path, inputs)
+    with torch.no_grad():
+        want = GridGather(stores["region"])(torch.from_numpy(inputs["features"])).numpy()
+    assert got.shape == (1, 4, 1, 24, 24)
+    assert np.max(np.abs(got - want)) <= 1e-6

@@ -29,6 +29,8 @@ from bevcompile.rig.config import RigConfig
 from bevcompile.store.loader import load, matrix_layout
 from bevcompile.torch import GridGather, LearnableLift, MatrixLift, bilinear_tables_from_norm
 
+from ..grid.test_build import region_grid_stores  # the small rig with and without tests/matrix/test_region.REGION
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # --------------------------------------------------------------------------------------
@@ -663,3 +665,70 @@ def test_learnable_lift_refuses_other_forms_and_constraints(learnable_store: Pat
         LearnableLift(learnable_store, form="tiles")
     with pytest.raises(UsageError, match="constraint must be one of none, nonnegative"):
         LearnableLift(learnable_store, constraint="positive")
+
+
+# --------------------------------------------------------------------------------------
+# GridGather on a bev.region store
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("align", "order", "weights", "reduce"), [(1, "row", "float32", "sum"), (8, "cache", "float32", "mean"), (1, "row", "lut", "sum")])
+def test_region_grid_gather_expands_with_one_gather_and_samples_super_cells_at_their_centre(
+    tmp_path: Path, align: int, order: str, weights: str, reduce: str
+) -> None:
+    """On a region store GridGather's (N, C, 1, ny, nx): fine kept cells equal the full-grid module
+    exactly, cells outside the region are 0, every fine cell of a super-cell reads one value, and
+    (float32 weights) that value is F.grid_sample at the super-cell's centre, projected here with the
+    rig geometry (x_min + (ix + size/2) dx, ...) and normalised with align_corners=False's
+    (2 u + 1) / W - 1. rows='compact' gives the kept cells, which expand reproduces."""
+    from bevcompile.grid.ipm import inside_feature_map
+    from bevcompile.rig.geometry import project_bev_to_feature
+
+    full, region = region_grid_stores(tmp_path, npu=True, align=align, order=order)
+    features = torch.rand(2, 4, 3, 8, 12, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = GridGather(region, weights=weights, reduce=reduce)(features)
+        want = GridGather(full, weights=weights, reduce=reduce)(features)
+        compact = GridGather(region, weights=weights, reduce=reduce, rows="compact")(features)
+    loaded = load(region)
+    rig = loaded.rig
+    cells = np.asarray(loaded["grid"]["cells"])
+    expand = np.asarray(loaded["grid"]["expand"]).astype(np.int64)
+    n_kept = cells.shape[0]
+    assert got.shape == want.shape == (2, 3, 1, 24, 24) and compact.shape == (2, 3, 1, n_kept)
+    flat_got = got.reshape(2, 3, -1).numpy()
+    flat_want = want.reshape(2, 3, -1).numpy()
+    fine = cells[:, 2] == 1
+    fine_cells = cells[fine, 0] * rig.bev.nx + cells[fine, 1]
+    assert np.array_equal(flat_got[:, :, fine_cells], flat_want[:, :, fine_cells])
+    assert not np.any(flat_got[:, :, expand == n_kept])
+    dense = np.concatenate([compact.numpy()[:, :, 0], np.zeros((2, 3, 1), np.float32)], axis=2)[:, :, expand]
+    assert np.array_equal(dense, flat_got)
+    if weights != "float32":
+        return
+    coarse = np.flatnonzero(~fine)
+    assert coarse.size
+    x = rig.bev.x.min + (cells[coarse, 1] + cells[coarse, 2] / 2) * rig.bev.x.step
+    y = rig.bev.y.min + (cells[coarse, 0] + cells[coarse, 2] / 2) * rig.bev.y.step
+    points = np.stack([x, y, np.zeros_like(x)], axis=1)
+    w_f, h_f = rig.feature_size
+    ref = torch.zeros(2, 3, coarse.size, dtype=torch.float64)
+    count = np.zeros(coarse.size)
+    for cam_index, camera in enumerate(rig.cameras):
+        uv, ok = project_bev_to_feature(rig, camera, points)
+        ok &= inside_feature_map(uv, rig.feature_size)
+        norm = np.stack([(2 * uv[:, 0] + 1) / w_f - 1, (2 * uv[:, 1] + 1) / h_f - 1], axis=1)
+        grid = torch.from_numpy(np.where(ok[:, None], norm, -5.0)).reshape(1, 1, -1, 2).expand(2, -1, -1, -1)
+        ref += F.grid_sample(features[:, cam_index].double(), grid, mode="bilinear", padding_mode="zeros", align_corners=False)[:, :, 0]
+        count += ok
+    if reduce == "mean":
+        ref = torch.where(torch.from_numpy(count > 0), ref / torch.from_numpy(np.maximum(count, 1)), 0.0)
+    assert float((compact[:, :, 0, coarse].double() - ref).abs().max()) <= 1e-5
+
+
+def test_region_grid_gather_rows_option_is_checked(tmp_path: Path) -> None:
+    full, _region = region_grid_stores(tmp_path, npu=True)
+    with pytest.raises(UsageError, match=r"rows='compact' needs a store built with a bev\.region"):
+        GridGather(full, rows="compact")
+    with pytest.raises(UsageError, match="rows must be one of dense, compact, got 'sparse'"):
+        GridGather(full, rows="sparse")

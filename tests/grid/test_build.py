@@ -79,3 +79,75 @@ def test_the_grid_memory_estimate_is_not_under_the_measured_peak(tmp_path: Path,
     assert result.returncode == 0, result.stderr
     peak = int(result.stdout)
     assert peak <= estimate, f"{cells_per_side}^2: peak {peak / 2**20:.0f} MiB > estimate {estimate / 2**20:.0f} MiB"
+
+
+# --------------------------------------------------------------------------------------
+# bev.region: the grid products sample the kept (super-)cells at their centres
+# --------------------------------------------------------------------------------------
+
+
+def region_grid_stores(tmp_path: Path, **options: object) -> tuple[Path, Path]:
+    """``run_grid`` of the small rig without and with tests/matrix/test_region.REGION (also used by tests/deploy)."""
+    from bevcompile.grid.build import run_grid
+    from bevcompile.rig.config import parse_config
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data
+
+    data = small_rig_data()
+    full = run_grid(parse_config(data), tmp_path / "full", **options).store  # type: ignore[arg-type]
+    data["bev"]["region"] = REGION
+    region = run_grid(parse_config(data), tmp_path / "region", **options).store  # type: ignore[arg-type]
+    return full, region
+
+
+@pytest.mark.parametrize("align", [1, 16])
+def test_convention_region_grid_samples_each_kept_cell_at_its_centre(tmp_path: Path, align: int) -> None:
+    """grid/ of a region store: one kept_cell axis in grid/cells order; each (super-)cell's coords
+    are the projection of (x_min + (ix + size/2) dx, y_min + (iy + size/2) dy), restated here with
+    the rig geometry (not the build's centre function); fine cells equal the full grid bit for bit;
+    grid/cells and grid/expand are the region table; gather/ and delta/ follow the same axis."""
+    import numpy as np
+
+    from bevcompile.grid.ipm import inside_feature_map
+    from bevcompile.rig.geometry import project_bev_to_feature
+    from bevcompile.rig.region import region_table
+    from bevcompile.store.loader import load
+
+    full, region = region_grid_stores(tmp_path, align=align, formats=("pixel_q", "uq12"))
+    r, f = load(region), load(full)
+    rig = r.rig
+    table = region_table(rig.bev)
+    cells = np.asarray(r["grid"]["cells"])
+    assert np.array_equal(cells, table.cells) and np.array_equal(np.asarray(r["grid"]["expand"]), table.expand)
+    assert set(np.unique(cells[:, 2]).tolist()) == {1, 2, 4}
+    n_kept = cells.shape[0]
+    coords = np.asarray(r["grid"]["coords"])
+    assert coords.shape == (rig.n_cam, 1, n_kept, 2) and np.asarray(r["grid"]["pixel_q"]).shape == (rig.n_cam, 1, n_kept, 2)
+    import zarr
+
+    root = zarr.open_group(str(region), mode="r")
+    assert tuple(root["grid"]["coords"].metadata.dimension_names) == ("camera", "height", "kept_cell", "uv")  # type: ignore[index,union-attr]
+    assert tuple(root["delta"]["block_slot"].metadata.dimension_names) == ("camera", "height", "block")  # type: ignore[index,union-attr]
+    x = rig.bev.x.min + (cells[:, 1] + cells[:, 2] / 2) * rig.bev.x.step
+    y = rig.bev.y.min + (cells[:, 0] + cells[:, 2] / 2) * rig.bev.y.step
+    points = np.stack([x, y, np.zeros_like(x)], axis=1)
+    valid = np.asarray(r["grid"]["valid"])
+    for cam_index, camera in enumerate(rig.cameras):
+        uv, ok = project_bev_to_feature(rig, camera, points)
+        ok &= inside_feature_map(uv, rig.feature_size)
+        assert np.array_equal(valid[cam_index, 0], ok)
+        assert np.array_equal(coords[cam_index, 0][ok], uv[ok].astype(np.float32))
+    fine = cells[:, 2] == 1
+    flat = cells[fine, 0] * rig.bev.nx + cells[fine, 1]
+    for name in ("coords", "valid", "norm", "norm_int16", "pixel_q", "uq12"):
+        dense = np.asarray(f["grid"][name]).reshape(rig.n_cam, 1, rig.bev.ny * rig.bev.nx, *np.asarray(f["grid"][name]).shape[4:])
+        assert np.array_equal(np.asarray(r["grid"][name])[:, :, fine], dense[:, :, flat]), name
+    assert r["grid"].attrs["region"]["n_kept"] == n_kept
+    assert list(r["gather"].attrs["logical_shape"]) == [rig.n_cam, 1, n_kept]
+    if align == 1:
+        assert np.asarray(r["gather"]["index"]).shape == (rig.n_cam, 1, n_kept, 4)
+    else:
+        assert np.asarray(r["gather"]["index"]).shape[0] == -(-rig.n_cam * n_kept // align) * align
+    assert np.asarray(r["delta"]["cell_pos"]).shape == (n_kept,)
+    assert list(r["delta"].attrs["logical_shape"]) == [rig.n_cam, 1, n_kept]

@@ -316,3 +316,65 @@ def test_verify_uq12_under_align_corners_can_fail() -> None:
     rows = format_checks.verify_grid(ctx, damaged, grid.attrs)
     assert any(not r.passed for r in rows if r.product == "grid/uq12")
     assert any(not r.passed for r in rows if r.product == "grid/uq12 saturated")
+
+
+# --------------------------------------------------------------------------------------
+# bev.region stores
+# --------------------------------------------------------------------------------------
+
+
+def test_region_grid_store_passes_inspect_strict_and_verify_and_damage_is_caught(tmp_path: Path) -> None:
+    """A region grid store (every format, flat cache-ordered gather) passes inspect, --strict (bit
+    for bit rebuild) and verify; a damaged grid/expand, a swapped kept cell's coords and a
+    damaged delta/cell_pos each fail with their check's name."""
+    import zarr
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..matrix.test_region import REGION
+
+    data = rigs.small_rig_data()
+    data["bev"]["region"] = REGION
+    config = rigs.write_yaml(tmp_path / "small.yaml", data)
+    runner = CliRunner()
+    args = ["grid", str(config), "--out", str(tmp_path), "--quiet", "--align", "8", "--order", "cache"]
+    for name in ("opencv", "pixel_q", "norm_q16", "uq12"):
+        args += ["--format", name]
+    assert runner.invoke(app, args).exit_code == 0
+    store = tmp_path / "small.zarr"
+    strict = runner.invoke(app, ["inspect", str(store), "--strict"])
+    assert strict.exit_code == 0, strict.output
+    assert "checks passed" in strict.output
+    verify = runner.invoke(app, ["verify", str(store)])
+    assert verify.exit_code == 0, verify.output
+    report = inspect_store(store)
+    names = {c.name for c in report.checks}
+    assert {"region_tables", "region_expand_of_cells", "coords_match_config"} <= names
+
+    expand = zarr.open_array(store / "grid" / "expand", mode="r+")
+    original = np.asarray(expand[:])
+    damaged = original.copy()
+    damaged[0] = (damaged[0] + 1) % (damaged.max() + 1)
+    expand[:] = damaged
+    out = runner.invoke(app, ["inspect", str(store)])
+    assert out.exit_code == 1 and "region_tables" in out.output and "grid/expand" in out.output, out.output
+    expand[:] = original
+
+    coords = zarr.open_array(store / "grid" / "coords", mode="r+")
+    values = np.asarray(coords[:])
+    valid = np.asarray(zarr.open_array(store / "grid" / "valid", mode="r")[:])
+    k = np.flatnonzero(valid[0, 0])[:2]
+    values[0, 0, k] = values[0, 0, k[::-1]]
+    coords[:] = values
+    out = runner.invoke(app, ["inspect", str(store)])
+    assert out.exit_code == 1 and "coords_match_config" in out.output, out.output
+    values[0, 0, k] = values[0, 0, k[::-1]]
+    coords[:] = values
+
+    pos = zarr.open_array(store / "delta" / "cell_pos", mode="r+")
+    p = np.asarray(pos[:])
+    p[[0, 1]] = p[[1, 0]]
+    pos[:] = p
+    out = runner.invoke(app, ["inspect", str(store)])
+    assert out.exit_code == 1 and "delta/cell_pos differs" in " ".join(out.output.split()), out.output

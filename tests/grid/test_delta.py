@@ -207,3 +207,48 @@ def test_delta_usage_errors() -> None:
         encode_delta(far, valid, (12, 8))
     with pytest.raises(UsageError, match="coords must be"):
         encode_delta(coords[0], valid[0], (12, 8))
+
+
+def test_region_delta_decodes_every_kept_cell_within_the_bound_and_puts_invalid_ones_off_the_map() -> None:
+    """A region's delta-LUT (blocks on each cell size's lattice, then one Gather of cell_pos)
+    decodes the kept cells' float64 coords within max_error_px (measured here, not read from the
+    encoding), invalid kept cells off the map; cell_pos is the documented position formula; a
+    smooth synthetic field stays predictor-only/residual (no escape) although its cells are sparse."""
+    import numpy as np
+
+    from bevcompile.grid.delta import decode_delta, encode_region_delta
+    from bevcompile.grid.formats import off_map_margin
+    from bevcompile.rig.region import build_table
+
+    ny = nx = 32
+    yy, xx = np.mgrid[0:ny, 0:nx]
+    kept = (np.abs(xx - 15.5) < 9) & (np.abs(yy - 15.5) < 14)
+    factors = np.where(np.maximum(np.abs(xx - 15.5), np.abs(yy - 15.5)) > 8, 2, 1)
+    table = build_table(kept, factors)
+    cells = table.cells
+    size = cells[:, 2].astype(np.float64)
+    cx, cy = cells[:, 1] + size / 2, cells[:, 0] + size / 2
+    u = 3.0 + 0.9 * cx + 0.004 * cx * cy
+    v = 2.0 + 0.5 * cy + 0.002 * cx * cx
+    coords = np.stack([u, v], axis=-1)[None, None]  # (1, 1, n_kept, 2)
+    valid = np.ones(coords.shape[:-1], dtype=bool)
+    valid[0, 0, ::7] = False
+    coords = np.where(valid[..., None], coords, -2.0)
+    enc = encode_region_delta(coords, valid, (64, 48), cells, (ny, nx), block=4, max_error_px=1 / 16)
+    decoded = decode_delta(enc.lut)[:, :, 0]
+    assert decoded.shape == coords.shape
+    assert np.abs(decoded - coords)[valid].max() <= 1 / 16
+    assert off_map_margin(decoded[~valid], (64, 48)).all()
+    smooth = encode_region_delta(np.stack([u, v], axis=-1)[None, None], np.ones_like(valid), (64, 48), cells, (ny, nx), block=4, max_error_px=1 / 16)
+    assert smooth.n_escape == 0 and smooth.max_error_px <= 1 / 16
+    # cell_pos: sizes increasing, each size's lattice of 4 x 4 blocks row-major
+    pos = np.asarray(enc.lut.cell_pos, dtype=np.int64)
+    fine = cells[:, 2] == 1
+    by, ly = np.divmod(cells[fine, 0], 4)
+    bx, lx = np.divmod(cells[fine, 1], 4)
+    assert np.array_equal(pos[fine], ((by * 8 + bx) * 4 + ly) * 4 + lx)
+    coarse = ~fine
+    by, ly = np.divmod(cells[coarse, 0] // 2, 4)
+    bx, lx = np.divmod(cells[coarse, 1] // 2, 4)
+    assert np.array_equal(pos[coarse], ((64 + by * 4 + bx) * 4 + ly) * 4 + lx)
+    assert enc.norm_int16_bytes == cells.shape[0] * 4

@@ -952,3 +952,27 @@ def test_bevpoolv2_drops_the_points_outside_the_bev_region() -> None:
     assert np.array_equal(region.ranks_depth, full.ranks_depth[keep])
     assert np.array_equal(region.ranks_feat, full.ranks_feat[keep])
     assert inside[region.ranks_bev.astype(np.int64) % n_cells].all()
+
+
+def test_fastbev_checks_of_a_region_grid_store_use_the_fine_projection(tmp_path: Path) -> None:
+    """A bev.region store's grid/ holds the kept cells (not the Fast-BEV LUT's fine cells): the
+    interop checks then use the float64 projection of the fine cells, and inspect/verify pass."""
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..matrix.test_region import REGION
+    from ..rigs import small_rig_data, write_yaml
+
+    data = small_rig_data()
+    data["bev"]["region"] = REGION
+    config = write_yaml(tmp_path / "small.yaml", data)
+    runner = CliRunner()
+    assert runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"]).exit_code == 0
+    store = tmp_path / "small.zarr"
+    exported = runner.invoke(app, ["export-interop", str(store), "--to", "fastbev-lut"])
+    assert exported.exit_code == 0, exported.output
+    inspected = runner.invoke(app, ["inspect", str(store)])
+    assert inspected.exit_code == 0 and "checks passed" in inspected.output, inspected.output
+    verified = runner.invoke(app, ["verify", str(store)])
+    assert verified.exit_code == 0 and "rows passed" in verified.output, verified.output

@@ -653,3 +653,58 @@ def test_different_regions_compare_on_the_dense_map_and_say_so(region_stores: di
     assert "COO output max abs / mean abs (dense map)" in out and "not counted" in out and "the output is compared on the dense" in out
     data = json.loads(runner.invoke(app, ["diff", str(region_stores[old]), str(region_stores[new]), "--json"]).stdout)
     assert data["matrix"]["compared"] == "dense map" and data["matrix"]["rows_changed"] is None
+
+
+# --------------------------------------------------------------------------------------
+# bev.region grid stores
+# --------------------------------------------------------------------------------------
+
+
+def test_diff_of_region_grid_stores_compares_the_cells_both_sample(tmp_path: Path) -> None:
+    """Region vs region (moved camera): the shifts are over the kept cells and equal an independent
+    re-projection of one super-cell's centre; region vs its full-grid twin: only the fine kept cells
+    (equal (iy, ix, size)) are compared, and they are identical (0 shift, 0 output change)."""
+    from ..matrix.test_region import REGION
+
+    def with_region(data: dict[str, Any]) -> dict[str, Any]:
+        data["bev"]["region"] = REGION
+        return data
+
+    full = _build(_data(), tmp_path / "full")
+    old = _build(with_region(_data()), tmp_path / "old")
+    moved = _build(with_region(_moved_data()), tmp_path / "moved")
+    cells = np.asarray(load(old)["grid"]["cells"])
+    n_fine = int(np.count_nonzero(cells[:, 2] == 1))
+
+    twin = diff_stores(full, old, seed=1, channels=2)
+    assert any(f"{n_fine} cells in both" in note for note in twin.notes), twin.notes
+    assert all(c.total.shift_max_px in (0.0, None) for c in twin.cameras)
+    assert all(o.max_abs == 0.0 for o in twin.output)
+
+    report = diff_stores(old, moved, seed=1, channels=2)
+    assert any(f"{cells.shape[0]} cells in both" in note for note in report.notes), report.notes
+    rig_old, rig_new = load(old).rig, load(moved).rig
+    k = int(np.flatnonzero(cells[:, 2] == 4)[0])
+    iy, ix, size = (int(v) for v in cells[k])
+    point = np.array([[rig_old.bev.x.min + (ix + size / 2) * rig_old.bev.x.step, rig_old.bev.y.min + (iy + size / 2) * rig_old.bev.y.step, HEIGHTS[0]]])
+    shifts = []
+    for cam in range(rig_old.n_cam):
+        a, ok_a = project_bev_to_feature(rig_old, rig_old.cameras[cam], point)
+        b, ok_b = project_bev_to_feature(rig_new, rig_new.cameras[cam], point)
+        if ok_a[0] and ok_b[0]:
+            shifts.append(float(np.hypot(*(b[0] - a[0]))))
+    moved_stats = report.cameras[MOVED].total
+    assert moved_stats.shift_max_px is not None and moved_stats.shift_max_px > 0
+    # the max-shift cell's recorded centre: a kept (super-)cell's centre, its shift re-projected here
+    ih, miy, mix = moved_stats.max_shift_cell  # type: ignore[misc]
+    km = int(np.flatnonzero((cells[:, 0] == miy) & (cells[:, 1] == mix))[0])
+    msize = int(cells[km, 2])
+    centre = (rig_old.bev.x.min + (mix + msize / 2) * rig_old.bev.x.step, rig_old.bev.y.min + (miy + msize / 2) * rig_old.bev.y.step, HEIGHTS[ih])
+    assert moved_stats.max_shift_cell_ego_m == pytest.approx(centre)
+    a, _ = project_bev_to_feature(rig_old, rig_old.cameras[MOVED], np.array([centre]))
+    b, _ = project_bev_to_feature(rig_new, rig_new.cameras[MOVED], np.array([centre]))
+    assert moved_stats.shift_max_px == pytest.approx(float(np.hypot(*(b[0] - a[0]))), abs=1e-3)
+    result = runner.invoke(app, ["diff", str(old), str(moved)])
+    assert result.exit_code == 0, result.output
+    assert "bev.region: compared the (super-)cells both stores sample" in " ".join(result.output.split())
+    assert shifts  # the super-cell is seen by some camera in both (the moved camera's shift is measured there)

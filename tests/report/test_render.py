@@ -310,3 +310,25 @@ def test_render_draws_the_bev_region_outline_and_the_ring_boundaries(tmp_path: P
     assert changed_fraction(edge) > 0.9
     assert changed_fraction(ring) > 0.5
     assert changed_fraction(inner) < 0.2
+
+
+def test_render_of_a_region_grid_store_draws_each_kept_cell_with_its_super_cell_coverage(tmp_path: Path) -> None:
+    """A region grid store (grid/valid over the kept cells): the coverage drawn is grid/valid read
+    through grid/expand (each fine cell shows its (super-)cell, outside the region no camera)."""
+    from bevcompile.rig.config import parse_config
+
+    from ..matrix.test_region import REGION
+
+    data = rigs.small_rig_data()
+    data["bev"]["region"] = REGION
+    store = run_grid(parse_config(data), tmp_path).store
+    result = render_store(store, tmp_path / "region.png")
+    reader = open_store(store)
+    valid = reader.read("grid", "valid")[:, 0]  # (n_cam, n_kept)
+    expand = reader.read("grid", "expand").astype(np.int64)
+    n_kept = valid.shape[1]
+    for cam in range(valid.shape[0]):
+        want = np.r_[valid[cam], False][expand].reshape(24, 24)
+        assert np.array_equal(result.coverage[cam], want)
+    assert not result.coverage[:, (expand == n_kept).reshape(24, 24)].any()
+    assert result.coverage.any()

@@ -16,13 +16,15 @@ against their recorded worst-case sample error ``+ 1e-6``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ...rig.config import RigConfig
 from ...store.plugins import Check, VerifyRow, compare
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 FEATURE_PEAK = 1.0
 GATHER_THRESHOLD = 1e-5
@@ -86,7 +88,10 @@ def _expect(arrays: Mapping[str, np.ndarray], group: str, name: str, shape: tupl
 
 
 def _cells(rig: RigConfig) -> tuple[int, int, int, int]:
-    return (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    """``(n_cam, n_h, ny, nx)``; a region's lattice ``(n_cam, n_h, 1, n_kept)``."""
+    from ..ipm import product_lattice_shape
+
+    return (rig.n_cam, len(rig.bev.heights), *product_lattice_shape(rig.bev))
 
 
 def _max_abs_err(decoded: np.ndarray, truth: np.ndarray, valid: np.ndarray) -> float:
@@ -109,3 +114,68 @@ def _row(product: str, camera: str, got: npt.NDArray[np.floating], ref: npt.NDAr
     return VerifyRow(product, camera, max_abs, mean_abs, psnr, f"max_abs <= {threshold:.3g}", passed, note)
 
 
+
+
+# --------------------------------------------------------------------------------------
+# bev.region: the stored kept_cell axis seen as the one-row lattice the checks run on
+# --------------------------------------------------------------------------------------
+
+REGION_ARRAYS = ("cells", "expand")
+"""``grid/`` arrays of a ``bev.region`` store that are no per-cell product (the cell table)."""
+
+
+def _lattice_arrays(group: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Stored region arrays ``(n_cam, n_h, n_kept, ...)`` as the lattice ``(n_cam, n_h, 1, n_kept, ...)``
+    (``grid/`` per-cell arrays, ``gather/`` bev-layout tables); ``cells``, ``expand`` and every
+    other array unchanged."""
+    out: dict[str, np.ndarray] = {}
+    for name, array in arrays.items():
+        a = np.asarray(array)
+        per_cell = (group == "grid" and name not in REGION_ARRAYS and a.ndim >= 3) or (group == "gather" and name in ("index", "weight", "weight_u8") and a.ndim == 4)
+        out[name] = a.reshape(*a.shape[:2], 1, *a.shape[2:]) if per_cell else a
+    return out
+
+
+def _squeezed(out: dict[str, Any]) -> dict[str, Any]:
+    """A rebuild of the lattice back to the stored ``kept_cell`` layout."""
+    return {name: (value.reshape(*value.shape[:2], *value.shape[3:]) if isinstance(value, np.ndarray) and value.ndim >= 4 and value.shape[2] == 1 else value) for name, value in out.items()}
+
+
+def region_plugin(group: str) -> Callable[[_F], _F]:
+    """Decorate a ``check_`` / ``verify_`` plug-in so that, on a ``bev.region`` store, it runs on the
+    one-row lattice of :func:`~bevcompile.grid.ipm.compute_product_grid`: the stored arrays (and
+    ``ctx.grid_arrays``) gain the singleton axis, and ``ctx.sampling_grid()`` is the projection of
+    the kept (super-)cells' centres. Without a region the plug-in runs unchanged."""
+    import dataclasses
+    import functools
+
+    from ..ipm import compute_product_grid, grid_region
+
+    def decorate(fn: _F) -> _F:
+        @functools.wraps(fn)
+        def run(ctx: Any, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> Any:
+            if grid_region(ctx.rig.bev) is None:
+                return fn(ctx, arrays, attrs)
+            grid = compute_product_grid(ctx.rig)
+            grid.coords_feature_px.setflags(write=False)
+            grid.valid.setflags(write=False)
+            lattice_ctx = dataclasses.replace(ctx, grid_arrays=_lattice_arrays("grid", ctx.grid_arrays), _sampling_grid=grid)
+            return fn(lattice_ctx, _lattice_arrays(group, arrays), attrs)
+
+        return cast(_F, run)
+
+    return decorate
+
+
+def region_rebuild(fn: _F) -> _F:
+    """Wrap a ``rebuild_`` plug-in (built on the lattice) to return the stored ``kept_cell`` layout."""
+    import functools
+
+    from ..ipm import grid_region
+
+    @functools.wraps(fn)
+    def run(rig: RigConfig, *args: Any) -> dict[str, Any]:
+        out = fn(rig, *args)
+        return out if grid_region(rig.bev) is None else _squeezed(out)
+
+    return cast(_F, run)

@@ -31,6 +31,7 @@ import numpy.typing as npt
 
 from ...rig.config import RigConfig
 from ...rig.geometry import project_bev_to_feature
+from ...rig.region import RegionTable, expand_of_cells
 from ...store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, clamped_format_rows, compare, same_recorded
 from ..formats import FORMAT_ARRAYS
 from ..ipm import (
@@ -38,14 +39,18 @@ from ..ipm import (
     NORM_INT16_SCALE,
     bev_cell_centres,
     build_grid_products,
-    compute_sampling_grid,
+    compute_product_grid,
     coverage_fraction,
     decode_norm_int16,
     feature_px_to_norm,
+    grid_region,
     inside_feature_map,
     norm_to_feature_px,
+    product_lattice_shape,
+    region_cell_centres,
 )
 from ..reference import bilinear_sample_px, grid_sample
+from ._common import REGION_ARRAYS, region_plugin, region_rebuild
 
 GROUP = "grid"
 BASE_ARRAYS = ("coords", "valid", "norm", "norm_int16")
@@ -73,7 +78,7 @@ def expected_shapes(rig: RigConfig) -> dict[str, tuple[tuple[int, ...], str]]:
     Convention: ``coords``/``norm``/``norm_int16`` ``(n_cam, n_heights, ny, nx, 2)``;
     ``valid`` ``(n_cam, n_heights, ny, nx)``.
     """
-    cells = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    cells = (rig.n_cam, len(rig.bev.heights), *product_lattice_shape(rig.bev))  # a region's lattice (1, n_kept)
     return {
         "coords": ((*cells, 2), "float32"),
         "valid": (cells, "bool"),
@@ -108,6 +113,7 @@ def _fmt(value: float) -> str:
 # --------------------------------------------------------------------------------------
 
 
+@region_plugin("grid")
 def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Invariant checks of the base ``grid/`` arrays against the config and the attributes.
 
@@ -172,10 +178,13 @@ def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mappi
 
     # arrays no build of grid/ writes (the base arrays, or a format's: npu_checks checks that the
     # formats present are the ones build_options lists)
-    known = set(BASE_ARRAYS) | {a for names in FORMAT_ARRAYS.values() for a in names}
+    table = grid_region(rig.bev)
+    known = set(BASE_ARRAYS) | {a for names in FORMAT_ARRAYS.values() for a in names} | (set(REGION_ARRAYS) if table is not None else set())
     extra = sorted(set(arrays) - known)
     if extra:
         checks.append(Check("contract", "grid/", False, f"arrays not produced by these build_options: {', '.join(extra)}"))
+    if table is not None:
+        checks.extend(_check_region_tables(rig, arrays, table))
 
     valid = ok.get("valid")
     coords = ok.get("coords")
@@ -241,11 +250,39 @@ def _recheck_indices(n_cells: int) -> np.ndarray:
     return np.unique(np.linspace(0, n_cells - 1, MAX_RECHECK_CELLS_PER_CAMERA).round().astype(np.int64))
 
 
+def _check_region_tables(rig: RigConfig, arrays: Mapping[str, np.ndarray], table: RegionTable) -> list[Check]:
+    """``grid/cells`` and ``grid/expand`` of a ``bev.region`` store: the cell table and expand
+    index the stored config's region gives (:func:`bevcompile.rig.region.region_table`, rebuilt),
+    ``expand`` the index of the stored ``cells``, and the ``region`` attribute's counts (``matrix/``
+    holds the same two arrays, checked against the same rebuild: so the two agree)."""
+    out: list[Check] = []
+    for name, want in (("cells", table.cells), ("expand", table.expand)):
+        got = arrays.get(name)
+        if got is None:
+            out.append(Check("region_tables", f"grid/{name}", False, f"grid/{name} is missing (a bev.region store holds the cell table)"))
+            continue
+        got = np.asarray(got)
+        same = got.shape == want.shape and str(got.dtype) == "int32" and bool(np.array_equal(got, want))
+        what = f"{table.n_kept} kept (super-)cells" if name == "cells" else f"({want.size},) index of {table.n_fine_kept} fine cells into {table.n_kept} cells + the zero row"
+        out.append(Check("region_tables", f"grid/{name}", same, f"{what}, as the stored bev.region gives" if same else f"shape {list(got.shape)} {got.dtype}: differs from the stored bev.region's {list(want.shape)} int32"))
+    cells = arrays.get("cells")
+    expand = arrays.get("expand")
+    if cells is not None and expand is not None:
+        c, e = np.asarray(cells), np.asarray(expand)
+        ny, nx = rig.bev.ny, rig.bev.nx
+        ok = c.ndim == 2 and c.shape[1:] == (3,) and e.shape == (ny * nx,) and bool(c.size == 0 or (c.min() >= 0 and c[:, 0].max() < ny and c[:, 1].max() < nx))
+        ok = ok and bool(np.array_equal(expand_of_cells(c, (ny, nx)), e))
+        out.append(Check("region_expand_of_cells", "grid/expand", ok, "each fine cell reads the stored (super-)cell holding it, the zero row elsewhere" if ok else "grid/expand is not the index of grid/cells"))
+    return out
+
+
 def _check_coords_match_config(rig: RigConfig, coords: np.ndarray, valid: np.ndarray) -> Check:
-    """Re-project (a bounded, evenly spaced sample of) the cells with the stored config."""
+    """Re-project (a bounded, evenly spaced sample of) the cells with the stored config (a
+    region's kept (super-)cells at their centres)."""
     n_cells = int(np.prod(valid.shape[1:]))
     index = _recheck_indices(n_cells)
-    centres = bev_cell_centres(rig.bev).reshape(-1, 3)[index]
+    table = grid_region(rig.bev)
+    centres = (bev_cell_centres(rig.bev) if table is None else region_cell_centres(rig.bev, table)).reshape(-1, 3)[index]
     worst_ratio = 0.0
     worst_px = 0.0
     n_valid_mismatch = 0
@@ -427,6 +464,7 @@ def _check_norm_int16(
 # --------------------------------------------------------------------------------------
 
 
+@region_rebuild
 def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``coords``, ``valid``, ``norm``, ``norm_int16`` exactly as ``bevcompile grid`` does,
     from the stored config and ``attrs["build_options"]["align_corners"]``, and the group
@@ -434,14 +472,18 @@ def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     from ..build import grid_group  # the writer's own attributes (build imports the plug-in modules' deps)
 
     align_corners = _align_corners(attrs)
-    products = build_grid_products(compute_sampling_grid(rig), align_corners)
-    return {
+    products = build_grid_products(compute_product_grid(rig), align_corners)
+    table = grid_region(rig.bev)
+    out: dict[str, Any] = {
         "coords": products.coords,
         "valid": products.valid,
         "norm": products.norm,
         "norm_int16": products.norm_int16,
-        REBUILT_ATTRS: grid_group(products, rig).attrs,  # the base attributes (npu_checks adds the formats')
+        REBUILT_ATTRS: grid_group(products, rig, table=table).attrs,  # the base attributes (npu_checks adds the formats')
     }
+    if table is not None:
+        out["cells"], out["expand"] = table.cells, table.expand
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -473,6 +515,7 @@ def torch_float32_bound(feature_size: tuple[int, int], peak: float = FEATURE_PEA
     return max(FLOAT_PATH_THRESHOLD, peak * 2.0**-22 * (w_f + h_f))
 
 
+@region_plugin("grid")
 def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
     """The grid forms against bilinear sampling at the float64 projections, per camera.
 

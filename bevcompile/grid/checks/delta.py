@@ -24,12 +24,14 @@ from ..delta import (
     decode_delta,
     delta_basis,
     encode_delta,
+    encode_region_delta,
     escape_frac_bits,
+    region_cell_positions,
 )
 from ..formats import (
     off_map_margin,
 )
-from ..ipm import compute_sampling_grid
+from ..ipm import compute_product_grid, grid_region
 from ..reference import bilinear_sample_px
 from ._common import (
     ATTR_RTOL,
@@ -44,6 +46,8 @@ from ._common import (
     _options,
     _recorded_float,
     _row,
+    region_plugin,
+    region_rebuild,
 )
 
 # --------------------------------------------------------------------------------------
@@ -66,7 +70,17 @@ def _delta_lut(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mapping[
     n_cam, n_h, ny, nx = cells
     nby, nbx = -(-ny // block), -(-nx // block)
     ints = ("int16", "int32")
-    block_slot = _expect(arrays, "delta", "block_slot", (n_cam, n_h, nby, nbx), ints)
+    table = grid_region(rig.bev)
+    cell_pos = None
+    if table is None:
+        block_slot = _expect(arrays, "delta", "block_slot", (n_cam, n_h, nby, nbx), ints)
+    else:  # bev.region: blocks over each cell size's lattice, then one Gather of cell_pos
+        want_pos, lattices = region_cell_positions(table.cells, table.bev_shape, block)
+        n_blocks = sum(b_y * b_x for _, b_y, b_x in lattices)
+        block_slot = _expect(arrays, "delta", "block_slot", (n_cam, n_h, n_blocks), ints).reshape(n_cam, n_h, n_blocks, 1)
+        cell_pos = _expect(arrays, "delta", "cell_pos", (table.n_kept,), ("int32",))
+        if not np.array_equal(cell_pos, want_pos):
+            raise _Bad("delta/cell_pos differs from the positions grid/cells and the block give (the kept cells' lattice blocks)")
     coef = _expect(arrays, "delta", "coef", None, ("int16",))
     if coef.ndim != 3 or coef.shape[1:] != (N_TERMS, 2) or coef.shape[0] < 1:
         raise _Bad(f"delta/coef has shape {list(coef.shape)}, expected [R, {N_TERMS}, 2] with R >= 1")
@@ -96,13 +110,14 @@ def _delta_lut(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mapping[
     f16 = escape_frac_bits(rig.feature_size)
     if attrs.get("escape_frac_bits") != f16:
         raise _Bad(f"delta/ attrs escape_frac_bits {attrs.get('escape_frac_bits')!r}, feature map implies {f16}")
-    extra = sorted(set(arrays) - set(LUT_ARRAYS))
+    extra = sorted(set(arrays) - set(LUT_ARRAYS) - ({"cell_pos"} if table is not None else set()))
     if extra:
         raise _Bad(f"arrays not produced by these build_options: {', '.join(extra)}")
-    lut = DeltaLUT(block_slot, coef, scale, res8_slot, res16_slot, res8, res16, basis, block, cells, f16)
+    lut = DeltaLUT(block_slot, coef, scale, res8_slot, res16_slot, res8, res16, basis, block, cells, f16, cell_pos)
     return lut, bound
 
 
+@region_plugin("delta")
 def check_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Structure, decode error within the recorded and configured bounds, invalid cells off
     the map, and the recorded on-device size."""
@@ -128,10 +143,11 @@ def _check_delta_decoder_attrs(ctx: CheckContext, attrs: Mapping[str, Any], lut:
     only under ``--strict``."""
     w_f, h_f = ctx.rig.feature_size
     n_cam, n_h, ny, nx = _cells(ctx.rig)
+    region = lut.cell_pos is not None  # a region's lattice (1, n_kept), recorded as (n_cam, n_h, n_kept) and n_blocks
     want = {
         "block": lut.block,
-        "block_grid": [-(-ny // lut.block), -(-nx // lut.block)],
-        "logical_shape": [n_cam, n_h, ny, nx],
+        "block_grid": [int(lut.block_slot.shape[2])] if region else [-(-ny // lut.block), -(-nx // lut.block)],
+        "logical_shape": [n_cam, n_h, nx] if region else [n_cam, n_h, ny, nx],
         "feature_size": [w_f, h_f],
         "escape_frac_bits": escape_frac_bits((w_f, h_f)),
         "max_error_bound_px": bound,
@@ -162,7 +178,7 @@ def _check_delta_decode(ctx: CheckContext, attrs: Mapping[str, Any], lut: DeltaL
     invalid = ~truth.valid
     bad = int(np.count_nonzero(invalid & ~off_map_margin(decoded, truth.feature_size)))
     checks.append(Check("invalid_decode_off_map", "delta/", bad == 0, f"{bad} of {int(invalid.sum())} invalid cell(s) decode inside the map or its 1.5 px margin"))
-    nbytes = sum(int(getattr(lut, name).nbytes) for name in LUT_ARRAYS)
+    nbytes = sum(int(getattr(lut, name).nbytes) for name in lut.array_names)
     rec_total = attrs.get("on_device_bytes_total")
     norm16 = int(np.prod(lut.logical_shape)) * 4
     rec_ratio = attrs.get("ratio_vs_norm_int16")
@@ -171,6 +187,7 @@ def _check_delta_decode(ctx: CheckContext, attrs: Mapping[str, Any], lut: DeltaL
     return checks
 
 
+@region_plugin("delta")
 def verify_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
     """The decoded delta grid (no mask: invalid cells are in-band) against bilinear sampling at
     the float64 projection, per camera; bound ``2 x max_error_px``."""
@@ -193,13 +210,21 @@ def verify_delta(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     return rows
 
 
+@region_rebuild
 def rebuild_delta(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``delta/`` from ``build_options`` (block, max_error_px)."""
     from ..build import delta_group
 
     block, bound = _delta_options(attrs)
-    sampling = compute_sampling_grid(rig)
-    group = delta_group(encode_delta(sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=block, max_error_px=bound), rig)
+    sampling = compute_product_grid(rig)
+    table = grid_region(rig.bev)
+    if table is None:
+        encoding = encode_delta(sampling.coords_feature_px, sampling.valid, sampling.feature_size, block=block, max_error_px=bound)
+    else:
+        encoding = encode_region_delta(
+            sampling.coords_feature_px[:, :, 0], sampling.valid[:, :, 0], sampling.feature_size, table.cells, table.bev_shape, block=block, max_error_px=bound
+        )
+    group = delta_group(encoding, rig, table)
     return {**group.arrays, REBUILT_ATTRS: group.attrs}
 
 

@@ -39,7 +39,7 @@ from ..formats import (
     pixel_q_max_frac_bits,
     samples_zero,
 )
-from ..ipm import SamplingGrid, build_grid_products, compute_sampling_grid, feature_px_to_norm
+from ..ipm import SamplingGrid, build_grid_products, compute_product_grid, feature_px_to_norm, grid_region
 from ..reference import bilinear_sample_px, grid_sample
 from ._common import (
     ATTR_RTOL,
@@ -56,6 +56,8 @@ from ._common import (
     _recorded_float,
     _recorded_int,
     _row,
+    region_plugin,
+    region_rebuild,
 )
 
 # --------------------------------------------------------------------------------------
@@ -133,6 +135,7 @@ def _max_abs_err_axes(decoded: np.ndarray, truth: np.ndarray, valid: np.ndarray)
     return np.max(np.where(np.isnan(err), np.inf, err), axis=0)
 
 
+@region_plugin("grid")
 def check_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Checks of the fixed-point FORMAT arrays of ``grid/`` (not the four base arrays)."""
     checks: list[Check] = []
@@ -291,6 +294,7 @@ def _check_invalid_encoding(name: str, key: str, data: Mapping[str, np.ndarray],
     return Check("invalid_encoding", key, n_bad == 0, f"{n_bad} of {n_invalid} invalid cell(s) differ from the documented code {code}")
 
 
+@region_plugin("grid")
 def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
     """Every extra format against bilinear sampling at the float64 projection, per camera.
 
@@ -347,6 +351,7 @@ def verify_grid(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapp
     return rows
 
 
+@region_rebuild
 def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute the FORMAT arrays of ``grid/`` from ``build_options`` (formats,
     pixel_q_frac_bits, align_corners); the base arrays are rebuilt by checks_grid."""
@@ -357,13 +362,13 @@ def rebuild_grid(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     align_corners = _align_corners(attrs)
     bits = _pixel_q_bits(attrs, rig) if "pixel_q" in formats else None
-    sampling = compute_sampling_grid(rig)
+    sampling = compute_product_grid(rig)
     out: dict[str, Any] = {}
     products = [build_format(name, sampling, align_corners, pixel_q_frac_bits=bits) for name in formats]
     for product in products:
         out.update(product.arrays)
     # the whole grid/ attribute set as the writer composes it (checks_grid returns the same base keys)
-    out[REBUILT_ATTRS] = grid_group(build_grid_products(sampling, align_corners), rig, products, bits).attrs
+    out[REBUILT_ATTRS] = grid_group(build_grid_products(sampling, align_corners), rig, products, bits, grid_region(rig.bev)).attrs
     return out
 
 

@@ -31,9 +31,22 @@ from ..gather import (
     mean_index_jump,
     worst_case_sample_error,
 )
-from ..ipm import compute_sampling_grid
+from ..ipm import compute_product_grid, grid_region
 from ..reference import bilinear_sample_px
-from ._common import BOUND_SLACK, FEATURE_PEAK, GATHER_THRESHOLD, _agrees, _Bad, _cells, _expect, _guard, _options, _row
+from ._common import (
+    BOUND_SLACK,
+    FEATURE_PEAK,
+    GATHER_THRESHOLD,
+    _agrees,
+    _Bad,
+    _cells,
+    _expect,
+    _guard,
+    _options,
+    _row,
+    region_plugin,
+    region_rebuild,
+)
 
 # --------------------------------------------------------------------------------------
 # gather/
@@ -62,8 +75,9 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     n_pad = -(-n_cells // align) * align
     if attrs.get("n_cells") != n_cells or attrs.get("n_cells_padded") != (n_cells if layout == "bev" else n_pad):
         raise _Bad(f"gather/ attrs n_cells {attrs.get('n_cells')!r} / n_cells_padded {attrs.get('n_cells_padded')!r}, config implies {n_cells} / {n_pad}")
-    if attrs.get("logical_shape") != list(cells):
-        raise _Bad(f"gather/ attrs logical_shape {attrs.get('logical_shape')!r}, config implies {list(cells)}")
+    recorded_shape = list(cells) if grid_region(rig.bev) is None else [*cells[:2], cells[3]]  # a region's (n_cam, n_h, n_kept)
+    if attrs.get("logical_shape") != recorded_shape:
+        raise _Bad(f"gather/ attrs logical_shape {attrs.get('logical_shape')!r}, config implies {recorded_shape}")
     shape = (*cells, 4) if layout == "bev" else (n_pad, 4)
     index = _expect(arrays, "gather", "index", shape, ("int32",)).reshape(-1, 4)
     weight = _expect(arrays, "gather", "weight", shape, ("float32",)).reshape(-1, 4)
@@ -103,6 +117,7 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     return out
 
 
+@region_plugin("gather")
 def check_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Contract, index range, padding/invalid zeros, in-map mass, exact corners, LUT error."""
     checks: list[Check] = []
@@ -221,6 +236,7 @@ def _check_gather_tables(ctx: CheckContext, attrs: Mapping[str, Any], state: Map
     return checks
 
 
+@region_plugin("gather")
 def verify_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[VerifyRow]:
     """Gather tables (float weights and LUT weights) against bilinear sampling at the float64
     projection (0 on invalid cells), per camera."""
@@ -248,15 +264,16 @@ def verify_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     return rows
 
 
+@region_rebuild
 def rebuild_gather(rig: RigConfig, attrs: Mapping[str, Any]) -> dict[str, Any]:
     """Recompute ``gather/`` from ``build_options`` (frac_bits, align, order)."""
     frac_bits, align, order = _gather_options(attrs)
-    sampling = compute_sampling_grid(rig)
+    sampling = compute_product_grid(rig)
     tables = build_gather_tables(sampling, frac_bits)
     layout = layout_tables(tables, sampling.coords_feature_px, align=align, order=order)
     from ..build import gather_group
 
-    group = gather_group(tables, layout, rig)
+    group = gather_group(tables, layout, rig, grid_region(rig.bev))
     return {**group.arrays, REBUILT_ATTRS: group.attrs}
 
 
