@@ -30,6 +30,7 @@ from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from .entries import (
     HIST_MAX_ENTRIES,
+    PREFILTER_MARGIN,
     BevBox,
     CameraPlan,
     FrustumResult,
@@ -45,7 +46,7 @@ from .entries import (
 from .prior import NormalisedPrior
 from .topk import Entries, Histogram, hist_bins, local_rows
 
-__all__ = ["RayStream", "ray_entries"]
+__all__ = ["RayStream", "merge_ray_runs", "ray_entries"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -88,6 +89,55 @@ def plan_ray_blocks(plans: list[CameraPlan], plane: int) -> list[RayBlock]:
     return out
 
 
+def merge_ray_runs(ray: I64, ix: I64, iy: I64, valid: npt.NDArray[np.bool_], size: int) -> tuple[I64, I64, I64]:
+    """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
+
+    Convention: points in ray-major order, each ray's points by increasing depth bin: ``ray``
+    ``(n,)`` int64, ``ix, iy`` ``(n,)`` int64 the point's base cell; its ``size x size`` splat cells
+    are ``(ix + ox, iy + oy)``, ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy``
+    (``size`` 1: nearest, 2: bilinear), ``valid`` ``(n, size**2)`` bool the entries that exist.
+    Returns ``(head, child, group)``: ``head`` the first entry of every group (int64 entry indices,
+    increasing), ``child`` every other valid entry (increasing) and ``group`` its group's position
+    in ``head``. Summing ``w[head]`` then ``np.add.at(., group, w[child])`` adds each group's weights
+    in increasing depth bin.
+
+    Exact when the base cell is monotone along each ray on both axes (a straight ray: a cell's
+    depth bins are then consecutive points of the ray, whatever points are left out): an entry
+    continues the group of the previous point's entry with the same cell, if any."""
+    n_corners = size * size
+    same = ray[1:] == ray[:-1]
+    dx = ix[1:] - ix[:-1]
+    dy = iy[1:] - iy[:-1]
+    near = same & (np.abs(dx) < size) & (np.abs(dy) < size)
+    points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point
+    dx, dy = dx[points - 1], dy[points - 1]
+    del same, near
+    children, parents = [], []
+    for oy in range(size):
+        for ox in range(size):
+            tx = dx + ox  # the same cell is the previous point's corner (ox + dx, oy + dy)
+            ty = dy + oy
+            ok = (tx >= 0) & (tx < size) & (ty >= 0) & (ty < size)
+            e = points[ok] * n_corners + (ox + size * oy)
+            ok_e = valid.ravel()[e]
+            children.append(e[ok_e])
+            parents.append(((points[ok] - 1) * n_corners + tx[ok] + size * ty[ok])[ok_e])
+    child = np.concatenate(children)
+    parent = np.concatenate(parents)
+    order = np.argsort(child)
+    child, root = child[order], parent[order]
+    while child.size:  # pointer jumping to each chain's first entry (log2 of the longest chain)
+        j = np.minimum(np.searchsorted(child, root), child.size - 1)
+        up = child[j] == root
+        if not up.any():
+            break
+        root[up] = root[j[up]]
+    is_head = valid.ravel().copy()
+    is_head[child] = False
+    head = np.flatnonzero(is_head)
+    return head, child, np.searchsorted(head, root)
+
+
 class RayStream:
     """The ``mode="ray"`` entries (module docstring). Counting frame: the BEV cells; order score
     bins logarithmic in ``w`` (:meth:`_bin`; ``w <= 1``: the prior sums to 1 over a pixel's bins,
@@ -110,6 +160,7 @@ class RayStream:
         self.n_valid = 0
         self._mass = np.zeros(self.n_cells)
         self._thr: I64 = np.zeros(0, np.int64)
+        self._wlow: F64 = np.zeros(0)
 
         def plan(cam: int) -> CameraPlan:
             return plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
@@ -126,112 +177,126 @@ class RayStream:
         return block[4]
 
     def entries(self, block: RayBlock, threshold: I64 | None = None) -> tuple[Entries, int]:
-        """The block's merged entries (one per (row, col), weight > 0, in a fixed order: by row,
-        then plan ray), and its points in range. With ``threshold`` (pass 2, K > 0) only the
+        """The block's merged entries (one per (row, col), weight > 0), and its points in range.
+        Order: by plan ray, then first depth bin (pass 1, and pass 2 with K > 0: a row's entries
+        in plan-ray order, so the row masses sum as in (row, ray) order); with K = 0 (every
+        entry kept, in order) by row, then plan ray. With ``threshold`` (pass 2, K > 0) only the
         entries whose score bin is ``<= threshold[row]``; their ``dist2`` is computed only then
-        (pass 1 leaves it 0: it only counts weights)."""
+        (pass 1 leaves it 0: it only counts weights).
+
+        The merge over depth bins needs no sort: a ray is a straight line, its points' cell
+        coordinates are monotone along depth (in float too), so the depth bins at which a cell is
+        one of a point's splat cells are consecutive points of the ray (:func:`merge_ray_runs`)."""
         plan, r0, r1, d_end, _units = block
-        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, (plan, 0, d_end, r0, r1))
-        width = r1 - r0
-        q = np.arange(fx.size, dtype=np.int64) if sel is None else sel
-        if sel is not None:
+        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, (plan, 0, d_end, r0, r1), ray_major=True)
+        if sel is None:
+            q = np.arange(fx.size, dtype=np.int64)
+        else:
+            q = sel
             fx, fy = fx[sel], fy[sel]
         n_in = int(q.size)
-        depth_bin = q // width
-        ray = q - depth_bin * width  # local ray in [0, width)
+        ray = q // d_end  # local ray in [0, r1 - r0); points ray-major, depth bins increasing
+        depth_bin = q - ray * d_end
         del q
         prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray].astype(np.int64))
-        point, slot, cell, wgt = self._splat(fx, fy, prior)
-        # merge (row, ray) over depth bins: one sort of unique int64 keys (pair, slot) where the
-        # slot point * corners + corner grows with d (points are d-major), so each run is in increasing d
-        rows, row_local = local_rows(cell, self.n_cells)
-        n_slots = n_in * (4 if self.bilinear else 1)
-        key = row_local * width
-        del row_local
-        key += ray[point]
-        if (int(rows.size) * width + 1) * max(1, n_slots) >= 2**62:  # pragma: no cover - far beyond any block
-            raise RuntimeError("ray-mode block too large for its merge key")
-        key *= n_slots
-        key += slot
-        key.sort()
-        pair_all = key // n_slots
-        key -= pair_all * n_slots  # now the slot of each sorted element
-        element = np.empty(n_slots, dtype=np.int64)
-        element[slot] = np.arange(slot.size)
-        order = element[key]
-        del key, element, slot
-        new = np.empty(pair_all.size, dtype=bool)
-        new[:1] = True
-        np.not_equal(pair_all[1:], pair_all[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
-        group = np.cumsum(new) - 1
-        del new
-        key = pair_all
-        weight: F64 = np.bincount(group, weights=wgt[order], minlength=starts.size).astype(np.float64, copy=False)
-        pair = key[starts]
-        del key, pair_all
-        row = rows[pair // width]
+        del depth_bin
+        live = prior > 0.0
+        if not live.all():
+            fx, fy, prior, ray = fx[live], fy[live], prior[live], ray[live]
+        del live
+        bev = self.bev
+        if self.bilinear:
+            gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
+            del fx, fy
+            bx = 1.0 - ax
+            by = 1.0 - ay
+            weight_pc = np.empty((prior.size, 4))
+            valid = np.empty((prior.size, 4), dtype=bool)
+            for c, (ox, oy) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+                w = weight_pc[:, c]
+                np.multiply(ax if ox else bx, ay if oy else by, out=w)
+                w *= prior
+                ok = valid[:, c]
+                np.greater_equal(ix0, -ox, out=ok)  # the corner cell (i0 + o) in [0, n) on both axes
+                ok &= ix0 < bev.nx - ox
+                ok &= iy0 >= -oy
+                ok &= iy0 < bev.ny - oy
+            del ax, ay, bx, by
+            size = 2
+        else:
+            ix0 = np.trunc(fx) if self.trunc else np.floor(fx)
+            iy0 = np.trunc(fy) if self.trunc else np.floor(fy)
+            gx = fx - 0.5
+            gy = fy - 0.5
+            del fx, fy
+            weight_pc = prior.reshape(-1, 1)
+            valid = np.ones((prior.size, 1), dtype=bool)
+            size = 1
+        del prior
+        base = iy0 * bev.nx
+        base += ix0
+        head, child, group = merge_ray_runs(ray, ix0.astype(np.int64), iy0.astype(np.int64), valid, size)
+        del valid
+        flat_w = weight_pc.ravel()
+        weight: F64 = flat_w[head]
+        if child.size:
+            np.add.at(weight, group, flat_w[child])  # in increasing depth bin: the sum of the module docstring
+        n_corners = size * size
+        point: I64 = head // n_corners if n_corners > 1 else head
+        corner: I64 = head - point * n_corners
+        offsets = np.array([oy * bev.nx + ox for oy in range(size) for ox in range(size)], dtype=np.int64)
+        row = base.astype(np.int64)[point]
+        row += offsets[corner]
+        kept = weight > 0.0
         if threshold is not None:
-            passing = self._bin(weight) <= threshold[row]
-            keep_elem = passing[group]
-            order, group = order[keep_elem], group[keep_elem]
-            starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if group.size else np.zeros(0, np.int64)
-            pair, row, weight = pair[passing], row[passing], weight[passing]
-        col = plan.cam_index * self.plane + plan.pixel_index[r0 + pair % width].astype(np.int64)
+            w_kept = weight[kept]
+            index = np.flatnonzero(kept)
+            maybe = np.flatnonzero(w_kept >= self._wlow[row[index]])  # a float bound first: most fail it
+            index = index[maybe]
+            exact = self._bin(weight[index]) <= threshold[row[index]]
+            index = index[exact]
+            kept = np.zeros(head.size, dtype=bool)
+            kept[index] = True
+            del w_kept, maybe, exact, index
+        if not kept.all():
+            keep_idx = np.flatnonzero(kept)
+            head_of = np.full(head.size, -1, dtype=np.int64)
+            head_of[keep_idx] = np.arange(keep_idx.size)
+            point, corner, row, weight = point[keep_idx], corner[keep_idx], row[keep_idx], weight[keep_idx]
+            if child.size:
+                group = head_of[group]
+                kid = group >= 0
+                child, group = child[kid], group[kid]
+            del head_of, keep_idx
+        del kept, head
+        ray_kept = ray[point]
+        col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_kept].astype(np.int64)
         if threshold is None and self.k > 0:  # pass 1: the weights are all it needs
             return Entries(row, col, weight, np.zeros(weight.size)), n_in
+        dist2 = self._dist2(gx, gy, ix0, iy0, point, corner, size, flat_w[point * n_corners + corner] > 0.0)
+        if child.size:
+            c_point: I64 = child // n_corners if n_corners > 1 else child
+            c_corner = child - c_point * n_corners
+            np.minimum.at(dist2, group, self._dist2(gx, gy, ix0, iy0, c_point, c_corner, size, flat_w[child] > 0.0))
+        if self.k == 0:  # every entry kept, in order: by row, then plan ray
+            order = np.argsort(row * (r1 - r0) + ray_kept)
+            return Entries(row[order], col[order], weight[order], dist2[order]), n_in
+        return Entries(row, col, weight, dist2), n_in
+
+    def _dist2(self, gx: F64, gy: F64, ix0: F64, iy0: F64, point: I64, corner: I64, size: int, positive: npt.NDArray[np.bool_]) -> F64:
+        """The frustum ``dist2`` of splat entries ``(point, corner)`` (``inf`` where the entry's
+        weight is 0: it does not contribute)."""
         bev = self.bev
-        p = point[order]
-        c = cell[order]
-        cy = c // bev.nx
-        ex = fx[p] - 0.5
-        ex -= c - cy * bev.nx
+        oy = corner // size if size > 1 else 0
+        ex = gx[point] - (ix0[point] + (corner - oy * size))
         ex *= bev.dx
-        ey = fy[p] - 0.5
-        ey -= cy
+        ey = gy[point] - (iy0[point] + oy)
         ey *= bev.dy
         ex *= ex
         ey *= ey
         ex += ey
-        dist2 = np.minimum.reduceat(ex, starts) if starts.size else np.zeros(0)
-        return Entries(row, col, weight, dist2), n_in
-
-    def _splat(self, fx: F64, fy: F64, prior: F64) -> tuple[I64, I64, I64, F64]:
-        """``(point, slot, cell, prior * splat weight)`` of every (point, splat cell) in the grid
-        with a weight > 0 (the frustum's rule: ``bevcompile.matrix.build`` module docstring);
-        ``slot = point * 4 + corner`` (bilinear) or ``point`` (nearest)."""
-        bev = self.bev
-        if not self.bilinear:
-            ix = np.trunc(fx) if self.trunc else np.floor(fx)
-            iy = np.trunc(fy) if self.trunc else np.floor(fy)
-            iy *= bev.nx
-            iy += ix
-            point = np.flatnonzero(prior > 0.0)
-            return point, point, iy.astype(np.int64)[point], prior[point]
-        gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
-        del gx, gy  # bounded temporaries: only the corners and fractions are used
-        bx = 1.0 - ax
-        by = 1.0 - ay
-        points, slots, cells, weights = [], [], [], []
-        for corner, (ox, oy) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
-            w = (ax if ox else bx) * (ay if oy else by)
-            w *= prior
-            ok = w > 0.0
-            ok &= ix0 >= -ox  # the corner cell (i0 + o) in [0, n) on both axes
-            ok &= ix0 < bev.nx - ox
-            ok &= iy0 >= -oy
-            ok &= iy0 < bev.ny - oy
-            point = np.flatnonzero(ok)
-            cell = iy0[point]
-            cell += oy
-            cell *= bev.nx
-            cell += ix0[point]
-            cell += ox
-            points.append(point)
-            slots.append(point * 4 + corner)
-            cells.append(cell.astype(np.int64))
-            weights.append(w[point])
-        return np.concatenate(points), np.concatenate(slots), np.concatenate(cells), np.concatenate(weights)
+        ex[~positive] = np.inf
+        return ex
 
     def _bin(self, weight: F64) -> I64:
         """The Top-K score bin of merged weights ``w`` (in ``(0, 1]``), non-decreasing as ``w``
@@ -272,7 +337,14 @@ class RayStream:
     # ---- pass 2 -----------------------------------------------------------------------
 
     def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
+        """The thresholds, and per row the least weight its threshold bin can hold, less a margin
+        (a necessary bound of :meth:`_bin`: bin ``t = a S + b`` needs ``w > 2^(1 - a) (1 - (b + 1) / 2S)``;
+        the last bin holds every weight)."""
         self._thr = threshold
+        a, b = np.divmod(threshold, self.per_octave)
+        low = np.ldexp(1.0 - (b + 1) / (2.0 * self.per_octave), (1 - a).astype(np.int32)) * (1.0 - PREFILTER_MARGIN)
+        low[threshold >= self.n_bins - 1] = 0.0
+        self._wlow = low
 
     def collect(self, block: RayBlock) -> tuple[Entries, int]:
         return self.entries(block, self._thr if self.k > 0 else None)
@@ -280,6 +352,7 @@ class RayStream:
     def end_collect(self) -> None:
         self._blocks = []
         self._thr = np.zeros(0, np.int64)
+        self._wlow = np.zeros(0)
 
 
 def ray_entries(
