@@ -89,53 +89,45 @@ def plan_ray_blocks(plans: list[CameraPlan], plane: int) -> list[RayBlock]:
     return out
 
 
-def merge_ray_runs(ray: I64, ix: I64, iy: I64, valid: npt.NDArray[np.bool_], size: int) -> tuple[I64, I64, I64]:
+def merge_ray_runs(ray: I64, ix: I64, iy: I64, size: int) -> tuple[I64, I64]:
     """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
 
     Convention: points in ray-major order, each ray's points by increasing depth bin: ``ray``
     ``(n,)`` int64, ``ix, iy`` ``(n,)`` int64 the point's base cell; its ``size x size`` splat cells
     are ``(ix + ox, iy + oy)``, ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy``
-    (``size`` 1: nearest, 2: bilinear), ``valid`` ``(n, size**2)`` bool the entries that exist.
-    Returns ``(head, child, group)``: ``head`` the first entry of every group (int64 entry indices,
-    increasing), ``child`` every other valid entry (increasing) and ``group`` its group's position
-    in ``head``. Summing ``w[head]`` then ``np.add.at(., group, w[child])`` adds each group's weights
-    in increasing depth bin.
+    (``size`` 1: nearest, 2: bilinear). Returns ``(child, root)``: every entry that is not the
+    first of its group (int64 entry indices, increasing) and that first entry. Adding
+    ``w[child]`` to ``w[root]`` with ``np.add.at`` in this order sums each group's weights in
+    increasing depth bin.
 
     Exact when the base cell is monotone along each ray on both axes (a straight ray: a cell's
     depth bins are then consecutive points of the ray, whatever points are left out): an entry
     continues the group of the previous point's entry with the same cell, if any."""
     n_corners = size * size
-    same = ray[1:] == ray[:-1]
     dx = ix[1:] - ix[:-1]
     dy = iy[1:] - iy[:-1]
-    near = same & (np.abs(dx) < size) & (np.abs(dy) < size)
+    near = np.abs(dx) < size
+    near &= np.abs(dy) < size
+    near &= ray[1:] == ray[:-1]
     points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point
     dx, dy = dx[points - 1], dy[points - 1]
-    del same, near
-    children, parents = [], []
-    for oy in range(size):
-        for ox in range(size):
-            tx = dx + ox  # the same cell is the previous point's corner (ox + dx, oy + dy)
-            ty = dy + oy
-            ok = (tx >= 0) & (tx < size) & (ty >= 0) & (ty < size)
-            e = points[ok] * n_corners + (ox + size * oy)
-            ok_e = valid.ravel()[e]
-            children.append(e[ok_e])
-            parents.append(((points[ok] - 1) * n_corners + tx[ok] + size * ty[ok])[ok_e])
-    child = np.concatenate(children)
-    parent = np.concatenate(parents)
-    order = np.argsort(child)
-    child, root = child[order], parent[order]
+    del near
+    ox = np.array([c % size for c in range(n_corners)], dtype=np.int64)
+    oy = np.array([c // size for c in range(n_corners)], dtype=np.int64)
+    tx = dx[:, None] + ox  # the same cell is the previous point's corner (ox + dx, oy + dy)
+    ty = dy[:, None] + oy
+    ok = (tx >= 0) & (tx < size) & (ty >= 0) & (ty < size)
+    entry = points[:, None] * n_corners
+    child = (entry + np.arange(n_corners))[ok]  # row-major: increasing
+    root = (entry - n_corners + tx + size * ty)[ok]
+    del tx, ty, ok, entry
     while child.size:  # pointer jumping to each chain's first entry (log2 of the longest chain)
         j = np.minimum(np.searchsorted(child, root), child.size - 1)
         up = child[j] == root
         if not up.any():
             break
         root[up] = root[j[up]]
-    is_head = valid.ravel().copy()
-    is_head[child] = False
-    head = np.flatnonzero(is_head)
-    return head, child, np.searchsorted(head, root)
+    return child, root
 
 
 class RayStream:
@@ -176,13 +168,13 @@ class RayStream:
     def work_units(self, block: RayBlock) -> int:
         return block[4]
 
-    def entries(self, block: RayBlock, threshold: I64 | None = None) -> tuple[Entries, int]:
+    def entries(self, block: RayBlock, threshold: I64 | None = None, *, counting: bool = False) -> tuple[Entries, int]:
         """The block's merged entries (one per (row, col), weight > 0), and its points in range.
-        Order: by plan ray, then first depth bin (pass 1, and pass 2 with K > 0: a row's entries
-        in plan-ray order, so the row masses sum as in (row, ray) order); with K = 0 (every
-        entry kept, in order) by row, then plan ray. With ``threshold`` (pass 2, K > 0) only the
-        entries whose score bin is ``<= threshold[row]``; their ``dist2`` is computed only then
-        (pass 1 leaves it 0: it only counts weights).
+        Order: by plan ray, then first depth bin (a row's entries in plan-ray order, so its mass
+        sums as in (row, ray) order); with K = 0 (every entry kept, in order) by row, then plan
+        ray. With ``threshold`` (pass 2, K > 0) only the entries whose score bin is
+        ``<= threshold[row]``. ``counting`` (pass 1): rows and weights only (``col``, ``dist2``
+        empty).
 
         The merge over depth bins needs no sort: a ray is a straight line, its points' cell
         coordinates are monotone along depth (in float too), so the depth bins at which a cell is
@@ -198,7 +190,9 @@ class RayStream:
         ray = q // d_end  # local ray in [0, r1 - r0); points ray-major, depth bins increasing
         depth_bin = q - ray * d_end
         del q
-        prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray].astype(np.int64))
+        pixel = plan.pixel_index[r0 + ray].astype(np.int64) if self.prior.per_pixel else None
+        prior = self.prior.weights(plan.cam_index, depth_bin, pixel)
+        del pixel
         del depth_bin
         live = prior > 0.0
         if not live.all():
@@ -210,17 +204,15 @@ class RayStream:
             del fx, fy
             bx = 1.0 - ax
             by = 1.0 - ay
+            # a corner cell (i0 + o) outside [0, n) on an axis gets axis weight 0 (dropped as weight 0)
+            for lower, upper, i0, n in ((bx, ax, ix0, bev.nx), (by, ay, iy0, bev.ny)):
+                lower[(i0 < 0) | (i0 >= n)] = 0.0
+                upper[(i0 < -1) | (i0 >= n - 1)] = 0.0
             weight_pc = np.empty((prior.size, 4))
-            valid = np.empty((prior.size, 4), dtype=bool)
             for c, (ox, oy) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
                 w = weight_pc[:, c]
                 np.multiply(ax if ox else bx, ay if oy else by, out=w)
                 w *= prior
-                ok = valid[:, c]
-                np.greater_equal(ix0, -ox, out=ok)  # the corner cell (i0 + o) in [0, n) on both axes
-                ok &= ix0 < bev.nx - ox
-                ok &= iy0 >= -oy
-                ok &= iy0 < bev.ny - oy
             del ax, ay, bx, by
             size = 2
         else:
@@ -230,50 +222,48 @@ class RayStream:
             gy = fy - 0.5
             del fx, fy
             weight_pc = prior.reshape(-1, 1)
-            valid = np.ones((prior.size, 1), dtype=bool)
             size = 1
         del prior
-        base = iy0 * bev.nx
-        base += ix0
-        head, child, group = merge_ray_runs(ray, ix0.astype(np.int64), iy0.astype(np.int64), valid, size)
-        del valid
+        ixi = ix0.astype(np.int64)
+        iyi = iy0.astype(np.int64)
+        child, root = merge_ray_runs(ray, ixi, iyi, size)
         flat_w = weight_pc.ravel()
-        weight: F64 = flat_w[head]
+        merged = flat_w
         if child.size:
-            np.add.at(weight, group, flat_w[child])  # in increasing depth bin: the sum of the module docstring
+            merged = flat_w.copy()
+            np.add.at(merged, root, flat_w[child])  # in increasing depth bin: the sum of the module docstring
+            merged[child] = 0.0
+        kept = np.flatnonzero(merged > 0.0)  # the first entry of every group with weight > 0, in entry order
         n_corners = size * size
-        point: I64 = head // n_corners if n_corners > 1 else head
-        corner: I64 = head - point * n_corners
-        offsets = np.array([oy * bev.nx + ox for oy in range(size) for ox in range(size)], dtype=np.int64)
-        row = base.astype(np.int64)[point]
-        row += offsets[corner]
-        kept = weight > 0.0
+        base = iyi
+        base *= bev.nx
+        base += ixi
+        del ixi, iyi
+        if n_corners > 1:
+            point: I64 = kept >> 2
+            corner: I64 = kept & 3
+            row = base[point]
+            row += np.array([0, 1, bev.nx, bev.nx + 1], dtype=np.int64)[corner]
+        else:
+            point, corner = kept, np.zeros(kept.size, np.int64)
+            row = base[point]
+        del base
+        weight: F64 = merged[kept]
         if threshold is not None:
-            w_kept = weight[kept]
-            index = np.flatnonzero(kept)
-            maybe = np.flatnonzero(w_kept >= self._wlow[row[index]])  # a float bound first: most fail it
-            index = index[maybe]
-            exact = self._bin(weight[index]) <= threshold[row[index]]
-            index = index[exact]
-            kept = np.zeros(head.size, dtype=bool)
-            kept[index] = True
-            del w_kept, maybe, exact, index
-        if not kept.all():
-            keep_idx = np.flatnonzero(kept)
-            head_of = np.full(head.size, -1, dtype=np.int64)
-            head_of[keep_idx] = np.arange(keep_idx.size)
-            point, corner, row, weight = point[keep_idx], corner[keep_idx], row[keep_idx], weight[keep_idx]
-            if child.size:
-                group = head_of[group]
-                kid = group >= 0
-                child, group = child[kid], group[kid]
-            del head_of, keep_idx
-        del kept, head
+            maybe = np.flatnonzero(weight >= self._wlow[row])  # a float bound first: most fail it
+            exact = maybe[self._bin(weight[maybe]) <= threshold[row[maybe]]]
+            kept, point, corner, row, weight = kept[exact], point[exact], corner[exact], row[exact], weight[exact]
+            del maybe, exact
+        if counting:  # pass 1: the rows and weights are all it needs
+            return Entries(row, np.zeros(0, np.int64), weight, np.zeros(0)), n_in
         ray_kept = ray[point]
         col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_kept].astype(np.int64)
-        if threshold is None and self.k > 0:  # pass 1: the weights are all it needs
-            return Entries(row, col, weight, np.zeros(weight.size)), n_in
-        dist2 = self._dist2(gx, gy, ix0, iy0, point, corner, size, flat_w[point * n_corners + corner] > 0.0)
+        dist2 = self._dist2(gx, gy, ix0, iy0, point, corner, size, flat_w[kept] > 0.0)
+        if child.size:  # the kept groups' other entries, by position in kept
+            at = np.minimum(np.searchsorted(kept, root), max(0, kept.size - 1))
+            found = kept[at] == root if kept.size else np.zeros(root.size, dtype=bool)
+            child, group = child[found], at[found]
+            del at, found
         if child.size:
             c_point: I64 = child // n_corners if n_corners > 1 else child
             c_corner = child - c_point * n_corners
@@ -301,7 +291,26 @@ class RayStream:
     def _bin(self, weight: F64) -> I64:
         """The Top-K score bin of merged weights ``w`` (in ``(0, 1]``), non-decreasing as ``w``
         decreases: ``S`` bins per octave (``w = m 2^e``, ``frexp``), ``(1 - e) S + floor(2 (1 - m) S)``,
-        the last bin holding everything below ``2^-(n_bins / S)``."""
+        the last bin holding everything below ``2^-(n_bins / S)``. With ``S = 2^s`` read off the
+        float64 bits (biased exponent ``B = e + 1022``, mantissa bits ``M``: ``2 (1 - m) S =
+        (2^52 - M) / 2^(52 - s)``, exact), else with ``frexp``: the same bins."""
+        per = self.per_octave
+        if per & (per - 1) == 0:
+            shift = per.bit_length() - 1
+            bits = weight.view(np.int64)
+            out = 1023 - (bits >> 52)
+            out <<= shift
+            sub = bits & ((1 << 52) - 1)
+            np.subtract(1 << 52, sub, out=sub)
+            sub >>= 52 - shift
+            np.minimum(sub, per - 1, out=sub)
+            out += sub
+            np.clip(out, 0, self.n_bins - 1, out=out)
+            return out
+        return self._bin_frexp(weight)
+
+    def _bin_frexp(self, weight: F64) -> I64:
+        """:meth:`_bin` by its formula, with ``frexp`` (any ``S``)."""
         mantissa, exponent = np.frexp(weight)
         out = (1 - exponent.astype(np.int64)) * self.per_octave
         sub = (1.0 - mantissa) * (2.0 * self.per_octave)
@@ -313,7 +322,7 @@ class RayStream:
     # ---- pass 1 -----------------------------------------------------------------------
 
     def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
-        e, n_in = self.entries(block)
+        e, n_in = self.entries(block, counting=True)
         rows, local = local_rows(e.row, self.n_cells)
         if k > 0:
             keys = local * n_bins
