@@ -323,13 +323,14 @@ class RayStream:
 
     def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
         e, n_in = self.entries(block, counting=True)
-        rows, local = local_rows(e.row, self.n_cells)
         if k > 0:
-            keys = local * n_bins
+            keys = e.row * n_bins
             keys += self._bin(e.weight)
         else:
-            keys = local
-        hist.add_local(rows, keys)
+            keys = e.row
+        hist.add_scattered(keys)  # a block of rays fans out over many rows, a few entries per counter
+        del keys
+        rows, local = local_rows(e.row, self.n_cells)
         return n_in, rows, np.bincount(local, weights=e.weight, minlength=rows.size).astype(np.float64, copy=False)
 
     def fold(self, partial: tuple[int, I64, F64]) -> None:
