@@ -49,7 +49,8 @@ def vm_hwm_bytes() -> int:
     raise SystemExit("error: /proc/self/status has no VmHWM (Linux only)")
 
 
-def child(args: argparse.Namespace) -> None:
+def child(spec: dict[str, Any]) -> None:
+    """One build, in this fresh process: ``spec`` = config, mode, splat, jobs, result_file."""
     import hashlib
 
     import numpy as np
@@ -57,10 +58,10 @@ def child(args: argparse.Namespace) -> None:
     from bevcompile.matrix.build import MatrixOptions, build_matrix
     from bevcompile.rig.config import load_config
 
-    rig = load_config(args.config)
+    rig = load_config(spec["config"])
     cpu0 = time.process_time()
     t0 = time.perf_counter()
-    p = build_matrix(rig, MatrixOptions(mode=args.mode, topk=24, align=16, splat=args.splat), jobs=args.jobs)
+    p = build_matrix(rig, MatrixOptions(mode=spec["mode"], topk=24, align=16, splat=spec["splat"]), jobs=spec["jobs"])
     seconds = time.perf_counter() - t0
     digest = hashlib.sha256()
     for a in (p.coo_row, p.coo_col, p.coo_val):
@@ -75,14 +76,14 @@ def child(args: argparse.Namespace) -> None:
         "in_range": p.figures.n_points_in_range,
         "phase_seconds": {k: round(v, 3) for k, v in p.extra["phase_seconds"].items()},
     }
-    Path(args.result_file).write_text(json.dumps(out))
+    Path(spec["result_file"]).write_text(json.dumps(out))
 
 
 def spawn(mode: str, splat: str, jobs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--child", "--result-file", str(result_file), "--config", str(CONFIG),
-               "--mode", mode, "--splat", splat, "--jobs", str(jobs)]
+        spec = {"config": str(CONFIG), "mode": mode, "splat": splat, "jobs": jobs, "result_file": str(result_file)}
+        cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         subprocess.run(cmd, check=True, env=env)
@@ -106,20 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="builds per row (the fastest is reported)")
     parser.add_argument("--out", default=str(RESULTS / "ray_vs_frustum.json"))
     parser.add_argument("--table", metavar="JSON", help="print the tables of an earlier result file and exit")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--result-file", help=argparse.SUPPRESS)
-    parser.add_argument("--config", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--splat", choices=SPLATS, help=argparse.SUPPRESS)
+    parser.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        args.jobs = args.jobs[0]
-        child(args)
-        return 0
-    if args.table:
-        saved = json.loads(Path(args.table).read_text())
-        print(markdown(saved["builds"], saved["machine"]))
-        return 0
+        child(json.loads(args.child))
+    elif args.table:
+        print(markdown(json.loads(Path(args.table).read_text())["builds"], json.loads(Path(args.table).read_text())["machine"]))
+    else:
+        return measure(args)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from run import _machine  # the matrix benchmark's machine record (same folder)
 
