@@ -297,18 +297,21 @@ def block_pieces(block: tuple[CameraPlan, int, int]) -> list[Piece]:
     return [(plan, d0, d1, r0, min(alive, r0 + PIECE_POINTS)) for r0 in range(0, alive, PIECE_POINTS)]
 
 
-def block_coordinates(box: BevBox, trunc: bool, depths: F64, piece: Piece) -> tuple[F64, F64, F64, I64 | None]:
+def block_coordinates(
+    box: BevBox, trunc: bool, depths: F64, piece: Piece, *, ray_major: bool = False
+) -> tuple[F64, F64, F64, I64 | None]:
     """``(f_x, f_y, f_z, in_range)`` of a piece's points: cell coordinates ``f = (p - min) / step``
-    flat over its ``(depth bin, ray)`` grid, and the grid positions in range (``None``: all).
+    flat over its ``(depth bin, ray)`` grid (``ray_major``: its ``(ray, depth bin)`` grid, the same
+    values transposed), and the grid positions in range (``None``: all).
 
     Points are ``t_a + d * ray_a`` per axis (the canonical formula), tested exactly (floor:
     ``0 <= f < n``; trunc: ``-1 < f < n``) on the three axes of ``box``; culled rays are provably
     out of range."""
     plan, d0, d1, r0, r1 = piece
-    d = depths[d0:d1, None]
+    d = depths[None, d0:d1] if ray_major else depths[d0:d1, None]
     out = []
     for axis, lo, step in ((0, box.x_min, box.dx), (1, box.y_min, box.dy), (2, box.z_min, box.dz)):
-        f = d * plan.ray_bev[axis, r0:r1]
+        f = d * (plan.ray_bev[axis, r0:r1, None] if ray_major else plan.ray_bev[axis, r0:r1])
         f += plan.origin_bev[axis]
         f -= lo
         f /= step

@@ -129,10 +129,23 @@ class NormalisedPrior:
             total += raw[:, d]
         return cls(raw, total)
 
-    def weights(self, cam: int, depth_bin: I64, pixel: npt.NDArray[np.integer[Any]]) -> F64:
-        """``p[cam, d, pixel]`` of each ``(depth_bin[i], pixel[i])`` (int arrays of one camera)."""
+    @property
+    def per_pixel(self) -> bool:
+        """Whether ``p`` depends on the pixel (else :meth:`weights` ignores ``pixel``)."""
+        return bool(self.raw.shape[2] > 1)
+
+    def weights(self, cam: int, depth_bin: I64, pixel: npt.NDArray[np.integer[Any]] | None) -> F64:
+        """``p[cam, d, pixel]`` of each ``(depth_bin[i], pixel[i])`` (int arrays of one camera;
+        ``pixel`` may be None unless :attr:`per_pixel`)."""
         c = cam if self.raw.shape[0] > 1 else 0
-        pix = pixel if self.raw.shape[2] > 1 else np.zeros(np.shape(pixel), np.int64)
+        if not self.per_pixel:  # one division per depth bin, looked up: the same bits
+            with np.errstate(invalid="ignore", divide="ignore"):
+                table = self.raw[c, :, 0] / self.total[c, 0]
+            if self.total[c, 0] == 0.0:
+                table[:] = 0.0
+            return table[depth_bin]
+        assert pixel is not None
+        pix = pixel
         total = self.total[c, pix]
         with np.errstate(invalid="ignore", divide="ignore"):
             out = self.raw[c, depth_bin, pix] / total

@@ -233,6 +233,14 @@ class Histogram:
         with self._lock:
             self.total[rows] += counts
 
+    def add_scattered(self, keys: I64) -> None:
+        """Count global keys ``row * n_bins + bin`` one by one (``np.add.at``): cheaper than
+        :meth:`add_local` when a block's entries spread over many rows (a few per counter)."""
+        if not keys.size:
+            return
+        with self._lock:
+            np.add.at(self.total.reshape(-1), keys, 1)
+
     def add(self, keys: I64) -> None:
         """Count global keys ``row * n_bins + bin`` (any rows; the array may be modified)."""
         if not keys.size:

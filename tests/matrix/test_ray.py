@@ -16,6 +16,8 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bevcompile.matrix.build as matrix_mod
 import bevcompile.matrix.ray as ray_mod
@@ -170,3 +172,94 @@ def test_options_refuse_a_prior_they_do_not_name() -> None:
         MatrixOptions(mode="frustum", depth_prior=prior.token).validate()
     with pytest.raises(UsageError, match="depth_prior must be"):
         MatrixOptions(mode="ray", depth_prior="sha256:xyz").validate()
+
+
+# ---- the sort-free merge of a pixel's depth bins (ray.merge_ray_runs) ----------------------------
+
+
+def _merge(ray: np.ndarray, ix: np.ndarray, iy: np.ndarray, w: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(first entries, their merged weights)`` as ``RayStream.entries`` sums them."""
+    child, root = ray_mod.merge_ray_runs(ray, ix, iy, size)
+    assert np.all(np.diff(child) > 0) and np.all(root < child)
+    merged = w.ravel().copy()
+    np.add.at(merged, root, w.ravel()[child])
+    head = np.setdiff1d(np.arange(merged.size), child)
+    return head, merged[head]
+
+
+def _dict_sums(ray: np.ndarray, ix: np.ndarray, iy: np.ndarray, w: np.ndarray, size: int) -> dict[tuple[int, int, int], tuple[int, float]]:
+    """The straightforward rule: per (ray, cell) the sequential sum over the points in order (and
+    the first entry), a Python dict over every (point, corner)."""
+    out: dict[tuple[int, int, int], tuple[int, float]] = {}
+    for i in range(ray.size):
+        for c in range(size * size):
+            key = (int(ray[i]), int(ix[i]) + c % size, int(iy[i]) + c // size)
+            first, total = out.get(key, (i * size * size + c, 0.0))
+            out[key] = (first, total + float(w[i, c]))
+    return out
+
+
+def _check_against_dict(ray: np.ndarray, ix: np.ndarray, iy: np.ndarray, w: np.ndarray, size: int) -> None:
+    head, sums = _merge(ray, ix, iy, w, size)
+    want = _dict_sums(ray, ix, iy, w, size)
+    assert sorted(f for f, _ in want.values()) == head.tolist()  # one group per (ray, cell), at its first entry
+    got = dict(zip(head.tolist(), sums.tolist(), strict=True))
+    for first, total in want.values():
+        assert got[first] == total  # bit for bit: the same sequential sum
+
+
+def test_merge_joins_a_cell_reached_through_different_corners_non_consecutively() -> None:
+    """Bilinear entries are ``(point, corner)`` point-major: cell (1, 1) is corner (1, 1) of point
+    0, corner (0, 1) of point 1 and corner (0, 0) of point 2 (entries 3, 6, 8, other cells between
+    them); and a point left out (prior 0) between two points that share a cell still joins them."""
+    ray = np.array([0, 0, 0, 0, 1, 1])
+    ix = np.array([0, 1, 1, 3, 5, 6])  # ray 1: (5, 0) then (6, 1), its point in between left out
+    iy = np.array([0, 0, 1, 1, 0, 1])
+    w = np.random.default_rng(0).random((6, 4))
+    w[2, 1] = 0.0  # a zero-weight member stays in its group (it adds 0)
+    child, root = ray_mod.merge_ray_runs(ray, ix, iy, 2)
+    assert dict(zip(child.tolist(), root.tolist(), strict=True)) == {4: 1, 6: 3, 8: 3, 9: 7, 20: 19}
+    head, sums = _merge(ray, ix, iy, w, 2)
+    assert sums[head.tolist().index(3)] == (w[0, 3] + w[1, 2]) + w[2, 0]
+    _check_against_dict(ray, ix, iy, w, 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rays=st.lists(
+        st.tuples(st.integers(-3, 3), st.integers(-3, 3), st.sampled_from([-1, 1]), st.sampled_from([-1, 1]),
+                  st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=12)),
+        min_size=1, max_size=5,
+    ),
+    size=st.sampled_from([1, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_merge_equals_a_dict_sum_on_monotone_rays(rays: list, size: int, seed: int) -> None:
+    """Any rays whose base cells are monotone per axis (steps of 0 to 3 cells: runs, corner
+    overlaps and jumps), weights with exact zeros: the same groups and the same bits as a dict."""
+    ray_l, ix_l, iy_l = [], [], []
+    for r, (x0, y0, sx, sy, steps) in enumerate(rays):
+        x, y = x0, y0
+        for stx, sty in steps:
+            x, y = x + sx * stx, y + sy * sty
+            ray_l.append(r)
+            ix_l.append(x)
+            iy_l.append(y)
+    ray, ix, iy = (np.array(a, dtype=np.int64) for a in (ray_l, ix_l, iy_l))
+    rng = np.random.default_rng(seed)
+    w = rng.random((ray.size, size * size)) ** 4
+    w[rng.random(w.shape) < 0.2] = 0.0
+    _check_against_dict(ray, ix, iy, w, size)
+
+
+@pytest.mark.parametrize("n_bins", [8, 24, 64, 100, 128])
+def test_score_bin_from_the_float_bits_equals_the_frexp_formula(n_bins: int) -> None:
+    """``RayStream._bin`` reads ``S = 2^s`` bins per octave off the float64 bits: the same bins as
+    ``frexp``, for weights over every octave, exact powers of two, 1, above 1 and subnormals."""
+    stream = ray_mod.RayStream.__new__(ray_mod.RayStream)
+    stream.n_bins, stream.per_octave = n_bins, max(1, n_bins // ray_mod.OCTAVES)
+    rng = np.random.default_rng(n_bins)
+    w = np.concatenate([rng.random(20000) ** 30, 2.0 ** -np.arange(0, 40), [1.0, 1.0 + 2**-52, 1.5, 2.0, 5e-324, 1e-310, 0.75]])
+    w = np.concatenate([w, np.nextafter(w, 0.0), np.nextafter(w, 2.0)])
+    w = w[w > 0]
+    assert np.array_equal(stream._bin(w), stream._bin_frexp(w))
