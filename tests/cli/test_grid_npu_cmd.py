@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from bevcompile.cli import app, grid_cmd
 from bevcompile.store.zarr_io import open_store
 
 from ..rigs import NUSCENES_YAML, small_rig_data, tree_digest, write_yaml
+from . import table_words as _flat
 
 runner = CliRunner()
 DONE_WHEN = ["--format", "opencv", "--format", "pixel_q", "--format", "norm_q16", "--format", "uq12", "--align", "32"]
@@ -28,10 +28,6 @@ def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_output, "stdout_console", console)
     monkeypatch.setattr(grid_cmd, "stdout_console", console)
 
-
-def _flat(text: str) -> str:
-    """Table text without box-drawing characters, whitespace collapsed."""
-    return " ".join(re.sub(r"[\u2500-\u257f]", " ", text).split())
 
 
 

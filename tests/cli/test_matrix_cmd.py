@@ -17,13 +17,10 @@ from bevcompile.matrix.build import MatrixOptions, build_matrix
 from bevcompile.store.zarr_io import open_store
 
 from ..rigs import nuscenes_rig, small_rig, small_rig_data, write_yaml
+from . import table_words as _flat
 
 runner = CliRunner()
 
-
-def _flat(text: str) -> str:
-    """Table text with the box-drawing characters and runs of blanks collapsed to one space."""
-    return " ".join(text.translate({ord(ch): " " for ch in "│┃━─┏┓┗┛┡┩└┘┳┻╇┴"}).split())
 
 
 def test_bare_matrix_topk24_align16_uses_the_bundled_rig(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from bevcompile.rig.geometry import project_bev_to_feature
 from bevcompile.store.verify import make_features
 
 from .. import damage, rigs
+from ..cli import table_words as _flat
 
 runner = CliRunner()
 HEIGHTS = (0.0, 0.5)
@@ -293,9 +294,6 @@ def test_gate_rules() -> None:
 # command line
 # --------------------------------------------------------------------------------------
 
-
-def _flat(text: str) -> str:
-    return " ".join(text.translate({ord(ch): " " for ch in "│┃━─┏┓┗┛┡┩└┘┳┻╇┴"}).split())
 
 
 def test_cli_tables_exit_0(stores: dict[str, Path]) -> None:
