@@ -22,6 +22,7 @@ from bevcompile.store.plugins import REBUILT_ATTRS, CheckContext
 from bevcompile.store.verify import make_features, verify_store
 
 from .. import rigs
+from ..cli import assert_strict_and_verify_pass
 
 ALL_FORMATS = ("uq12", "opencv", "pixel_q", "norm_q16")
 PLUGIN = {"grid": format_checks, "gather": gather_checks, "delta": delta_checks}  # group -> its NPU plug-in module
@@ -343,11 +344,7 @@ def test_region_grid_store_passes_inspect_strict_and_verify_and_damage_is_caught
         args += ["--format", name]
     assert runner.invoke(app, args).exit_code == 0
     store = tmp_path / "small.zarr"
-    strict = runner.invoke(app, ["inspect", str(store), "--strict"])
-    assert strict.exit_code == 0, strict.output
-    assert "checks passed" in strict.output
-    verify = runner.invoke(app, ["verify", str(store)])
-    assert verify.exit_code == 0, verify.output
+    assert_strict_and_verify_pass(store)
     report = inspect_store(store)
     names = {c.name for c in report.checks}
     assert {"region_tables", "region_expand_of_cells", "coords_match_config"} <= names

@@ -18,6 +18,7 @@ from bevcompile.matrix.reference import region_reference_matrix
 from bevcompile.rig.config import RigConfig, parse_config
 from bevcompile.rig.region import region_table
 
+from ..cli import assert_strict_and_verify_pass
 from ..rigs import small_rig_data, write_yaml
 
 REGION = {
@@ -116,12 +117,8 @@ def test_region_store_passes_inspect_strict_and_verify_and_damage_is_caught(tmp_
     build = runner.invoke(app, ["matrix", str(config), "--topk", "8", "--align", "16", "--tile-rows", "32", "--quantize", "int8", "--out", str(tmp_path), "--quiet"])
     assert build.exit_code == 0, build.output
     store = tmp_path / "small.zarr"
-    strict = runner.invoke(app, ["inspect", str(store), "--strict"])
-    assert strict.exit_code == 0, strict.output
-    assert "checks passed" in strict.output
-    verify = runner.invoke(app, ["verify", str(store)])
-    assert verify.exit_code == 0, verify.output
-    assert "straightforward region build" in verify.output or "rows passed" in verify.output
+    verified = assert_strict_and_verify_pass(store)
+    assert "straightforward region build" in verified or "rows passed" in verified
     # a damaged expand: inspect names it
     from bevcompile.store.zarr_io import open_store
 
