@@ -33,6 +33,7 @@ REGION_CONVENTIONS: dict[str, str] = {
     "region_cells": "BEV region cell table: (iy, ix, size) of each kept (super-)cell, its first fine cell and side in fine cells, sorted by iy * nx + ix; its centre is (x_min + (ix + size / 2) dx, y_min + (iy + size / 2) dy).",
     "region_expand": "BEV region expand: int32 (ny * nx,); fine cell iy * nx + ix reads compact row expand[iy * nx + ix], the row of its (super-)cell, or n_kept (the zero row after the compact rows) outside the region: dense = concat(rows, 0)[expand].",
     "region_grid": "BEV region grid products: grid/, gather/ (layout bev) and delta/ replace the cell axes (ny, nx) by one kept_cell axis of length n_kept in the cell table's order (grid/cells, grid/expand = matrix/cells, matrix/expand), each (super-)cell sampled at its centre; the delta-LUT tiles each cell size's lattice into B x B blocks and gathers the kept cells with delta/cell_pos.",
+    "region_interop": "BEV region interop: the interop/ arrays keep the full grid's dense fine voxel grid (nx, ny, nz); BEVPoolv2 drops every frustum point of a fine cell outside the region, the Fast-BEV LUT is -1 (n_views 0) on every voxel of such a cell and equals the full grid's LUT on every other voxel (no super-cells: inside a ring each fine voxel still reads its own pixel); PETR's per-pixel coordinates do not depend on the region.",
 }
 """The conventions of a BEV region (``bev.region``): recorded in a store's root ``conventions``
 only when its config has a region, so stores without one keep their bytes."""

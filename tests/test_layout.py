@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"rig", "errors", "conventions"},
     "grid": {"rig", "store", "errors", "conventions", "memory", "choices"},
     "matrix": {"grid", "rig", "store", "errors", "memory", "choices", "parallel"},
-    "interop": {"grid", "matrix", "rig", "store", "errors", "choices", "parallel", "memory"},
+    "interop": {"grid", "matrix", "rig", "store", "errors", "conventions", "choices", "parallel", "memory"},
     "report": {"store", "grid", "rig", "errors"},
     "deploy": {"store", "grid", "matrix", "errors", "memory"},
     "fleet": {"grid", "matrix", "interop", "report", "rig", "store", "errors", "choices"},

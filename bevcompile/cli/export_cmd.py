@@ -273,6 +273,8 @@ def export_interop_command(
         table.add_row("cells (heights x ny x nx)", f"{a['n_cells']:,}")
         table.add_row("seen by a camera", f"{a['n_seen']:,} ({100 * a['n_seen'] / max(1, a['n_cells']):.1f} %)")
         table.add_row("seen by more than one", f"{a['n_overlap']:,}")
+        if "region" in a:
+            table.add_row("outside the bev.region (-1)", f"{a['region']['n_cells_outside']:,}")
         for level in a.get("levels", [])[1:]:
             table.add_row(f"level {level['level']}: seen by a camera", f"{level['n_seen']:,}")
         print_table(table)

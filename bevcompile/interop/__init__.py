@@ -8,7 +8,7 @@
 
 May import: :mod:`bevcompile.grid`, :mod:`bevcompile.matrix` (frustum rays), :mod:`bevcompile.rig`,
 :mod:`bevcompile.store`, :mod:`bevcompile.errors`, :mod:`bevcompile.parallel` (``--jobs``),
-:mod:`bevcompile.memory`.
+:mod:`bevcompile.memory`, :mod:`bevcompile.conventions` (the region sentence recorded in ``interop/``).
 
 ``bevcompile.interop.<name>`` also serves the names of the 0.2 module ``bevcompile.interop``.
 """

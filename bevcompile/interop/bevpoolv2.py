@@ -517,8 +517,7 @@ class _Voxelizer:
         # bev.region: points of BEV cells outside the region are dropped (the voxel grid stays dense)
         self.cell_kept: np.ndarray | None = None
         if frig.bev.region is not None:
-            table = region_table(frig.bev)
-            self.cell_kept = table.expand < table.n_kept
+            self.cell_kept = region_table(frig.bev).fine_kept()
         self.box = BevBox(x_lo, dx, nx, y_lo, dy, ny, z_lo, dz, nz)
         self.trunc = rounding == "trunc"
         self.grid = grid
@@ -676,7 +675,7 @@ def reference_frustum_pool(
         for ch in range(c):
             np.add.at(out[ch], cell, values[ch])
     if rig.bev.region is not None:
-        keep = np.asarray(region_table(rig.bev).expand) < region_table(rig.bev).n_kept  # (ny * nx,) fine cells inside
+        keep = region_table(rig.bev).fine_kept()  # (ny * nx,) fine cells inside
         out = out.reshape(c, z_size, y_size * x_size) * keep[None, None, :]
     return out.reshape(c, z_size, y_size, x_size)
 

@@ -12,6 +12,7 @@ from ``attrs["build_options"]``). Pure: no zarr, no printing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,11 +36,14 @@ from .export import INTEROP_TARGETS, build_target, interop_group_attrs, target_a
 from .fastbev import (
     FASTBEV_LUT_ARRAY,
     FastBevOptions,
+    build_fastbev_lut,
     choose_camera,
     fastbev_gather,
     fastbev_level_arrays,
+    fastbev_lut_from_grid,
     level_of_array,
     nearest_pixel,
+    region_kept_cells,
 )
 from .petr import (
     PETR_ARRAYS,
@@ -211,9 +215,60 @@ def _check_fastbev(ctx: CheckContext, arrays: Mapping[str, np.ndarray], build_op
     except Exception as exc:
         return [Check("build_options", f"{GROUP}/", False, f"fastbev-lut build_options invalid: {exc}")]
     out = _check_fastbev_level0(ctx, arrays, options) if options.precision == "float64" else _check_lut_range(ctx, arrays)
+    if ctx.rig.bev.region is not None:
+        out.extend(_check_fastbev_region(ctx, arrays, options))
     if options.precision != "float64" or options.xyz_layout or ctx.rig.n_levels > 1:
         out.append(_check_fastbev_rebuild(ctx, arrays, options))
     return out
+
+
+FASTBEV_REGION_OUTSIDE_CHECK = "fastbev_region_outside_invalid"
+"""``bev.region``: every voxel of a fine cell outside the region is -1 in the LUT and 0 in ``n_views``."""
+FASTBEV_REGION_INSIDE_CHECK = "fastbev_region_inside_equals_full_grid"
+"""``bev.region``: every voxel of a fine cell inside the region equals the full grid's LUT (and ``n_views``)."""
+
+
+def _check_fastbev_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], options: FastBevOptions) -> list[Check]:
+    """Every level's LUT and ``n_views`` of a ``bev.region`` store against the full grid's (the
+    stored config without its region; level 0 in float64 reuses the context's projection): -1 / 0
+    on every voxel outside the region, bit for bit the full grid's inside."""
+    rig = ctx.rig
+    kept = region_kept_cells(rig)
+    assert kept is not None
+    full_rig = replace(rig, bev=replace(rig.bev, region=None))
+    shape = (len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
+    inside = np.broadcast_to(kept[None], shape)
+    n_out = int(np.count_nonzero(~inside))
+    bad_out: list[str] = []
+    bad_in: list[str] = []
+    for level in range(rig.n_levels):
+        suffix = "" if level == 0 else f"_l{level}"
+        names = (FASTBEV_LUT_ARRAY + suffix, FASTBEV_N_VIEWS + suffix)
+        stored = [arrays.get(name) for name in names]
+        if any(a is None or np.shape(a) != shape for a in stored):
+            return [Check(FASTBEV_REGION_OUTSIDE_CHECK, f"{GROUP}/{names[0]}", False,
+                          f"{names[0]} / {names[1]} missing or not of shape {shape}")]
+        if level == 0 and options.precision == "float64":
+            full = fastbev_lut_from_grid(ctx.sampling_grid(), options)
+        else:
+            full = build_fastbev_lut(full_rig.level(level), options)
+        wants: tuple[np.ndarray, np.ndarray] = (full.lut, full.n_views)
+        for name, stored_array, want, invalid in zip(names, stored, wants, (-1, 0), strict=True):
+            got = np.asarray(stored_array)
+            ne_out = int(np.count_nonzero(got[~inside] != invalid))
+            ne_in = int(np.count_nonzero(got[inside] != want[inside]))
+            if ne_out:
+                bad_out.append(f"{name}: {ne_out:,} voxel(s) outside the region are not {invalid}")
+            if ne_in:
+                bad_in.append(f"{name}: {ne_in:,} voxel(s) inside the region differ from the full grid's")
+    where = f"{GROUP}/{FASTBEV_LUT_ARRAY}"
+    return [
+        Check(FASTBEV_REGION_OUTSIDE_CHECK, where, not bad_out,
+              "; ".join(bad_out) if bad_out else f"all {n_out:,} voxels of cells outside the bev.region are -1 (n_views 0), every level"),
+        Check(FASTBEV_REGION_INSIDE_CHECK, where, not bad_in,
+              "; ".join(bad_in) if bad_in else
+              f"all {inside.size - n_out:,} voxels inside the bev.region equal the full grid's LUT and n_views bit for bit, every level"),
+    ]
 
 
 def _check_lut_range(ctx: CheckContext, arrays: Mapping[str, np.ndarray]) -> list[Check]:
@@ -358,10 +413,13 @@ def _check_fastbev_level0(ctx: CheckContext, arrays: Mapping[str, np.ndarray], o
         valid, coords = truth.valid, truth.coords_feature_px
     valid = np.asarray(valid, dtype=bool)
     coords64 = np.asarray(coords, dtype=np.float64)
+    kept = region_kept_cells(rig)
+    if kept is not None:  # bev.region: no camera counts on the voxels of a cell outside it
+        valid = valid & kept[None, None]
     seen = valid.any(axis=0)
     unseen_bad = int(np.count_nonzero((lut >= 0) != seen))
     out.append(Check("unseen_cells_minus_one", where, unseen_bad == 0,
-                     f"-1 exactly where no camera sees the cell: {unseen_bad} cell(s) disagree with grid/valid ({int(seen.sum())} seen of {seen.size})"))
+                     f"-1 exactly where no camera sees the cell{' (or it is outside the bev.region)' if kept is not None else ''}: {unseen_bad} cell(s) disagree with grid/valid ({int(seen.sum())} seen of {seen.size})"))
     cam = np.where(lut >= 0, lut // (h_f * w_f), -1)
     expected_cam = choose_camera(coords64, valid, rig.feature_size, options.overlap)
     cam_bad = (cam != expected_cam) & (lut >= 0)
@@ -462,7 +520,8 @@ def _verify_fastbev(ctx: CheckContext, lut: np.ndarray, options: FastBevOptions,
     truth = ctx.sampling_grid()
     n_cam, c, h_f, w_f = feats.shape
     cam = choose_camera(truth.coords_feature_px, truth.valid, truth.feature_size, options.overlap)
-    seen = cam >= 0
+    kept = region_kept_cells(ctx.rig)
+    seen = (cam >= 0) if kept is None else (cam >= 0) & kept[None]  # bev.region: 0 on cells outside it
     pick = np.clip(cam, 0, n_cam - 1)
     norm = ctx.grid_arrays.get("norm")
     if norm is not None and np.asarray(norm).shape == truth.coords_feature_px.shape:

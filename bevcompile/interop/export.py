@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from ..choices import canonical_choice
+from ..conventions import REGION_CONVENTIONS
 from ..errors import StoreError, UsageError
 from ..parallel import resolve_jobs
 from ..rig.config import RigConfig
+from ..rig.region import region_table
 from .bevpoolv2 import (
     BEVPOOL_ARRAYS,
     BEVPOOL_PREFIX,
@@ -162,7 +164,9 @@ def target_arrays(target: str, rig: RigConfig | None = None, build_options: Any 
 
 def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_attrs: dict[str, Any]) -> dict[str, Any]:
     """Group attributes: ``build_options`` per target (rebuilds the arrays bit-exactly) plus,
-    per target, the formulas and measured figures."""
+    per target, the formulas and measured figures; with a ``bev.region``, ``region`` (what each
+    target does with it, and its fine-cell counts; absent without a region, so those stores keep
+    their bytes)."""
     w_f, h_f = rig.feature_size
     attrs: dict[str, Any] = {
         "build_options": {t: build_options[t] for t in INTEROP_TARGETS if t in build_options},
@@ -171,6 +175,14 @@ def interop_group_attrs(rig: RigConfig, build_options: dict[str, Any], target_at
         "feature_size": [w_f, h_f],
         "feature_size_order": "[W_f, H_f]",
     }
+    if rig.bev.region is not None:
+        table = region_table(rig.bev)
+        attrs["region"] = {
+            "rule": REGION_CONVENTIONS["region_interop"],
+            "bev_shape": [rig.bev.ny, rig.bev.nx],
+            "n_fine_cells_inside": table.n_fine_kept,
+            "n_fine_cells_outside": rig.bev.ny * rig.bev.nx - table.n_fine_kept,
+        }
     for target in attrs["targets"]:
         attrs[target] = target_attrs[target]
     return attrs

@@ -11,6 +11,13 @@ the cell. Overlap policies (deterministic; Fast-BEV's own CUDA build is a write 
 PyTorch loop, where later cameras overwrite), ``nearest-centre`` (the camera whose sampling
 point is closest, in feature pixels, to its feature map's centre ``((W_f-1)/2, (H_f-1)/2)``;
 ties to the lower camera index).
+
+BEV region (``bev.region``): the voxel grid stays the full grid's dense ``(n_heights, ny, nx)``
+(Fast-BEV's ``(X, Y, Z)`` volume, so the model code is unchanged); every voxel of a fine BEV cell
+outside the region is ``-1`` (reads nothing, the LUT's own invalid encoding) with ``n_views`` 0,
+and every other voxel equals the full grid's LUT bit for bit. Fast-BEV has no notion of
+super-cells: inside a ring (``bev.region.rings``) the LUT stays at fine resolution, each fine voxel
+reading its own pixel (the rings only coarsen ``matrix/``, ``grid/``, ``gather/`` and ``delta/``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from ..errors import UsageError
 from ..grid.ipm import SamplingGrid, compute_sampling_grid
 from ..rig.config import INTEROP_CHOICES, RigConfig
 from ..rig.geometry import cam_from_bev_matrix
+from ..rig.region import region_table
 from .bevpoolv2 import INT32_MAX, pinhole_for_float32
 
 OVERLAP_POLICIES = INTEROP_CHOICES["fastbev-lut"]["overlap"]
@@ -34,6 +42,10 @@ PRECISIONS = INTEROP_CHOICES["fastbev-lut"]["precision"]
 FASTBEV_LUT_ARRAY = "fastbev_lut"
 FASTBEV_N_VIEWS_ARRAY = "fastbev_n_views"
 FASTBEV_LUT_XYZ_ARRAY = "fastbev_lut_xyz"
+FASTBEV_REGION_RULE = (
+    "bev.region: the voxel grid stays dense (n_heights, ny, nx); every voxel of a fine cell outside the region is -1 "
+    "(n_views 0), every other voxel equals the full grid's LUT; no super-cells: inside a ring each fine voxel reads its own pixel"
+)
 
 
 # --------------------------------------------------------------------------------------
@@ -90,12 +102,14 @@ class FastBevOptions:
 @dataclass(frozen=True)
 class FastBevLut:
     """Convention: ``lut`` int32 ``(n_heights, ny, nx)``, value ``(cam * H_f + v) * W_f + u``
-    or -1; ``n_views`` uint8 ``(n_heights, ny, nx)`` is how many cameras see each cell."""
+    or -1; ``n_views`` uint8 ``(n_heights, ny, nx)`` is how many cameras see each cell (both -1 / 0
+    on the ``n_outside`` voxels of cells outside a ``bev.region``)."""
 
     lut: npt.NDArray[np.int32]
     n_views: npt.NDArray[np.uint8]
     feature_size: tuple[int, int]
     options: FastBevOptions
+    n_outside: int = 0
 
     @property
     def n_seen(self) -> int:
@@ -215,12 +229,36 @@ def fastbev_lut_float32(rig: RigConfig, options: FastBevOptions | None = None) -
 
 
 def build_fastbev_lut(rig: RigConfig, options: FastBevOptions | None = None) -> FastBevLut:
-    """The Fast-BEV LUT of ``rig`` (a single feature level; recomputes the grid; deterministic)."""
+    """The Fast-BEV LUT of ``rig`` (a single feature level; recomputes the grid; deterministic),
+    restricted to ``bev.region`` when the rig has one (:func:`restrict_to_region`)."""
     options = options or FastBevOptions()
     options.validate()
     if options.precision == "float32":
-        return fastbev_lut_float32(rig, options)
-    return fastbev_lut_from_grid(compute_sampling_grid(rig), options)
+        full = fastbev_lut_float32(rig, options)
+    else:
+        full = fastbev_lut_from_grid(compute_sampling_grid(rig), options)
+    kept = region_kept_cells(rig)
+    return full if kept is None else restrict_to_region(full, kept)
+
+
+def region_kept_cells(rig: RigConfig) -> npt.NDArray[np.bool_] | None:
+    """``(ny, nx)`` bool: the fine BEV cells inside ``bev.region`` (``expand < n_kept``, super-cells'
+    fine cells included); None without a region."""
+    if rig.bev.region is None:
+        return None
+    return region_table(rig.bev).fine_kept().reshape(rig.bev.ny, rig.bev.nx)
+
+
+def restrict_to_region(full: FastBevLut, kept: npt.NDArray[np.bool_]) -> FastBevLut:
+    """The full grid's LUT with every voxel of a cell outside the region invalid: ``lut`` -1 and
+    ``n_views`` 0 there, unchanged elsewhere; the shape stays ``(n_heights, ny, nx)``.
+
+    Convention: kept bool ``(ny, nx)`` (:func:`region_kept_cells`), broadcast over the heights.
+    """
+    inside = np.broadcast_to(np.asarray(kept, dtype=bool)[None], full.lut.shape)
+    lut = np.where(inside, full.lut, np.int32(-1)).astype(np.int32)
+    n_views = np.where(inside, full.n_views, np.uint8(0)).astype(np.uint8)
+    return FastBevLut(lut, n_views, full.feature_size, full.options, int(np.count_nonzero(~inside)))
 
 
 def fastbev_level_arrays(rig: RigConfig, options: FastBevOptions) -> tuple[dict[str, np.ndarray], list[FastBevLut]]:
@@ -293,6 +331,12 @@ def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
     }
     if options.precision != "float64":
         attrs["precision"] = options.precision
+    if rig.bev.region is not None:
+        attrs["region"] = {
+            "rule": FASTBEV_REGION_RULE,
+            "n_cells_outside": result.n_outside,
+            "n_fine_cells_inside": int(region_table(rig.bev).n_fine_kept),
+        }
     if options.xyz_layout:
         attrs["xyz_layout"] = (
             "fastbev_lut_xyz[ix, iy, ih] = fastbev_lut[ih, iy, ix]: Fast-BEV's voxel order (X, Y, Z); "

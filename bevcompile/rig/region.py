@@ -60,7 +60,11 @@ class RegionTable:
     @property
     def n_fine_kept(self) -> int:
         """Fine cells inside the region (``expand < n_kept``)."""
-        return int(np.count_nonzero(self.expand < self.n_kept))
+        return int(np.count_nonzero(self.fine_kept()))
+
+    def fine_kept(self) -> Bool2:
+        """``(ny * nx,)`` bool: the fine cells inside the region (``expand < n_kept``)."""
+        return np.asarray(self.expand < self.n_kept)
 
     def row_of_cell(self) -> npt.NDArray[np.int64]:
         """``(ny * nx,)`` int64: the compact row of each fine cell, -1 outside the region."""

@@ -480,3 +480,34 @@ def test_export_onnx_rows_compact_errors(request: pytest.FixtureRequest, tmp_pat
     assert message in result.stderr and result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_export_interop_on_a_region_store_keeps_the_dense_grid_and_reports_the_cells_outside(region_store: Path, tmp_path: Path) -> None:
+    """``export-interop`` on a ``bev.region`` store (matrix only, no grid/): the Fast-BEV LUT stays
+    ``(n_heights, ny, nx)`` with -1 on every voxel of a cell outside the region (the table says how
+    many), BEVPoolv2 keeps no point there; the ``.npy`` files and ``interop.json`` carry the
+    region; inspect passes."""
+    from bevcompile.rig.region import region_table
+
+    store = tmp_path / region_store.name
+    shutil.copytree(region_store, store)
+    rig = load(store).rig
+    table = region_table(rig.bev)
+    n_outside = rig.bev.ny * rig.bev.nx - table.n_fine_kept
+    npy = tmp_path / "npy"
+    result = runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--to", "fastbev-lut", "--overlap", "last", "--npy", str(npy)])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.stdout.split())
+    assert "Fast-BEV LUT (overlap last)" in out
+    assert re.search(rf"│\s*outside the bev\.region \(-1\)\s*│\s*{n_outside:,}\s*│", result.stdout), result.stdout
+    assert f"wrote {store} interop/" in out
+    lut = np.load(npy / "fastbev_lut.npy")
+    inside = table.fine_kept().reshape(rig.bev.ny, rig.bev.nx)
+    assert lut.shape == (1, rig.bev.ny, rig.bev.nx) and (lut[:, ~inside] == -1).all() and (lut[:, inside] >= 0).any()
+    ranks_bev = np.load(npy / "ranks_bev.npy").astype(np.int64)
+    assert inside.reshape(-1)[ranks_bev % (rig.bev.ny * rig.bev.nx)].all()
+    recorded = json.loads((npy / "interop.json").read_text())
+    assert recorded["region"]["n_fine_cells_outside"] == n_outside
+    assert recorded["fastbev-lut"]["region"]["n_cells_outside"] == n_outside
+    inspected = runner.invoke(app, ["inspect", str(store)])
+    assert inspected.exit_code == 0 and "checks passed" in inspected.output, inspected.output

@@ -148,3 +148,128 @@ def test_a_float32_lut_store_passes_inspect_and_reports_its_measured_difference(
     assert inspect_store(store, strict=True).passed
     rows = [r for r in verify_store(store).rows if r.product == "interop/fastbev_lut"]
     assert len(rows) == 1 and rows[0].informational and "float32 upstream arithmetic" in rows[0].note
+
+
+def _region_pair(data: dict[str, Any], region: dict[str, Any]) -> tuple[RigConfig, RigConfig]:
+    """The same rig without and with ``bev.region``."""
+    full = parse_config(data)
+    return full, parse_config({**data, "bev": {**data["bev"], "region": region}})
+
+
+@pytest.mark.parametrize(("overlap", "precision"), [("first", "float64"), ("last", "float64"), ("nearest-centre", "float64"), ("last", "float32"), ("first", "float32")])
+def test_region_lut_equals_the_full_lut_inside_and_is_invalid_outside(overlap: str, precision: str) -> None:
+    """``bev.region`` (a corridor with rings of factors 2 and 4): the LUT keeps the dense
+    ``(n_heights, ny, nx)`` grid, is the full grid's LUT bit for bit on every voxel of a cell inside
+    the region (super-cells included: each fine voxel reads its own pixel), -1 with ``n_views`` 0
+    on every voxel outside; the Fast-BEV voxel order follows."""
+    from bevcompile.rig.region import region_table
+
+    from ..matrix.test_region import REGION
+
+    full_rig, rig = _region_pair(rigs.small_rig_data(heights=(0.0, 1.0), pixel_mapping="corner"), REGION)
+    options = FastBevOptions(overlap, precision=precision)
+    full = build_fastbev_lut(full_rig, options)
+    region = build_fastbev_lut(rig, options)
+    table = region_table(rig.bev)
+    inside = np.broadcast_to(table.fine_kept().reshape(rig.bev.ny, rig.bev.nx)[None], full.lut.shape)
+    assert region.lut.shape == full.lut.shape and region.lut.dtype == np.int32 and region.n_views.dtype == np.uint8
+    assert 0 < np.count_nonzero(inside) < inside.size and region.n_outside == np.count_nonzero(~inside)
+    assert np.array_equal(region.lut[inside], full.lut[inside]) and np.array_equal(region.n_views[inside], full.n_views[inside])
+    assert (region.lut[~inside] == -1).all() and (region.n_views[~inside] == 0).all()
+    assert 0 < region.n_seen < full.n_seen
+    # super-cells stay fine: inside a kept 4 x 4 super-cell the voxels read more than one pixel
+    iy, ix, size = next(c for c in table.cells.tolist() if c[2] == 4)
+    block = region.lut[:, iy:iy + size, ix:ix + size]
+    assert (block >= 0).any() and np.unique(block[block >= 0]).size > 1
+    assert np.array_equal(xyz_layout(region.lut), np.where(np.transpose(inside, (2, 1, 0)), xyz_layout(full.lut), -1))
+
+
+FASTBEV_M0_REGION = {
+    "keep": [[[-30.0, -12.0], [40.0, -12.0], [40.0, 12.0], [-30.0, 12.0]]],
+    "rings": [{"beyond_m": 20, "factor": 2}, {"beyond_m": 30, "factor": 4}],
+}
+"""A highway corridor in Fast-BEV M0's lidar frame (-30 to +40 m, lateral +-12 m), coarser beyond 20 and 30 m."""
+
+
+def test_float32_region_lut_is_fastbev_code_path_masked_by_the_region() -> None:
+    """``precision float32`` + overlap ``last`` with ``bev.region``: the LUT in Fast-BEV's voxel
+    order is Fast-BEV's own torch float32 run (tests/upstream.py, the same restatement as
+    :func:`test_float32_lut_equals_fastbev_float32_code_path_bit_for_bit`) with every voxel of a
+    cell outside the region set to -1. Measured: 0 of 160,000 voxels differ; 6,720 of the 40,000
+    fine cells are inside the corridor (3,936 fine cells, 504 2x2 and 48 4x4 super-cells for
+    ``matrix/``), 33,280 x 4 heights = 133,120 voxels are -1 for being outside it."""
+    from bevcompile.rig.region import region_table
+
+    _full, rig = _region_pair(fastbev_m0_data(), FASTBEV_M0_REGION)
+    kept = region_table(rig.bev).fine_kept().reshape(rig.bev.ny, rig.bev.nx)  # (Y, X)
+    theirs = fastbev_upstream_lut()  # (X, Y, Z)
+    masked = np.where(kept.T[:, :, None], theirs, -1)
+    region = build_fastbev_lut(rig, FastBevOptions("last", precision="float32"))
+    assert int(np.count_nonzero(xyz_layout(region.lut) != masked)) == 0
+    assert int(np.count_nonzero(kept)) == 6_720 and region.n_outside == int(np.count_nonzero(~kept)) * 4 == 133_120
+    assert region_table(rig.bev).cells[:, 2].tolist().count(4) == 48
+    assert int(np.count_nonzero(masked >= 0)) == region.n_seen
+
+
+def test_region_store_inspect_catches_an_edited_voxel_outside_the_region(tmp_path: Path) -> None:
+    """A ``bev.region`` store's LUT passes inspect, ``--strict`` and verify; the group records the
+    region (the rule and the fine-cell counts); a voxel outside the region edited to the pixel the
+    full grid reads there (a valid pixel, consistent with the projection) fails plain inspect, and so
+    does an edited ``n_views`` outside; in the float32 arithmetic too (no structural pixel check)."""
+    from bevcompile.conventions import REGION_CONVENTIONS
+    from bevcompile.rig.region import region_table
+
+    from ..matrix.test_region import REGION
+
+    full_rig, rig = _region_pair(rigs.small_rig_data(heights=(0.0, 1.0), pixel_mapping="corner"), REGION)
+    table = region_table(rig.bev)
+    for precision in ("float64", "float32"):
+        store = run_grid(rig, tmp_path / precision).store
+        options = FastBevOptions("last", precision=precision)
+        run_export_interop(store, {"fastbev-lut": options.to_dict()})
+        assert inspect_store(store).passed and inspect_store(store, strict=True).passed and verify_store(store).passed
+        attrs = load(store)["interop"].attrs
+        assert attrs["region"]["rule"] == REGION_CONVENTIONS["region_interop"]
+        assert attrs["region"]["n_fine_cells_inside"] == table.n_fine_kept < rig.bev.ny * rig.bev.nx
+        assert attrs["fastbev-lut"]["region"]["n_cells_outside"] == 2 * (rig.bev.ny * rig.bev.nx - table.n_fine_kept)
+        full = build_fastbev_lut(full_rig, options)
+        lut = np.asarray(load(store)["interop"]["fastbev_lut"]).copy()
+        outside = (table.expand.reshape(rig.bev.ny, rig.bev.nx) == table.n_kept)[None] & (full.lut >= 0)
+        ih, iy, ix = (int(i[0]) for i in np.nonzero(outside))
+        lut[ih, iy, ix] = full.lut[ih, iy, ix]
+        damage.rewrite_array(store, "interop/fastbev_lut", lut)
+        failed = {(c.name, c.array) for c in inspect_store(store).failures}
+        assert ("fastbev_region_outside_invalid", "interop/fastbev_lut") in failed, failed
+        message = next(c.reason for c in inspect_store(store).failures if c.name == "fastbev_region_outside_invalid")
+        assert message == "fastbev_lut: 1 voxel(s) outside the region are not -1"
+        lut[ih, iy, ix] = -1
+        damage.rewrite_array(store, "interop/fastbev_lut", lut)
+        n_views = np.asarray(load(store)["interop"]["fastbev_n_views"]).copy()
+        n_views[ih, iy, ix] = 1
+        damage.rewrite_array(store, "interop/fastbev_n_views", n_views)
+        message = next(c.reason for c in inspect_store(store).failures if c.name == "fastbev_region_outside_invalid")
+        assert message == "fastbev_n_views: 1 voxel(s) outside the region are not 0"
+
+
+def test_convention_region_interop_keeps_the_dense_grid_and_leaves_petr_alone() -> None:
+    """The ``region_interop`` sentence as code, target by target, on the same region rig: the
+    Fast-BEV LUT and BEVPoolv2's voxel grid keep the full grid's dense shape (the LUT -1 outside,
+    BEVPoolv2 no point there), PETR's per-pixel coordinates and mask are the full rig's bit for bit."""
+    from bevcompile.conventions import REGION_CONVENTIONS
+    from bevcompile.interop.bevpoolv2 import build_bevpoolv2
+    from bevcompile.interop.petr import build_petr_coords
+    from bevcompile.rig.region import region_table
+
+    from ..matrix.test_region import REGION
+
+    sentence = REGION_CONVENTIONS["region_interop"]
+    assert "dense fine voxel grid (nx, ny, nz)" in sentence and "-1 (n_views 0)" in sentence and "PETR" in sentence
+    full_rig, rig = _region_pair(rigs.small_rig_data(), REGION)
+    inside = region_table(rig.bev).fine_kept()
+    lut = build_fastbev_lut(rig).lut
+    assert lut.shape == (1, rig.bev.ny, rig.bev.nx) and (lut.reshape(-1)[~inside] == -1).all()
+    bev = build_bevpoolv2(rig)
+    assert bev.grid.size == build_bevpoolv2(full_rig).grid.size
+    assert inside[bev.ranks_bev.astype(np.int64) % inside.size].all()
+    petr, petr_full = build_petr_coords(rig), build_petr_coords(full_rig)
+    assert np.array_equal(petr.coords3d, petr_full.coords3d) and np.array_equal(petr.coords_mask, petr_full.coords_mask)
