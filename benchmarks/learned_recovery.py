@@ -1,4 +1,4 @@
-"""Can learned matrix values recover a calibration error? (issue 17, item 6: an experiment, not a test)
+"""Can learned matrix values recover a calibration error? (an experiment, not a test)
 
     .venv/bin/python benchmarks/learned_recovery.py [--steps 400] [--lr 1e-3,1e-4] [--yaw-deg 0.5] [--shift-m 0.05]
 

@@ -1,6 +1,6 @@
 """The ray-mode matrix build against the frustum build of the same rig and options.
 
-Issue 17: ``bevcompile matrix --mode ray`` streams like frustum mode, and on the dense rig it must stay
+The target: ``bevcompile matrix --mode ray`` streams like frustum mode, and on the dense rig it must stay
 within the frustum build's time and memory. This script builds ``configs/dense-6cam.yaml``
 (88.5 M frustum points) with ``--topk 24 --align 16`` in frustum and in ray mode (uniform prior),
 ``--splat nearest`` and ``bilinear``, ``--jobs 1`` and ``2``, each build in a fresh process with
