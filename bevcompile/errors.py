@@ -86,6 +86,16 @@ class CheckFailed(BevcompileError, AssertionError):
     exit_code = 1
 
 
+def unreadable(exc: OSError, expected: str) -> str:
+    """The one-line reason a file could not be read, for ``expected`` (``"a .npy file"``):
+    ``is a directory, not a .npy file``, ``no such file`` or ``cannot read (<strerror>)``."""
+    if isinstance(exc, IsADirectoryError):
+        return f"is a directory, not {expected}"
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    return f"cannot read ({exc.strerror or exc})"
+
+
 def check_int_option(name: str, value: object, low: int, high: int | None = None) -> int:
     """``value`` as an int, or the one wording every command uses for an integer option out of
     range: ``--<name> must be an integer in [low, high], got <value>`` (``>= low`` without a

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, DependencyError
+from ..errors import CheckpointError, DependencyError, unreadable
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -91,12 +91,8 @@ def read_checkpoint(path: str | Path, *, shown: str | None = None) -> Checkpoint
     try:
         with path.open("rb") as handle:
             head = handle.read(16)
-    except IsADirectoryError:
-        raise CheckpointError(where, "", "is a directory, not a checkpoint file") from None
-    except FileNotFoundError:
-        raise CheckpointError(where, "", "no such file") from None
     except OSError as exc:
-        raise CheckpointError(where, "", f"cannot read ({exc.strerror or exc})") from None
+        raise CheckpointError(where, "", unreadable(exc, "a checkpoint file")) from None
     sha = file_sha256(path)
     if head.startswith(NPY_MAGIC):
         return Checkpoint(path, "npy", sha, _read_npy(path, where))

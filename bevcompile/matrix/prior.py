@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import DepthPriorError, UsageError
+from ..errors import DepthPriorError, UsageError, unreadable
 from ..rig.config import RigConfig
 
 F64 = npt.NDArray[np.float64]
@@ -209,12 +209,8 @@ def read_depth_prior(path: str | Path, rig: RigConfig) -> DepthPrior:
     where = str(path)
     try:
         data = path.read_bytes()
-    except IsADirectoryError:
-        raise DepthPriorError(where, "", "is a directory, not a .npy file") from None
-    except FileNotFoundError:
-        raise DepthPriorError(where, "", "no such file") from None
     except OSError as exc:
-        raise DepthPriorError(where, "", f"cannot read ({exc.strerror or exc})") from None
+        raise DepthPriorError(where, "", unreadable(exc, "a .npy file")) from None
     if not data.startswith(b"\x93NUMPY"):
         raise DepthPriorError(where, "", "not a .npy file (save the prior with numpy.save)")
     import io
