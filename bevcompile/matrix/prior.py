@@ -134,16 +134,32 @@ class NormalisedPrior:
         """Whether ``p`` depends on the pixel (else :meth:`weights` ignores ``pixel``)."""
         return bool(self.raw.shape[2] > 1)
 
+    def table(self, cam: int) -> F64:
+        """``(D,)`` float64 ``p[cam, d]`` of a prior that does not depend on the pixel (one division
+        per depth bin: the bits :meth:`weights` looks up)."""
+        if self.per_pixel:
+            raise ValueError("a per-pixel prior has no per-camera table")
+        c = cam if self.raw.shape[0] > 1 else 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table = self.raw[c, :, 0] / self.total[c, 0]
+        if self.total[c, 0] == 0.0:
+            table[:] = 0.0
+        return table
+
+    def max_weight(self) -> float:
+        """The largest ``p[cam, d, pixel]`` of the prior (exactly: division by the same positive
+        total is monotone, so a pixel's largest ``p`` is its largest raw value over its total)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            best = self.raw.max(axis=1) / self.total
+        best[self.total == 0.0] = 0.0
+        return float(best.max())
+
     def weights(self, cam: int, depth_bin: I64, pixel: npt.NDArray[np.integer[Any]] | None) -> F64:
         """``p[cam, d, pixel]`` of each ``(depth_bin[i], pixel[i])`` (int arrays of one camera;
         ``pixel`` may be None unless :attr:`per_pixel`)."""
         c = cam if self.raw.shape[0] > 1 else 0
         if not self.per_pixel:  # one division per depth bin, looked up: the same bits
-            with np.errstate(invalid="ignore", divide="ignore"):
-                table = self.raw[c, :, 0] / self.total[c, 0]
-            if self.total[c, 0] == 0.0:
-                table[:] = 0.0
-            return table[depth_bin]
+            return self.table(cam)[depth_bin]
         assert pixel is not None
         pix = pixel
         total = self.total[c, pix]

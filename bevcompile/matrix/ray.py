@@ -8,17 +8,38 @@ A ray-mode entry is a frustum-mode ray folded over its depth bins with a fixed p
 the smallest frustum ``dist2`` of the depth bins that contribute (weight > 0).
 
 The stream's **blocks** are ``(camera, rays [r0, r1))`` of the camera's culled ray plan
-(:func:`bevcompile.matrix.entries.plan_camera`, rays by decreasing last live depth bin) with every
-depth bin at which one of them can be in range, about ``CHUNK_POINTS`` points each: all the depth
-bins of a pixel are in one block, so a block's merged entries are complete and final (pass 1
-counts their Top-K score ``1 - w`` in the BEV cells' histogram, pass 2 recomputes them and keeps
-those in a bin ``<= threshold[row]``). Fixed by the rig, never by ``--jobs``.
+(:func:`bevcompile.matrix.entries.plan_camera`, rays by decreasing last live depth bin), about
+``CHUNK_POINTS`` points each: all the depth bins of a pixel are in one block, so a block's merged
+entries are complete and final. Fixed by the rig, never by ``--jobs``. A ray's points in range are
+one run of depth bins (:func:`ray_intervals`, found once per camera), so a block computes only
+those points, with :func:`bevcompile.matrix.entries.block_coordinates`' own float64 operations.
+
+With K > 0 the two passes are:
+
+* pass 1 (:meth:`RayStream.count`) counts the merged entries of every ``PASS1_STRIDE``-th ray of
+  each block in the Top-K histogram (:class:`RayBins`). The entries of a subset of the rays are
+  entries of the matrix with their exact weights (a ray's entries come from its own points only),
+  so the K-th best of a row among them is no better than its K-th best overall: the threshold bins
+  they give keep every entry of the Top-K;
+* pass 2 (:meth:`RayStream.collect`) computes every ray's merged entries and the block's row
+  masses, and keeps the entries whose bin is ``<=`` their row's threshold (a float bound first,
+  then the exact bin). In the calling thread, in block order (:meth:`RayStream.fold_collected`),
+  the row masses are summed (the same bits for every ``--jobs``) and the candidates of the rays
+  pass 1 did not count are counted into its histogram: each row's threshold tightens to the bin of
+  its K-th best counted entry, the candidates past it are dropped, and once pass 2 is over the
+  candidate buffer keeps only those within the final thresholds
+  (:meth:`RayStream.refine_candidates`). The Top-K that the buffer's exact sort then selects is
+  the straightforward build's, bit for bit, whatever the sample.
+
+With K = 0 pass 1 counts every entry of every row (the exact row nnz, checked before pass 2) and
+pass 2 returns them all, by row then plan ray.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,14 +50,12 @@ from ..parallel import ordered_map
 from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from .entries import (
-    HIST_MAX_ENTRIES,
     PREFILTER_MARGIN,
     BevBox,
     CameraPlan,
     FrustumResult,
     RegionRows,
     bilinear_split,
-    block_coordinates,
     camera_rays,
     own_plan,
     plan_camera,
@@ -44,25 +63,39 @@ from .entries import (
     run_point_stream,
 )
 from .prior import NormalisedPrior
-from .topk import Entries, Histogram, hist_bins, local_rows
+from .topk import Entries, Histogram, local_rows
 
-__all__ = ["RayStream", "merge_ray_runs", "ray_entries"]
+__all__ = ["RayBins", "RayStream", "chain_roots", "merge_ray_runs", "ray_entries"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-HIST_BINS_MAX = 128
-OCTAVES = 16
-"""Score bins: up to 128 per row, ``128 / 16 = 8`` per octave of weight (9 % steps) over 16 octaves
-(the weights of a ray-mode row are sums of small prior-weighted splats: a linear scale of
-``1 - w`` puts nearly all of them in its last bins)."""
-CHUNK_POINTS = 1 << 15
-"""Frustum points per block (every temporary of a block, ~4 corner entries per point, stays in cache)."""
+CHUNK_POINTS = 1 << 16
+"""Frustum points per block (every temporary of a block, 4 corner weights per point, stays small)."""
+PASS1_STRIDE = 3
+"""Pass 1 (K > 0) counts the entries of every ``PASS1_STRIDE``-th ray of each block (module
+docstring; 2 to 8 give the same build times within 10 % on the dense rig, 3 the least)."""
+ADMIT_BLOCKS = 8
+"""Pass 2 admits the candidates of this many consecutive blocks at once (:meth:`RayStream.fold_collected`)."""
+LINEAR_BINS = 120
+TOP_BINS = 8
+"""Weight bins (:class:`RayBins`, ``linear``): ``LINEAR_BINS`` over ``(0, w_ref]`` (``w_ref`` the
+prior's largest weight, the largest weight one point can give), ``TOP_BINS`` more above it for
+entries that merge several depth bins: 128 int32 counters per cell (frustum mode: 64 int64)."""
+DIST2_OCTAVES = 10
+DIST2_STEP_BITS = 3
+"""The exact weight classes of :class:`RayBins` split ``dist2 / h2`` in ``2^DIST2_STEP_BITS`` steps
+per octave over ``DIST2_OCTAVES`` octaves below 1 (82 sub-bins, one below and one above)."""
+MAX_TIE_VALUES = 2
+"""``classes`` bins are used when the prior's distinct single-bin weights are at most this many
+(uniform: one; ``8 + 83 = 91`` bins per cell, two: 174)."""
 
 RayBlock = tuple[CameraPlan, int, int, int, int]
 """``(plan, r0, r1, d_end, units)``: rays ``[r0, r1)`` of the plan at depth bins ``[0, d_end)``;
 ``units`` its progress units (``(r1 - r0) * D``, the camera's last block also counts the pixels
 without a block, so that a pass is ``n_cam * D * H_f * W_f`` units as in frustum mode)."""
+
+_CORNERS = ((0, 0), (1, 0), (0, 1), (1, 1))  # (ox, oy): cell (i0_y + oy, i0_x + ox); entry e = point * 4 + corner
 
 
 def plan_ray_blocks(plans: list[CameraPlan], plane: int) -> list[RayBlock]:
@@ -89,11 +122,66 @@ def plan_ray_blocks(plans: list[CameraPlan], plane: int) -> list[RayBlock]:
     return out
 
 
-def merge_ray_runs(ray: I64, ix: I64, iy: I64, size: int) -> tuple[I64, I64]:
+def ray_intervals(plan: CameraPlan, box: BevBox, trunc: bool, depths: F64) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """``(first, end)``: per plan ray, the depth bins ``[first, end)`` at which its point is in range.
+
+    The test is :func:`bevcompile.matrix.entries.block_coordinates`' own, point by point: each cell
+    coordinate ``f = (t + d * ray - min) / step`` is monotone in ``d`` (every float64 step is), so
+    a ray's points in range are one run of depth bins. It lies below the plan's culling bound
+    ``j_hi`` (the enlarged box): ``end`` is found walking down from ``j_hi``, ``first`` walking up
+    from 0 (a camera inside the box: no step), testing the exact predicate at each step."""
+    n_rays = int(plan.pixel_index.size)
+    j_hi = np.zeros(n_rays, dtype=np.int64)
+    for j, alive in enumerate(plan.n_alive):  # rays [0, n_alive[j]) can be in range at bin j
+        j_hi[: int(alive)] = j + 1
+
+    def inside(rays: I64, bins: I64) -> npt.NDArray[np.bool_]:
+        ok = np.ones(rays.size, dtype=bool)
+        low = -1.0 if trunc else 0.0
+        for axis, lo, step, n in ((0, box.x_min, box.dx, box.nx), (1, box.y_min, box.dy, box.ny), (2, box.z_min, box.dz, box.nz)):
+            f = depths[bins] * plan.ray_bev[axis, rays]
+            f += plan.origin_bev[axis]
+            f -= lo
+            f /= step
+            ok &= (f > low) if trunc else (f >= low)
+            ok &= f < n
+        return ok
+
+    end = j_hi.copy()
+    todo = np.flatnonzero(end > 0)
+    while todo.size:  # the last bin in range: walk down while out of range
+        out = ~inside(todo, end[todo] - 1)
+        todo = todo[out]
+        end[todo] -= 1
+        todo = todo[end[todo] > 0]
+    first = np.zeros(n_rays, dtype=np.int64)
+    todo = np.flatnonzero(first < end)
+    while todo.size:  # the first bin in range: walk up while out of range
+        out = ~inside(todo, first[todo])
+        todo = todo[out]
+        first[todo] += 1
+        todo = todo[first[todo] < end[todo]]
+    return first.astype(np.int32), end.astype(np.int32)
+
+
+def _run_index(count: I64, total: int) -> I64:
+    """``np.repeat(arange(count.size), count)`` (``total = count.sum()``) by a cumulative sum of the
+    steps at the runs' starts (numpy's repeat holds the GIL, a cumulative sum does not)."""
+    out = np.zeros(total, dtype=np.int64)
+    if not total:
+        return out
+    full = np.flatnonzero(count)
+    starts = np.cumsum(count[full])[:-1]
+    out[starts] = np.diff(full)  # distinct starts: runs of length > 0
+    out[0] = full[0]
+    return np.cumsum(out, out=out)
+
+
+def merge_ray_runs(ray: I64, ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: int) -> tuple[I64, I64]:
     """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
 
     Convention: points in ray-major order, each ray's points by increasing depth bin: ``ray``
-    ``(n,)`` int64, ``ix, iy`` ``(n,)`` int64 the point's base cell; its ``size x size`` splat cells
+    ``(n,)`` int64, ``ix, iy`` ``(n,)`` the point's base cell (int64, or float64 holding integers); its ``size x size`` splat cells
     are ``(ix + ox, iy + oy)``, ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy``
     (``size`` 1: nearest, 2: bilinear). Returns ``(child, root)``: every entry that is not the
     first of its group (int64 entry indices, increasing) and that first entry. Adding
@@ -103,37 +191,236 @@ def merge_ray_runs(ray: I64, ix: I64, iy: I64, size: int) -> tuple[I64, I64]:
     Exact when the base cell is monotone along each ray on both axes (a straight ray: a cell's
     depth bins are then consecutive points of the ray, whatever points are left out): an entry
     continues the group of the previous point's entry with the same cell, if any."""
-    n_corners = size * size
     dx = ix[1:] - ix[:-1]
     dy = iy[1:] - iy[:-1]
     near = np.abs(dx) < size
     near &= np.abs(dy) < size
     near &= ray[1:] == ray[:-1]
     points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point
-    dx, dy = dx[points - 1], dy[points - 1]
     del near
-    ox = np.array([c % size for c in range(n_corners)], dtype=np.int64)
-    oy = np.array([c // size for c in range(n_corners)], dtype=np.int64)
-    tx = dx[:, None] + ox  # the same cell is the previous point's corner (ox + dx, oy + dy)
-    ty = dy[:, None] + oy
-    ok = (tx >= 0) & (tx < size) & (ty >= 0) & (ty < size)
-    entry = points[:, None] * n_corners
-    child = (entry + np.arange(n_corners))[ok]  # row-major: increasing
-    root = (entry - n_corners + tx + size * ty)[ok]
-    del tx, ty, ok, entry
-    while child.size:  # pointer jumping to each chain's first entry (log2 of the longest chain)
-        j = np.minimum(np.searchsorted(child, root), child.size - 1)
-        up = child[j] == root
-        if not up.any():
-            break
-        root[up] = root[j[up]]
-    return child, root
+    if size == 1:  # the previous point's (only) entry
+        return points, chain_roots(points, points - 1, ix.size)
+    dx = dx[points - 1].astype(np.int64)  # in {-1, 0, 1}: corner (ox, oy) is the previous point's (ox + dx, oy + dy)
+    dy = dy[points - 1].astype(np.int64)
+    ok = np.empty((points.size, 4), dtype=bool)  # (point, corner), point-major like the entries
+    x_ok = (dx >= 0, dx <= 0)  # ox + dx in {0, 1} for ox = 0, 1
+    y_ok = (dy >= 0, dy <= 0)
+    for c in range(4):
+        np.logical_and(x_ok[c & 1], y_ok[c >> 1], out=ok[:, c])
+    del x_ok, y_ok
+    pair = np.flatnonzero(ok.reshape(-1))  # increasing: (point, corner) point-major
+    del ok
+    at = pair >> 2
+    corner = pair & 3
+    child = points[at] * 4
+    child += corner
+    root = child - 4
+    root += dx[at]
+    root += 2 * dy[at]
+    return child, chain_roots(child, root, 4 * ix.size)
+
+
+def chain_roots(child: I64, parent: I64, n_entries: int) -> I64:
+    """Each ``child``'s first ancestor that is not a child itself: ``child`` increasing entry
+    indices in ``[0, n_entries)``, each with an earlier ``parent`` (a chain: a cell in the splat
+    of three or more consecutive points of a ray). Pointer jumping over the chains' links,
+    ``log2`` of the longest chain rounds."""
+    if not child.size:
+        return parent
+    is_child = np.zeros(n_entries, dtype=bool)
+    is_child[child] = True
+    up = is_child[parent]
+    del is_child
+    if not up.any():
+        return parent
+    position = np.zeros(n_entries, dtype=np.int64)
+    position[child] = np.arange(child.size)
+    link = np.arange(child.size)
+    link[up] = position[parent[up]]  # the parent's own position among the children
+    del position
+    while True:
+        nxt = link[link]
+        if np.array_equal(nxt, link):
+            return parent[link]
+        link = nxt
+
+
+# --------------------------------------------------------------------------------------
+# the Top-K score bins
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RayBins:
+    """The Top-K score bins of ray-mode entries: a bin is a function of an entry's merged weight
+    ``w`` (and, for ``classes``, its ``dist2``) that never decreases along the Top-K order (larger
+    weight, then smaller ``dist2``), so an entry in a later bin than K others is beaten by them.
+
+    * ``linear`` (bilinear splats; nearest with a per-pixel prior or more than
+      ``MAX_TIE_VALUES`` distinct single-bin weights): ``bin = clip(trunc(a - w b), 0, n - 1)``
+      with ``b = LINEAR_BINS / w_ref``, ``a = n (1 - 2^-20)``, ``n = LINEAR_BINS + TOP_BINS``: linear in ``w`` over
+      ``(0, w_ref]`` (``w_ref`` the prior's largest weight, a point's largest splat weight), then
+      ``TOP_BINS`` for merged entries up to ``(1 + TOP_BINS / LINEAR_BINS) w_ref``; weight 0 in the
+      last bin.
+    * ``classes`` (nearest, a prior with at most ``MAX_TIE_VALUES`` distinct positive single-bin
+      weights ``t_0 > t_1 > ...``, e.g. uniform): a nearest entry of one depth bin weighs exactly
+      one ``t_i``, so whole rows tie on weight and only ``dist2`` orders them. Weight classes: ``0``
+      above ``t_0`` (merged runs; ``TOP_BINS`` bins by ``w / t_0``), ``2i + 1`` exactly ``t_i``
+      (``dist2_bins()`` bins by ``dist2``: eighth-octaves of ``dist2 / h2`` from ``2^-10`` to 1, ``h2``
+      the squared half-diagonal of a cell, one bin below and one above), ``2i + 2`` strictly between
+      ``t_(i+1)`` and ``t_i`` (below ``t_(m-1)`` for the last; one bin each).
+    """
+
+    kind: str
+    n_bins: int
+    a: float = 0.0
+    b: float = 0.0
+    ties: tuple[float, ...] = ()
+    inv_h2: float = 0.0
+    d2_base: int = 0
+
+    @classmethod
+    def for_stream(cls, prior: NormalisedPrior, n_cam: int, bilinear: bool, bev: BevBox) -> RayBins:
+        if not bilinear and not prior.per_pixel:
+            values = np.unique(np.concatenate([prior.table(c) for c in range(n_cam)]))
+            ties = values[values > 0.0][::-1]
+            if 0 < ties.size <= MAX_TIE_VALUES:
+                h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
+                n_bins = TOP_BINS + ties.size * (dist2_bins() + 1)
+                base = int(np.array([2.0**-DIST2_OCTAVES]).view(np.int64)[0] >> (52 - DIST2_STEP_BITS)) - 1
+                return cls("classes", n_bins, ties=tuple(float(t) for t in ties), inv_h2=1.0 / h2, d2_base=base)
+        w_ref = prior.max_weight()
+        n_bins = LINEAR_BINS + TOP_BINS
+        return cls("linear", n_bins, a=n_bins * (1.0 - 2.0**-20), b=LINEAR_BINS / w_ref if w_ref > 0 else 0.0)
+
+    @property
+    def class_start(self) -> I64:
+        """``classes``: the first bin of each weight class ``0 .. 2m``."""
+        q = dist2_bins()
+        sizes = [TOP_BINS] + [q if c % 2 else 1 for c in range(1, 2 * len(self.ties) + 1)]
+        return np.cumsum([0, *sizes[:-1]]).astype(np.int64)
+
+    def of(self, weight: F64, dist2: F64 | None = None) -> I64:
+        """The bins of entries of merged weight ``weight`` (``dist2`` their tie-break distance:
+        needed by ``classes``). Any shape."""
+        if self.kind == "linear":  # a < n_bins and w >= 0: only weights above a / b need a bound (at 0)
+            x = weight * -self.b
+            x += self.a
+            np.maximum(x, 0.0, out=x)
+            return x.astype(np.int64)
+        assert dist2 is not None
+        sub = self._dist2_sub(dist2)
+        if len(self.ties) == 1 and bool(np.all(weight == self.ties[0])):  # every entry one depth bin (uniform)
+            sub += TOP_BINS
+            return sub
+        cls_ = np.zeros(weight.shape, dtype=np.int64)
+        for t in self.ties:
+            cls_ += weight <= t
+            cls_ += weight < t
+        out = self.class_start[cls_]
+        exact = (cls_ & 1) == 1
+        out[exact] += sub[exact]
+        top = cls_ == 0
+        if top.any():  # merged runs above t_0: by w / t_0
+            above = TOP_BINS - (weight[top] * (1.0 / self.ties[0])).astype(np.int64)
+            out[top] += np.clip(above, 0, TOP_BINS - 1)
+        return out
+
+    def _dist2_sub(self, dist2: F64) -> I64:
+        """Sub-bin of ``dist2 / h2``: the exponent and first ``DIST2_STEP_BITS`` mantissa bits of the
+        float64 (monotone in the value), ``0`` below ``2^-DIST2_OCTAVES``, the last from 1 on."""
+        x = dist2 * self.inv_h2
+        out = x.view(np.int64) >> (52 - DIST2_STEP_BITS)
+        out -= self.d2_base
+        np.clip(out, 0, dist2_bins() - 1, out=out)
+        return out
+
+    def dist2_cut(self, threshold: I64) -> F64:
+        """``classes`` with one tie value ``t_0``: per row, a ``dist2`` below which an entry of weight
+        exactly ``t_0`` (class 1) may pass ``threshold[row]`` and at or above which it cannot
+        (plus a margin): ``inf`` past class 1, ``-1`` before it; in class 1 the upper edge of the
+        threshold's sub-bin (:meth:`_dist2_sub`: ``sub <= s`` iff the float64 bits of ``dist2 / h2``
+        are below ``(s + base + 1) << (52 - DIST2_STEP_BITS)``)."""
+        start = int(self.class_start[1])
+        q = dist2_bins()
+        sub = threshold - start
+        shift = 52 - DIST2_STEP_BITS
+        edge = ((np.clip(sub, 0, q - 2) + self.d2_base + 1) << shift).view(np.float64) / self.inv_h2 * (1.0 + PREFILTER_MARGIN)
+        return np.where(sub >= q - 1, np.inf, np.where(sub < 0, -1.0, edge))
+
+    def lowest_weight(self, threshold: I64) -> F64:
+        """Per row, a weight below which no entry's bin can be ``<= threshold[row]`` (less a
+        margin; 0 where the threshold keeps everything): ``linear``, ``trunc(a - w b) <= t`` needs
+        ``w > (a - t - 1) / b``; ``classes``, a bin of class ``2i + 1`` needs ``w >= t_i``, of class
+        ``2i`` ``w > t_i`` (``t_m = 0``)."""
+        if self.kind == "linear":
+            if self.b <= 0.0:
+                return np.zeros(threshold.size)
+            low = (self.a - threshold - 1.0) / self.b * (1.0 - PREFILTER_MARGIN)
+            low[threshold >= self.n_bins - 1] = 0.0
+            return np.maximum(low, 0.0)
+        cls_ = np.searchsorted(self.class_start, threshold, side="right") - 1
+        ties = np.array((*self.ties, 0.0))
+        low = ties[np.minimum(cls_ // 2, len(self.ties))] * (1.0 - PREFILTER_MARGIN)
+        low[threshold >= self.n_bins - 1] = 0.0
+        return np.asarray(low, dtype=np.float64)
+
+
+def dist2_bins() -> int:
+    """Distance sub-bins of an exact weight class: ``2^DIST2_STEP_BITS`` per octave over ``DIST2_OCTAVES``
+    octaves, one below, one above."""
+    return (DIST2_OCTAVES << DIST2_STEP_BITS) + 2
+
+
+# --------------------------------------------------------------------------------------
+# the stream
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Points:
+    """A block's (or its sample's) points in range, ray-major, depth bins increasing per ray.
+
+    Convention: ``ray`` ``(n,)`` int64 local ray (plan position ``r0 + ray * stride``); ``fx, fy``
+    ``(n,)`` float64 cell coordinates; ``prior`` ``(n,)`` float64 ``p`` of each point, or a float
+    (every point's, e.g. uniform); ``n_in`` the points in range (before dropping ``p = 0``)."""
+
+    ray: I64
+    fx: F64
+    fy: F64
+    prior: F64 | float
+    n_in: int
+
+
+@dataclass
+class _Merged:
+    """A block's splat entries, merged over depth bins.
+
+    Convention: ``weight`` ``(n_corners, n)`` float64 corner-major (entry ``(c, i)``: corner ``c`` of
+    point ``i``), the merged weight at each group's first entry, 0 at the others; ``child``,
+    ``root`` int64 flat corner-major indices of the merged entries and of their group's first;
+    ``contrib`` ``(child.size,)`` the children's own weights (before the merge); ``root_own`` the
+    roots' own weights; ``ix, iy`` ``(n,)`` float64 base cell; ``gx, gy`` ``(n,)`` float64 ``f - 0.5``;
+    ``base`` ``(n,)`` int64 counting-frame index of the base cell; ``dist2`` ``(n,)`` (nearest:
+    the point's, merged to its group's minimum at the root)."""
+
+    weight: F64
+    child: I64
+    root: I64
+    contrib: F64
+    root_own: F64
+    ix: F64
+    iy: F64
+    gx: F64
+    gy: F64
+    base: I64
+    dist2: F64 | None
 
 
 class RayStream:
-    """The ``mode="ray"`` entries (module docstring). Counting frame: the BEV cells; order score
-    bins logarithmic in ``w`` (:meth:`_bin`; ``w <= 1``: the prior sums to 1 over a pixel's bins,
-    each splat weight is <= 1)."""
+    """The ``mode="ray"`` entries (module docstring). Counting frame: bilinear, the BEV grid padded
+    by two cells below and one above on each axis (as frustum mode: the four corners of a point need
+    no bounds test, padding rows keep nothing); nearest, the BEV cells. Score bins: :class:`RayBins`."""
 
     def __init__(self, rig: RigConfig, *, splat: str, rounding: str, k: int, prior: NormalisedPrior, jobs: int = 1) -> None:
         self.rig = rig
@@ -142,25 +429,46 @@ class RayStream:
         self.bilinear = splat == "bilinear"
         self.k = k
         self.prior = prior
-        self.n_cells = self.n_frame = bev.n_cells
+        self.n_cells = bev.n_cells
         self.depths = np.asarray(rig.depth.values(), dtype=np.float64)
         w_f, h_f = rig.feature_size
         self.plane = w_f * h_f
-        self.n_bins = hist_bins(self.n_cells, HIST_BINS_MAX, HIST_MAX_ENTRIES)
-        self.per_octave = max(1, self.n_bins // OCTAVES)
+        self.bins = RayBins.for_stream(prior, rig.n_cam, self.bilinear, bev)
+        self.n_bins = self.bins.n_bins
+        self.stride = PASS1_STRIDE if k > 0 else 1
+        self.collect_folds = k > 0  # pass 2 sums the row masses and counts the points in range
+        self.pad_w = bev.nx + 3
+        self.n_frame = (bev.ny + 3) * self.pad_w if self.bilinear else self.n_cells
+        self.offsets = np.array([ox + oy * self.pad_w for ox, oy in _CORNERS] if self.bilinear else [0], dtype=np.int64)
         self.in_range = 0
         self.n_valid = 0
-        self._mass = np.zeros(self.n_cells)
+        self._mass = np.zeros(self.n_frame)
         self._thr: I64 = np.zeros(0, np.int64)
-        self._wlow: F64 = np.zeros(0)
+        self._wlow_padded: F64 = np.zeros(0)
+        self._d2cut: F64 | None = None
+        self._wlow_corner: list[F64] = []
+        self._running: I64 = np.zeros(0, dtype=np.int64)
+        self._below: I64 = np.zeros(0, np.int64)
+        self._pending: list[tuple[Entries, I64, I64, npt.NDArray[np.bool_]]] = []
+        self._n_folded = 0
+        self._low_of_bin: F64 = np.zeros(0)
+        self._cut_of_bin: F64 = np.zeros(0)
+        self._tables = None if prior.per_pixel else [prior.table(c) for c in range(rig.n_cam)]
 
-        def plan(cam: int) -> CameraPlan:
-            return plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
+        def plan(cam: int) -> tuple[CameraPlan, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]]:
+            p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
+            return p, ray_intervals(p, bev, self.trunc, self.depths)
 
-        plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs))]
+        plans: list[CameraPlan] = []
+        self._intervals: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = {}
+        for p, (first, end) in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs)):
+            plans.append(own_plan(p) if jobs > 1 else p)  # copies made by this thread (see own_plan)
+            self._intervals[p.cam_index] = (first.copy(), end.copy()) if jobs > 1 else (first, end)
         release_free_memory()
         self.n_valid = sum(p.pixel_index.size for p in plans) * rig.depth.n_bins
         self._blocks = plan_ray_blocks(plans, self.plane)
+        # fewer than 2^31 entries in all (4 per point at most): no histogram counter can overflow int32
+        self.hist_dtype = np.int32 if 4 * self.n_valid < np.iinfo(np.int32).max else np.int64
 
     def blocks(self) -> list[RayBlock]:
         return self._blocks
@@ -168,201 +476,380 @@ class RayStream:
     def work_units(self, block: RayBlock) -> int:
         return block[4]
 
-    def entries(self, block: RayBlock, threshold: I64 | None = None, *, counting: bool = False) -> tuple[Entries, int]:
-        """The block's merged entries (one per (row, col), weight > 0), and its points in range.
-        Order: by plan ray, then first depth bin (a row's entries in plan-ray order, so its mass
-        sums as in (row, ray) order); with K = 0 (every entry kept, in order) by row, then plan
-        ray. With ``threshold`` (pass 2, K > 0) only the entries whose score bin is
-        ``<= threshold[row]``. ``counting`` (pass 1): rows and weights only (``col``, ``dist2``
-        empty).
+    # ---- geometry shared by both passes ------------------------------------------------
 
-        The merge over depth bins needs no sort: a ray is a straight line, its points' cell
-        coordinates are monotone along depth (in float too), so the depth bins at which a cell is
-        one of a point's splat cells are consecutive points of the ray (:func:`merge_ray_runs`)."""
-        plan, r0, r1, d_end, _units = block
-        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, (plan, 0, d_end, r0, r1), ray_major=True)
-        if sel is None:
-            q = np.arange(fx.size, dtype=np.int64)
+    def _points(self, block: RayBlock, stride: int) -> _Points:
+        """The points in range of every ``stride``-th ray of ``block`` with a positive prior, ray
+        by ray (each ray's run of depth bins in range, :func:`ray_intervals`), with the coordinates
+        of :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations)."""
+        plan, r0, r1, _d_end, _units = block
+        first, end = (a[r0:r1:stride] for a in self._intervals[plan.cam_index])
+        count = end.astype(np.int64)
+        count -= first
+        np.maximum(count, 0, out=count)
+        n_in = int(count.sum())
+        ray = _run_index(count, n_in)  # local ray of each point; points ray-major
+        start = np.cumsum(count)
+        start -= count
+        start -= first
+        depth_bin = np.arange(n_in, dtype=np.int64)
+        depth_bin -= start[ray]  # its depth bins, increasing
+        del start
+        depth = self.depths[depth_bin]
+        box = self.bev
+        fx = depth * plan.ray_bev[0, r0:r1:stride][ray]
+        fx += plan.origin_bev[0]
+        fx -= box.x_min
+        fx /= box.dx
+        fy = depth * plan.ray_bev[1, r0:r1:stride][ray]
+        fy += plan.origin_bev[1]
+        fy -= box.y_min
+        fy /= box.dy
+        del depth
+        prior: F64 | float
+        if self._tables is not None:
+            table = self._tables[plan.cam_index]
+            if bool(np.all(table == table[0])) and table[0] > 0.0:
+                return _Points(ray, fx, fy, float(table[0]), n_in)
+            prior = table[depth_bin]
         else:
-            q = sel
-            fx, fy = fx[sel], fy[sel]
-        n_in = int(q.size)
-        ray = q // d_end  # local ray in [0, r1 - r0); points ray-major, depth bins increasing
-        depth_bin = q - ray * d_end
-        del q
-        pixel = plan.pixel_index[r0 + ray].astype(np.int64) if self.prior.per_pixel else None
-        prior = self.prior.weights(plan.cam_index, depth_bin, pixel)
-        del pixel
+            prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray * stride].astype(np.int64))
         del depth_bin
         live = prior > 0.0
         if not live.all():
-            fx, fy, prior, ray = fx[live], fy[live], prior[live], ray[live]
-        del live
-        bev = self.bev
+            ray, fx, fy, prior = ray[live], fx[live], fy[live], prior[live]
+        return _Points(ray, fx, fy, prior, n_in)
+
+    def _merged(self, pts: _Points) -> _Merged:
+        """The points' splat entries merged over depth bins (:func:`merge_ray_runs`): each group's
+        weights added in increasing depth bin at its first entry (``np.add.at`` in entry order)."""
+        n = pts.fx.size
         if self.bilinear:
-            gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
-            del fx, fy
+            gx, gy, ix0, iy0, ax, ay = bilinear_split(pts.fx, pts.fy)
             bx = 1.0 - ax
             by = 1.0 - ay
-            # a corner cell (i0 + o) outside [0, n) on an axis gets axis weight 0 (dropped as weight 0)
-            for lower, upper, i0, n in ((bx, ax, ix0, bev.nx), (by, ay, iy0, bev.ny)):
-                lower[(i0 < 0) | (i0 >= n)] = 0.0
-                upper[(i0 < -1) | (i0 >= n - 1)] = 0.0
-            weight_pc = np.empty((prior.size, 4))
-            for c, (ox, oy) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
-                w = weight_pc[:, c]
+            weight = np.empty((4, n))
+            for c, (ox, oy) in enumerate(_CORNERS):
+                w = weight[c]
                 np.multiply(ax if ox else bx, ay if oy else by, out=w)
-                w *= prior
+                w *= pts.prior
             del ax, ay, bx, by
-            size = 2
+            child, root = merge_ray_runs(pts.ray, ix0, iy0, 2)
+            child = (child & 3) * n + (child >> 2)  # point-major entry e = i * 4 + c -> corner-major c * n + i (order kept)
+            root = (root & 3) * n + (root >> 2)
+            frame = iy0 + 2.0  # exact integers: the padded frame index of the base cell
+            frame *= self.pad_w
+            frame += ix0
+            frame += 2.0
+            base = frame.astype(np.int64)
+            del frame
         else:
-            ix0 = np.trunc(fx) if self.trunc else np.floor(fx)
-            iy0 = np.trunc(fy) if self.trunc else np.floor(fy)
-            gx = fx - 0.5
-            gy = fy - 0.5
-            del fx, fy
-            weight_pc = prior.reshape(-1, 1)
-            size = 1
-        del prior
-        ixi = ix0.astype(np.int64)
-        iyi = iy0.astype(np.int64)
-        child, root = merge_ray_runs(ray, ixi, iyi, size)
-        flat_w = weight_pc.ravel()
-        merged = flat_w
+            ix0 = np.trunc(pts.fx) if self.trunc else np.floor(pts.fx)
+            iy0 = np.trunc(pts.fy) if self.trunc else np.floor(pts.fy)
+            gx = pts.fx - 0.5
+            gy = pts.fy - 0.5
+            weight = np.empty((1, n))
+            weight[0] = pts.prior
+            cell = iy0 * self.bev.nx
+            cell += ix0
+            base = cell.astype(np.int64)
+            del cell
+            same = base[1:] == base[:-1]  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
+            same &= pts.ray[1:] == pts.ray[:-1]
+            child = np.flatnonzero(same) + 1
+            del same
+            root = chain_roots(child, child - 1, n)
+        flat = weight.reshape(-1)
+        contrib = flat[child]
+        root_own = flat[root]
         if child.size:
-            merged = flat_w.copy()
-            np.add.at(merged, root, flat_w[child])  # in increasing depth bin: the sum of the module docstring
-            merged[child] = 0.0
-        kept = np.flatnonzero(merged > 0.0)  # the first entry of every group with weight > 0, in entry order
-        n_corners = size * size
-        base = iyi
-        base *= bev.nx
-        base += ixi
-        del ixi, iyi
-        if n_corners > 1:
-            point: I64 = kept >> 2
-            corner: I64 = kept & 3
-            row = base[point]
-            row += np.array([0, 1, bev.nx, bev.nx + 1], dtype=np.int64)[corner]
-        else:
-            point, corner = kept, np.zeros(kept.size, np.int64)
-            row = base[point]
-        del base
-        weight: F64 = merged[kept]
-        if threshold is not None:
-            maybe = np.flatnonzero(weight >= self._wlow[row])  # a float bound first: most fail it
-            exact = maybe[self._bin(weight[maybe]) <= threshold[row[maybe]]]
-            kept, point, corner, row, weight = kept[exact], point[exact], corner[exact], row[exact], weight[exact]
-            del maybe, exact
-        if counting:  # pass 1: the rows and weights are all it needs
-            return Entries(row, np.zeros(0, np.int64), weight, np.zeros(0)), n_in
-        ray_kept = ray[point]
-        col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_kept].astype(np.int64)
-        dist2 = self._dist2(gx, gy, ix0, iy0, point, corner, size, flat_w[kept] > 0.0)
-        if child.size:  # the kept groups' other entries, by position in kept
-            at = np.minimum(np.searchsorted(kept, root), max(0, kept.size - 1))
-            found = kept[at] == root if kept.size else np.zeros(root.size, dtype=bool)
-            child, group = child[found], at[found]
-            del at, found
-        if child.size:
-            c_point: I64 = child // n_corners if n_corners > 1 else child
-            c_corner = child - c_point * n_corners
-            np.minimum.at(dist2, group, self._dist2(gx, gy, ix0, iy0, c_point, c_corner, size, flat_w[child] > 0.0))
-        if self.k == 0:  # every entry kept, in order: by row, then plan ray
-            order = np.argsort(row * (r1 - r0) + ray_kept)
-            return Entries(row[order], col[order], weight[order], dist2[order]), n_in
-        return Entries(row, col, weight, dist2), n_in
+            np.add.at(flat, root, contrib)  # in increasing depth bin: the sum of the module docstring
+            flat[child] = 0.0
+        dist2 = None
+        if not self.bilinear:
+            dist2 = gx - ix0
+            dist2 *= self.bev.dx
+            ey = gy - iy0
+            ey *= self.bev.dy
+            dist2 *= dist2
+            ey *= ey
+            dist2 += ey
+            del ey
+            if child.size:
+                np.minimum.at(dist2, root, dist2[child])
+        return _Merged(weight, child, root, contrib, root_own, ix0, iy0, gx, gy, base, dist2)
 
-    def _dist2(self, gx: F64, gy: F64, ix0: F64, iy0: F64, point: I64, corner: I64, size: int, positive: npt.NDArray[np.bool_]) -> F64:
-        """The frustum ``dist2`` of splat entries ``(point, corner)`` (``inf`` where the entry's
-        weight is 0: it does not contribute)."""
-        bev = self.bev
-        oy = corner // size if size > 1 else 0
-        ex = gx[point] - (ix0[point] + (corner - oy * size))
-        ex *= bev.dx
+    def _dist2(self, gx: F64, gy: F64, ix0: F64, iy0: F64, point: I64, ox: int, oy: int) -> F64:
+        """The frustum ``dist2`` of corner ``(ox, oy)`` of points ``point``."""
+        ex = gx[point] - (ix0[point] + ox)
+        ex *= self.bev.dx
         ey = gy[point] - (iy0[point] + oy)
-        ey *= bev.dy
+        ey *= self.bev.dy
         ex *= ex
         ey *= ey
         ex += ey
-        ex[~positive] = np.inf
         return ex
-
-    def _bin(self, weight: F64) -> I64:
-        """The Top-K score bin of merged weights ``w`` (in ``(0, 1]``), non-decreasing as ``w``
-        decreases: ``S`` bins per octave (``w = m 2^e``, ``frexp``), ``(1 - e) S + floor(2 (1 - m) S)``,
-        the last bin holding everything below ``2^-(n_bins / S)``. With ``S = 2^s`` read off the
-        float64 bits (biased exponent ``B = e + 1022``, mantissa bits ``M``: ``2 (1 - m) S =
-        (2^52 - M) / 2^(52 - s)``, exact), else with ``frexp``: the same bins."""
-        per = self.per_octave
-        if per & (per - 1) == 0:
-            shift = per.bit_length() - 1
-            bits = weight.view(np.int64)
-            out = 1023 - (bits >> 52)
-            out <<= shift
-            sub = bits & ((1 << 52) - 1)
-            np.subtract(1 << 52, sub, out=sub)
-            sub >>= 52 - shift
-            np.minimum(sub, per - 1, out=sub)
-            out += sub
-            np.clip(out, 0, self.n_bins - 1, out=out)
-            return out
-        return self._bin_frexp(weight)
-
-    def _bin_frexp(self, weight: F64) -> I64:
-        """:meth:`_bin` by its formula, with ``frexp`` (any ``S``)."""
-        mantissa, exponent = np.frexp(weight)
-        out = (1 - exponent.astype(np.int64)) * self.per_octave
-        sub = (1.0 - mantissa) * (2.0 * self.per_octave)
-        np.minimum(sub, self.per_octave - 1, out=sub)
-        out += sub.astype(np.int64)
-        np.clip(out, 0, self.n_bins - 1, out=out)
-        return out
 
     # ---- pass 1 -----------------------------------------------------------------------
 
     def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
-        e, n_in = self.entries(block, counting=True)
+        """Pass 1 of one block: K > 0, every entry of every ``stride``-th ray counted at its frame
+        row and bin (entries of weight 0 in the last bin: it keeps everything, so a count there
+        changes no threshold); K = 0, every entry of weight > 0 at its frame row."""
+        pts = self._points(block, self.stride)
+        m = self._merged(pts)
+        frame = m.base[None, :] + self.offsets[:, None]
         if k > 0:
-            keys = e.row * n_bins
-            keys += self._bin(e.weight)
-        else:
-            keys = e.row
-        hist.add_scattered(keys)  # a block of rays fans out over many rows, a few entries per counter
-        del keys
-        rows, local = local_rows(e.row, self.n_cells)
-        return n_in, rows, np.bincount(local, weights=e.weight, minlength=rows.size).astype(np.float64, copy=False)
+            keys = frame * n_bins
+            keys += self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :])
+            hist.add_scattered(keys.reshape(-1))
+            return 0, np.zeros(0, np.int64), np.zeros(0)
+        hist.add_scattered(frame[m.weight > 0.0])
+        return pts.n_in, np.zeros(0, np.int64), np.zeros(0)
 
     def fold(self, partial: tuple[int, I64, F64]) -> None:
-        n_in, rows, mass = partial
+        """Add one block's points in range (pass 1 with K = 0, pass 2 with K > 0) and its row
+        masses (pass 2: ``(n_in, rows, sums)``, frame rows and their sums, or ``rows`` empty and
+        ``sums`` the whole frame), in block order."""
+        n_in, rows, sums = partial
         self.in_range += n_in
-        self._mass[rows] += mass
+        if rows.size:
+            np.add.at(self._mass, rows, sums)  # rows repeat across corners
+        elif sums.size:
+            self._mass += sums
+
+    def adopt_histogram(self, counts: I64) -> None:
+        """Before pass 2 (K > 0): pass 1's ``(n_frame, n_bins)`` counts, kept as the running
+        histogram of :meth:`fold_collected` (the sampled rays' entries are in it already)."""
+        self._running = counts.reshape(-1)
+
+    def fold_collected(self, entries: Entries, partial: tuple[int, I64, F64, tuple[I64, I64, npt.NDArray[np.bool_]]]) -> Entries:
+        """Pass 2 (K > 0), in block order in the calling thread: :meth:`fold` the block's partial,
+        then admit its candidates against the running thresholds.
+
+        Pass 1 counted the entries of a sample of the rays; pass 2 keeps counting, in the same
+        histogram, the candidates of the other rays it admits, and a row's running threshold is
+        the bin of its K-th best counted entry (real, distinct entries: any entry in a later bin
+        is beaten by K of them). A candidate is admitted if its bin is ``<=`` its row's running
+        threshold after the candidates of its batch (``ADMIT_BLOCKS`` consecutive blocks, fixed by
+        the block list) are counted. Thresholds only tighten, so the workers may pre-filter with
+        whatever value they read (never tighter than the one the batch is admitted with): the
+        admitted set, and so the candidate count, is the same for every ``--jobs``."""
+        n_in, rows, sums, (frame, bins, sampled) = partial
+        self.fold((n_in, rows, sums))
+        if len(entries):
+            self._pending.append((entries, frame, bins, sampled))
+        self._n_folded += 1
+        if self._n_folded % ADMIT_BLOCKS and self._n_folded < len(self._blocks):
+            return Entries.empty()
+        if not self._pending:
+            return Entries.empty()
+        pending, self._pending = self._pending, []
+        frame, bins, sampled = (np.concatenate([p[i] for p in pending]) for i in (1, 2, 3))
+        n_bins, k = self.n_bins, self.k
+        thr = self._thr[frame]
+        new = bins <= thr  # counted: the candidates still admitted, not of a sampled ray (counted in pass 1)
+        new &= ~sampled
+        np.add.at(self._running, frame[new] * n_bins + bins[new], self._running.dtype.type(1))
+        new &= bins < thr
+        lower = frame[new]
+        np.add.at(self._below, lower, 1)  # per frame row: counted entries in bins before its threshold
+        full = lower[self._below[lower] >= k]
+        if full.size:  # rows with K counted entries before the threshold: it moves to the bin of the K-th
+            full = np.unique(full)
+            cum = np.cumsum(self._running.reshape(self.n_frame, n_bins)[full], axis=1)
+            new_thr = np.argmax(cum >= k, axis=1)
+            self._below[full] = np.where(new_thr > 0, cum[np.arange(full.size), np.maximum(new_thr - 1, 0)], 0)
+            self._tighten(full, new_thr)
+            thr = self._thr[frame]
+        keep = np.flatnonzero(bins <= thr)
+        # one copy, made by this thread (the candidate buffer keeps it without copying again)
+        return Entries(*(np.concatenate([getattr(p[0], name) for p in pending])[keep] for name in ("row", "col", "weight", "dist2")))
+
+    def refine_candidates(self, entries: Entries) -> Entries:
+        """After pass 2 (K > 0): the candidates whose bin is ``<=`` their row's final running
+        threshold (:meth:`fold_collected`; the others are beaten by K counted entries)."""
+        if not len(entries):
+            return entries
+        keep = self.bins.of(entries.weight, entries.dist2) <= self._thr[self._frame_of_cell(entries.row)]
+        return entries if keep.all() else entries.take(keep)
+
+    def _frame_of_cell(self, cell: I64) -> I64:
+        if not self.bilinear:
+            return cell
+        iy, ix = np.divmod(cell, self.bev.nx)
+        iy += 2
+        iy *= self.pad_w
+        iy += ix
+        iy += 2
+        return iy
+
+    def _tighten(self, frame: I64, threshold: I64) -> None:
+        """Set the thresholds of frame rows ``frame`` (tighter than before) and the bounds derived
+        from them; the workers read these tables while this runs: every value they can see is
+        valid for the block they filter (each table only tightens)."""
+        self._thr[frame] = threshold
+        self._wlow_padded[frame] = self._low_of_bin[threshold]
+        if self._d2cut is not None:
+            self._d2cut[frame] = self._cut_of_bin[threshold]
 
     def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        return per_frame
+        if not self.bilinear:
+            return per_frame
+        bev = self.bev
+        inner = per_frame.reshape(bev.ny + 3, self.pad_w, -1)[2 : bev.ny + 2, 2 : bev.nx + 2]
+        return inner.reshape(self.n_cells, -1)
 
     def total_mass(self, hist_cells: I64) -> F64:
-        return self._mass
+        """``(n_cells,)`` raw weight of each row (K > 0: after pass 2, which sums it)."""
+        return np.asarray(self.cells_of_frame(self._mass), dtype=np.float64).ravel()
 
     # ---- pass 2 -----------------------------------------------------------------------
 
     def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
-        """The thresholds, and per row the least weight its threshold bin can hold, less a margin
-        (a necessary bound of :meth:`_bin`: bin ``t = a S + b`` needs ``w > 2^(1 - a) (1 - (b + 1) / 2S)``;
-        the last bin holds every weight)."""
-        self._thr = threshold
-        a, b = np.divmod(threshold, self.per_octave)
-        low = np.ldexp(1.0 - (b + 1) / (2.0 * self.per_octave), (1 - a).astype(np.int32)) * (1.0 - PREFILTER_MARGIN)
-        low[threshold >= self.n_bins - 1] = 0.0
-        self._wlow = low
+        """The per-frame thresholds (padding rows: -1, nothing passes), the least weight that can
+        pass each (:meth:`RayBins.lowest_weight`; per corner a shifted view, read at the base row),
+        the dist2 cut of one tie value (:meth:`RayBins.dist2_cut`), and the running histogram."""
+        bev = self.bev
+        if self.bilinear:
+            thr = np.full((bev.ny + 3, self.pad_w), -1, dtype=np.int64)
+            thr[2 : bev.ny + 2, 2 : bev.nx + 2] = threshold.reshape(bev.ny, bev.nx)
+            self._thr = thr.ravel()
+        else:
+            self._thr = threshold
+        if k > 0:
+            self._thr = self._thr.copy()  # tightened in place by fold_collected
+            every_bin = np.arange(self.n_bins, dtype=np.int64)
+            self._low_of_bin = self.bins.lowest_weight(every_bin)
+            if self.bins.kind == "classes" and len(self.bins.ties) == 1:
+                self._cut_of_bin = self.bins.dist2_cut(every_bin)
+            inside = self._thr >= 0
+            padded = np.full(self._thr.size + int(self.offsets[-1]), np.inf)  # corner c of base row b: row b + offset[c]
+            padded[: self._thr.size][inside] = self._low_of_bin[self._thr[inside]]
+            self._wlow_padded = padded
+            self._wlow_corner = [padded[off : off + self._thr.size] for off in self.offsets]
+            if self.bins.kind == "classes" and len(self.bins.ties) == 1:
+                self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
+            # the running histogram of fold_collected (pass 1's counts, adopted) and, per frame row,
+            # its counted entries in bins before the threshold
+            if self._running.size != self.n_frame * n_bins:
+                self._running = np.zeros(self.n_frame * n_bins, dtype=self.hist_dtype)
+            table = self._running.reshape(self.n_frame, n_bins)
+            self._below = np.zeros(self.n_frame, dtype=np.int64)
+            rows = np.flatnonzero(self._thr > 0)
+            if rows.size:
+                self._below[rows] = np.cumsum(table[rows], axis=1)[np.arange(rows.size), self._thr[rows] - 1]
 
-    def collect(self, block: RayBlock) -> tuple[Entries, int]:
-        return self.entries(block, self._thr if self.k > 0 else None)
+    def collect(self, block: RayBlock) -> tuple[Entries, int, tuple[int, I64, F64, tuple[I64, I64, npt.NDArray[np.bool_]]]] | tuple[Entries, int]:
+        """K > 0: the block's entries whose bin is ``<= threshold[row]`` (the tables as this thread
+        reads them: only ever tighter than pass 1's), its points in range and the partial of
+        :meth:`fold_collected` (row masses; the entries' frame rows, bins, and whether pass 1
+        counted their ray). K = 0: every entry of weight > 0, by row then plan ray (the row masses
+        are summed in that order by the caller)."""
+        plan, r0, r1, _d_end, _units = block
+        pts = self._points(block, 1)
+        m = self._merged(pts)
+        n = pts.fx.size
+        parts: list[Entries] = []
+        hits_all: list[I64] = []
+        extra: list[tuple[I64, I64, I64]] = []  # per corner: the hits' frame rows, bins and local rays (K > 0)
+        one_weight = (  # nearest, one tie value, every entry of the block one depth bin of that weight
+            m.dist2 is not None and self._d2cut is not None and m.child.size == 0
+            and bool(np.all(pts.prior == self.bins.ties[0]))
+        )
+        for c in range(self.offsets.size):
+            w = m.weight[c]
+            if self.k > 0:
+                if one_weight:
+                    assert m.dist2 is not None and self._d2cut is not None
+                    hit = np.flatnonzero(m.dist2 < self._d2cut[m.base])  # every entry weighs t_0: class 1, by dist2
+                else:  # a float bound of the row's threshold first (the corner's row: base + offset, a shifted table)
+                    hit = np.flatnonzero(w >= self._wlow_corner[c][m.base])
+                frame = m.base[hit]
+                frame += self.offsets[c]
+                wh = w[hit]
+                bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit])
+                exact = bins <= self._thr[frame]
+                exact &= wh > 0.0
+                hit, frame, bins = hit[exact], frame[exact], bins[exact]
+            else:
+                hit = np.flatnonzero(w > 0.0)
+            ox, oy = _CORNERS[c]
+            ixh = m.ix[hit] + ox
+            iyh = m.iy[hit] + oy
+            if self.bilinear and self.k == 0:  # corners outside the grid are not entries (K > 0: padding rows pass nothing)
+                ok = (ixh >= 0) & (ixh < self.bev.nx) & (iyh >= 0) & (iyh < self.bev.ny)
+                if not ok.all():
+                    hit, ixh, iyh = hit[ok], ixh[ok], iyh[ok]
+            iyh *= self.bev.nx
+            iyh += ixh
+            row = iyh.astype(np.int64)
+            ray_h = pts.ray[hit]
+            col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
+            if self.k > 0:
+                extra.append((frame, bins, ray_h))
+            dist2 = m.dist2[hit] if m.dist2 is not None else self._dist2(m.gx, m.gy, m.ix, m.iy, hit, ox, oy)
+            parts.append(Entries(row, col, w[hit], dist2))
+            hits_all.append(hit + c * n)
+        entries = Entries.concat(parts)
+        if self.bilinear and m.child.size and len(entries):  # a merged entry's dist2: the least of its contributing members'
+            flat_hits = np.concatenate(hits_all)  # corner-major flat indices, increasing
+            at = np.minimum(np.searchsorted(flat_hits, m.root), flat_hits.size - 1)
+            found = flat_hits[at] == m.root
+            if found.any():
+                group = at[found]
+                own = m.root_own[found] > 0.0
+                entries.dist2[group[~own]] = np.inf  # the first member itself added nothing
+                child = m.child[found]
+                corner, point = np.divmod(child, n)
+                d2 = np.where(m.contrib[found] > 0.0, self._dist2_corners(m, point, corner), np.inf)
+                np.minimum.at(entries.dist2, group, d2)
+        if self.k == 0:  # every entry, by row, then plan ray
+            ray = pts.ray[np.concatenate(hits_all) % max(1, n)] if len(entries) else np.zeros(0, np.int64)
+            order = np.argsort(entries.row * (r1 - r0) + ray)
+            return entries.take(order), pts.n_in
+        frame, bins, ray_h = (np.concatenate(a) for a in zip(*extra, strict=True))
+        rows, sums = self._row_masses(m.base, m.weight)
+        return entries, pts.n_in, (pts.n_in, rows, sums, (frame, bins, ray_h % self.stride == 0))
+
+    def _row_masses(self, base: I64, weight: F64) -> tuple[I64, F64]:
+        """A block's row masses in the counting frame: each corner's weights summed at its row
+        (``base + offset``), corner after corner, in point order; over the whole frame when it is
+        small against the block (``rows`` empty), else over the rows touched."""
+        n = base.size
+        if not n:
+            return np.zeros(0, np.int64), np.zeros(0)
+        if self.n_frame <= 8 * n:
+            sums = np.zeros(self.n_frame)
+            for off, w in zip(self.offsets, weight, strict=True):
+                np.add.at(sums[off:], base, w)
+            return np.zeros(0, np.int64), sums
+        touched, local = local_rows(base, self.n_frame)
+        n_touched = touched.size
+        keys = np.concatenate([local + c * n_touched for c in range(self.offsets.size)])  # corner-major, as weight
+        touched_sums: F64 = np.bincount(keys, weights=weight.reshape(-1), minlength=n_touched * self.offsets.size).astype(np.float64, copy=False)
+        return np.concatenate([touched + off for off in self.offsets]), touched_sums
+
+    def _dist2_corners(self, m: _Merged, point: I64, corner: I64) -> F64:
+        ox = corner & 1
+        oy = corner >> 1
+        ex = m.gx[point] - (m.ix[point] + ox)
+        ex *= self.bev.dx
+        ey = m.gy[point] - (m.iy[point] + oy)
+        ey *= self.bev.dy
+        ex *= ex
+        ey *= ey
+        ex += ey
+        return ex
 
     def end_collect(self) -> None:
         self._blocks = []
         self._thr = np.zeros(0, np.int64)
-        self._wlow = np.zeros(0)
+        self._wlow_padded = np.zeros(0)
+        self._d2cut = None
+        self._wlow_corner = []
+        self._running = np.zeros(0, dtype=np.int64)
+        self._below = np.zeros(0, np.int64)
 
 
 def ray_entries(

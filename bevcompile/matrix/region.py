@@ -118,7 +118,8 @@ class RegionStream:
         return self.inner.work_units(block)
 
     def _entries(self, block: Any) -> tuple[Entries, int]:
-        entries, n_in = self.inner.collect(block)
+        collected = self.inner.collect(block)  # the inner stream is built with k = 0: (entries, points in range)
+        entries, n_in = collected[0], collected[1]
         return merge_region_rows(entries, self.row_of_cell, self.n_cols, self.coarse_row), n_in
 
     def _bins(self, e: Entries) -> I64:

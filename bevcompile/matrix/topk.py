@@ -30,6 +30,7 @@ order of arrival, budget and ``jobs``.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -211,7 +212,8 @@ def select_topk(entries: Entries, k: int, jobs: int = 1) -> Entries:
 
 
 class Histogram:
-    """int64 counters ``(n_rows, n_bins)`` fed by several threads.
+    """Integer counters ``(n_rows, n_bins)`` (int64; a stream that can bound its entries may ask for
+    int32 with ``hist_dtype``) fed by several threads.
 
     A block touches only a narrow band of the grid's rows, so it is counted in a compact local
     histogram of just those rows (:meth:`add_local`: one ``bincount`` into an array that stays in
@@ -219,9 +221,9 @@ class Histogram:
     Integer counts: the result does not depend on which thread counted what, nor in what order.
     """
 
-    def __init__(self, n_rows: int, n_bins: int) -> None:
+    def __init__(self, n_rows: int, n_bins: int, dtype: type[np.signedinteger[Any]] = np.int64) -> None:
         self.n_rows, self.n_bins = n_rows, n_bins
-        self.total: I64 = np.zeros((n_rows, n_bins), dtype=np.int64)
+        self.total: I64 = np.zeros((n_rows, n_bins), dtype=dtype)
         self._lock = threading.Lock()
 
     def add_local(self, rows: I64, local_keys: I64) -> None:
@@ -239,7 +241,7 @@ class Histogram:
         if not keys.size:
             return
         with self._lock:
-            np.add.at(self.total.reshape(-1), keys, 1)
+            np.add.at(self.total.reshape(-1), keys, self.total.dtype.type(1))  # a typed 1: numpy's fast path
 
     def add(self, keys: I64) -> None:
         """Count global keys ``row * n_bins + bin`` (any rows; the array may be modified)."""
@@ -330,8 +332,9 @@ class CandidateBuffer:
         self._kept = 0  # entries left by the last compaction (<= rows x K)
         self._tau: tuple[F64, F64, I64] | None = None  # K-th best (weight, dist2, col) per row
 
-    def add(self, entries: Entries) -> None:
-        """Add one block's candidates (copied when other threads made them: see :meth:`_own`)."""
+    def add(self, entries: Entries, owned: bool = False) -> None:
+        """Add one block's candidates (copied when other threads made them, unless ``owned``: the
+        calling thread allocated them; see :meth:`_own`)."""
         if self._tau is not None and len(entries):
             w_t, d_t, c_t = (a[entries.row] for a in self._tau)
             w, d = entries.weight, entries.dist2
@@ -339,7 +342,7 @@ class CandidateBuffer:
             entries = entries.take(better)
         if not len(entries):
             return
-        self.parts.append(self._own(entries) if self.jobs > 1 else entries)
+        self.parts.append(self._own(entries) if self.jobs > 1 and not owned else entries)
         self.size += len(entries)
         self.accepted += len(entries)
         if self.k and self.size > max(self.budget, 2 * self._kept):  # at least half of it new: linear total work
@@ -367,6 +370,18 @@ class CandidateBuffer:
         self.parts, self.size = [kept], len(kept)
         self._kept = len(kept)
         self.compactions += 1
+
+    def refine(self, keep: Callable[[Entries], Entries]) -> None:
+        """Replace what the buffer holds by ``keep`` of it (a filter that only drops entries K others
+        beat); entries dropped before reaching any sort no longer count as accepted."""
+        parts, dropped = [], 0
+        for i, part in enumerate(self.parts):
+            kept = keep(part)
+            if i > 0 or not self.compactions:  # the first part after a compaction was sorted by it
+                dropped += len(part) - len(kept)
+            parts.append(kept)
+        self.parts, self.size = parts, sum(len(p) for p in parts)
+        self.accepted -= dropped
 
     def entries(self) -> Entries:
         """Everything the buffer holds, in the order added (after the last compaction)."""
@@ -427,15 +442,25 @@ class EntryStream(Protocol):
         """Before pass 2: the threshold bin of every BEV cell (``(n_cells,)``; ``n_bins`` = keep all)."""
         ...
 
-    def collect(self, block: Any) -> tuple[Entries, int]:
+    def collect(self, block: Any) -> tuple[Entries, int] | tuple[Entries, int, Any]:
         """Pass 2: the entries of ``block`` whose bin is ``<= threshold[row]`` (rows as BEV cells;
         it may also drop entries it can prove K others beat), and the block's points in range.
-        With ``k = 0``: every entry, in a fixed order (the row masses are summed in it)."""
+        With ``k = 0``: every entry, in a fixed order (the row masses are summed in it). A stream
+        whose ``collect_folds`` is true (K > 0) adds a third item, a partial that the caller hands
+        back, in block order, to its ``fold_collected(entries, partial) -> Entries`` (which adds the
+        row masses and the points in range, and returns the entries that can still be in the
+        Top-K), is asked ``total_mass`` after pass 2 and may drop candidates once pass 2 is over
+        (``refine_candidates(entries) -> Entries``): its pass 1 may count a subset of the entries
+        only (the K-th best of any subset is a valid, looser threshold)."""
         ...
 
     def end_collect(self) -> None:
         """Pass 2 is over: release what it needed (before the final sort)."""
         ...
+
+
+def _count_block(stream: EntryStream, hist: Histogram, n_bins: int, k: int, block: Any) -> Any:
+    return stream.count(block, hist, n_bins, k)
 
 
 @dataclass
@@ -476,16 +501,22 @@ def stream_topk(
 
     blocks = stream.blocks()
     bins = n_bins if k > 0 else 1
-    hist = Histogram(stream.n_frame, bins)
-    for block, partial in zip(blocks, ordered_map(lambda b: stream.count(b, hist, bins, k), blocks, jobs), strict=True):
+    folds = k > 0 and bool(getattr(stream, "collect_folds", False))  # row masses summed in pass 2
+    hist = Histogram(stream.n_frame, bins, getattr(stream, "hist_dtype", np.int64))
+    count = functools.partial(_count_block, stream, hist, bins, k)  # holds hist until the loop ends, not after
+    for block, partial in zip(blocks, ordered_map(count, blocks, jobs), strict=True):
         stream.fold(partial)
         if progress is not None:
             progress(stream.work_units(block))
+    del count
     counts = stream.cells_of_frame(hist.total)
+    if folds:  # the stream may keep pass 1's counts (its running histogram of pass 2)
+        stream.adopt_histogram(hist.total)  # type: ignore[attr-defined]
+    del hist  # counts is a view of its table, freed with it below (unless adopted)
     release_free_memory()
     if k > 0:
         threshold = thresholds(counts, k, bins)
-        total_mass = stream.total_mass(counts)
+        total_mass = np.zeros(0) if folds else stream.total_mass(counts)
         phase("pass1_histogram")
     else:
         phase("pass1_row_counts")
@@ -497,14 +528,21 @@ def stream_topk(
     stream.begin_collect(threshold, n_bins, k)
     buffer = CandidateBuffer(k, stream.n_cells, candidate_budget(stream.n_cells, k) if k else 0, jobs)
     in_range = 0
-    for block, (entries, n_in_range) in zip(blocks, ordered_map(stream.collect, blocks, jobs), strict=True):
-        buffer.add(entries)
+    for block, collected in zip(blocks, ordered_map(stream.collect, blocks, jobs), strict=True):
+        entries, n_in_range = collected[0], collected[1]
+        if folds:  # the stream admits the entries in the calling thread, into arrays it allocates there
+            entries = stream.fold_collected(entries, collected[2])  # type: ignore[attr-defined, misc]
+        buffer.add(entries, owned=folds)
         in_range += n_in_range
         if progress is not None:
             progress(stream.work_units(block))
-        del block, entries
+        del block, entries, collected
     del blocks  # the blocks hold the mode's per-block state (its rays): not needed for the sort
+    if folds and k > 0:  # the stream's final thresholds, tighter than pass 1's
+        buffer.refine(stream.refine_candidates)  # type: ignore[attr-defined]
     stream.end_collect()
+    if folds:
+        total_mass = stream.total_mass(np.zeros((0, 0), np.int64))
     release_free_memory()
     phase("pass2_candidates")
     if points_in_range is not None and points_in_range() != in_range:  # pragma: no cover - the passes see the same points

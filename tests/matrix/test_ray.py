@@ -252,14 +252,108 @@ def test_merge_equals_a_dict_sum_on_monotone_rays(rays: list, size: int, seed: i
     _check_against_dict(ray, ix, iy, w, size)
 
 
-@pytest.mark.parametrize("n_bins", [8, 24, 64, 100, 128])
-def test_score_bin_from_the_float_bits_equals_the_frexp_formula(n_bins: int) -> None:
-    """``RayStream._bin`` reads ``S = 2^s`` bins per octave off the float64 bits: the same bins as
-    ``frexp``, for weights over every octave, exact powers of two, 1, above 1 and subnormals."""
-    stream = ray_mod.RayStream.__new__(ray_mod.RayStream)
-    stream.n_bins, stream.per_octave = n_bins, max(1, n_bins // ray_mod.OCTAVES)
-    rng = np.random.default_rng(n_bins)
-    w = np.concatenate([rng.random(20000) ** 30, 2.0 ** -np.arange(0, 40), [1.0, 1.0 + 2**-52, 1.5, 2.0, 5e-324, 1e-310, 0.75]])
-    w = np.concatenate([w, np.nextafter(w, 0.0), np.nextafter(w, 2.0)])
-    w = w[w > 0]
-    assert np.array_equal(stream._bin(w), stream._bin_frexp(w))
+# ---- the Top-K score bins (ray.RayBins) ----------------------------------------------------------
+
+
+def _bins_cases() -> list[tuple[str, ray_mod.RayBins, np.ndarray, np.ndarray]]:
+    """Each kind of bins with entries as a ray build makes them: single-bin weights (exactly a prior
+    value), merged runs (sums of them), bilinear splats (prior times corner weights), exact zeros."""
+    rig = MULTI
+    box = ray_mod.BevBox.of(rig)
+    rng = np.random.default_rng(11)
+    d = rig.depth.n_bins
+    out = []
+    for name, raw, bilinear in (
+        ("uniform nearest", None, False),
+        ("two values nearest", np.where(np.arange(d) % 2 == 0, 1.0, 3.0), False),
+        ("per-depth nearest", np.linspace(2.0, 0.5, d), False),
+        ("uniform bilinear", None, True),
+        ("per-camera bilinear", rng.random((rig.n_cam, d)), True),
+    ):
+        prior = DepthPrior(raw).normalised(rig)
+        bins = ray_mod.RayBins.for_stream(prior, rig.n_cam, bilinear, box)
+        table = np.concatenate([prior.table(c) for c in range(rig.n_cam)])
+        single = rng.choice(table, 4000)
+        weight = single * (rng.random(4000) * rng.random(4000) if bilinear else 1.0)
+        runs = np.array([sum(rng.choice(table, m)) for m in rng.integers(2, 5, 600)])
+        weight = np.concatenate([weight, runs, [0.0, 0.0], single[:50]])  # exact ties on weight too
+        h2 = (0.5 * box.dx) ** 2 + (0.5 * box.dy) ** 2
+        dist2 = rng.random(weight.size) ** 3 * 2.5 * h2
+        dist2[-50:] = dist2[:50]  # exact ties on (weight, dist2)
+        out.append((name, bins, weight, dist2))
+    return out
+
+
+BINS_CASES = _bins_cases()
+
+
+@pytest.mark.parametrize(("name", "bins", "weight", "dist2"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
+def test_convention_ray_score_bins_follow_the_topk_order(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray) -> None:
+    """Entries sorted by the Top-K order (larger weight, then smaller dist2) have non-decreasing
+    bins in ``[0, n_bins)``, weight 0 in the last bin; so a row's K-th best bin bounds its Top-K."""
+    order = np.lexsort((dist2, -weight))
+    b = bins.of(weight[order], dist2[order])
+    assert b.min() >= 0 and b.max() <= bins.n_bins - 1
+    assert np.all(np.diff(b) >= 0), name
+    assert np.all(bins.of(np.zeros(3), np.ones(3)) == bins.n_bins - 1)
+    assert np.unique(b).size > 8  # the bins separate entries (not one bin for all)
+    if bins.kind == "classes":  # one depth bin's weight: only dist2 orders the ties, in many bins
+        single = weight == bins.ties[0]
+        assert np.unique(bins.of(weight[single], dist2[single])).size >= 20
+
+
+@pytest.mark.parametrize(("name", "bins", "weight", "dist2"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
+def test_ray_prefilter_bounds_never_drop_an_entry_the_threshold_keeps(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray) -> None:
+    """For every threshold bin t: an entry with bin <= t has weight >= lowest_weight(t), and (one
+    tie value) an entry of weight t_0 with bin <= t has dist2 < dist2_cut(t), while one at or past
+    the cut has a bin > t (the pass-2 float pre-filters are supersets of the exact test)."""
+    b = bins.of(weight, dist2)
+    for t in range(bins.n_bins):
+        passing = b <= t
+        low = bins.lowest_weight(np.array([t]))[0]
+        assert np.all(weight[passing] >= low), (name, t)
+        if bins.kind == "classes" and len(bins.ties) == 1:
+            cut = bins.dist2_cut(np.array([t]))[0]
+            tied = weight == bins.ties[0]
+            assert np.all(dist2[tied & passing] < cut), (name, t)
+            near_cut = tied & (dist2 >= cut)
+            assert not np.any(passing & near_cut), (name, t)
+
+
+def test_ray_bins_kind_follows_the_prior() -> None:
+    """Nearest with few distinct single-bin weights splits exact ties by dist2 (``classes``); a
+    bilinear splat, a per-pixel prior or many prior values use weight bins (``linear``)."""
+    kinds = {c[0]: c[1].kind for c in BINS_CASES}
+    assert kinds == {"uniform nearest": "classes", "two values nearest": "classes", "per-depth nearest": "linear", "uniform bilinear": "linear", "per-camera bilinear": "linear"}
+    per_pixel = DepthPrior(per_pixel_prior(MULTI)).normalised(MULTI)
+    assert ray_mod.RayBins.for_stream(per_pixel, MULTI.n_cam, False, ray_mod.BevBox.of(MULTI)).kind == "linear"
+
+
+@pytest.mark.parametrize("stride", [1, 3, 7])
+@pytest.mark.parametrize(("splat", "kind"), [("bilinear", "uniform"), ("nearest", "uniform"), ("nearest", "holes"), ("nearest", "per-camera"), ("bilinear", "per-pixel")])
+def test_any_pass1_sample_gives_the_same_matrix(monkeypatch: pytest.MonkeyPatch, stride: int, splat: str, kind: str) -> None:
+    """Pass 1 counts every ``stride``-th ray of a block and pass 2 tightens its thresholds as it
+    admits candidates: whatever the sample, the Top-K is the straightforward build's, bit for bit
+    (only the candidate count changes), with blocks of one ray to many."""
+    monkeypatch.setattr(ray_mod, "PASS1_STRIDE", stride)
+    monkeypatch.setattr(ray_mod, "CHUNK_POINTS", 97)
+    rig = RING
+    holes = np.ones(rig.depth.n_bins)
+    holes[::3] = 0.0  # one positive value, and bins with none: the blocks of one tie value with zeros left out
+    raw = {"uniform": None, "holes": holes, "per-camera": np.random.default_rng(4).random((rig.n_cam, rig.depth.n_bins)), "per-pixel": per_pixel_prior(rig, 2)}[kind]
+    prior = DepthPrior(raw)
+    options = MatrixOptions(mode="ray", splat=splat, topk=4, align=1, depth_prior=prior.token)
+    p = build_matrix(rig, options, depth_prior=prior)
+    ref = reference_matrix(rig, options, prior=prior.normalised(rig).dense(rig))
+    assert np.array_equal(p.coo_row, ref.row) and np.array_equal(p.coo_col, ref.col)
+    assert np.array_equal(p.coo_val, ref.value.astype(np.float32))
+    assert p.figures.n_candidates >= p.figures.nnz
+
+
+def test_chain_roots_follow_chains_of_any_length() -> None:
+    """A cell in the splat of many consecutive points: every member's root is the chain's first entry."""
+    child = np.array([2, 3, 5, 7, 8, 9, 12])
+    parent = np.array([1, 2, 3, 5, 4, 8, 11])  # 1 <- 2 <- 3 <- 5 <- 7; 4 <- 8 <- 9; 11 <- 12
+    got = ray_mod.chain_roots(child, parent.copy(), 13)
+    assert got.tolist() == [1, 1, 1, 1, 4, 4, 11]
+    assert ray_mod.chain_roots(np.zeros(0, np.int64), np.zeros(0, np.int64), 5).size == 0

@@ -102,21 +102,25 @@ def test_thresholds_are_the_bin_of_the_kth_best() -> None:
         assert np.all((t[rows] == 0) | (cum[rows, np.maximum(t[rows] - 1, 0)] < k))
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
 @pytest.mark.parametrize("jobs", [1, 4])
-def test_histogram_counts_every_key_whoever_adds_it(jobs: int) -> None:
+def test_histogram_counts_every_key_whoever_adds_it(jobs: int, dtype: type) -> None:
     rng = np.random.default_rng(1)
     n_rows, n_bins = 300, 8
     keys = rng.integers(0, n_rows * n_bins, 20_000)
-    hist = Histogram(n_rows, n_bins)
+    hist = Histogram(n_rows, n_bins, dtype)
 
     def add(chunk: I64) -> None:
-        if chunk[0] % 2:
+        if chunk[0] % 3 == 0:
             hist.add(chunk.copy())
+        elif chunk[0] % 3 == 1:
+            hist.add_scattered(chunk)
         else:
             rows, local = local_rows(chunk // n_bins, n_rows)
             hist.add_local(rows, local * n_bins + chunk % n_bins)
 
     list(ordered_map(add, np.array_split(keys, 37), jobs))
+    assert hist.total.dtype == dtype
     assert np.array_equal(hist.total.ravel(), np.bincount(keys, minlength=n_rows * n_bins))
 
 
@@ -226,3 +230,30 @@ def test_the_buffer_compacts_to_the_topk_and_then_admits_only_better_entries() -
         assert buffer.size <= 100 + 50  # at most the budget plus one block
     assert buffer.compactions > 0 and buffer.accepted < len(e)
     assert _pairs(buffer.select()) == _brute_force(e, 3)
+
+
+def test_refine_keeps_what_the_filter_keeps_and_uncounts_only_unsorted_drops() -> None:
+    """``CandidateBuffer.refine``: the buffer holds the filter's output; entries dropped before any
+    sort leave ``accepted``, those a compaction already sorted stay counted; the Top-K is unchanged
+    when the filter only drops entries K others beat (here: every entry outside the Top-K)."""
+    e = _random_entries(6, 3000, 10, 3, 3)
+    top = select_topk(e, 3)
+    want = _pairs(top)
+    n_cols = int(e.col.max()) + 1
+    in_top = set((top.row * n_cols + top.col).tolist())
+
+    def keep(p: Entries) -> Entries:
+        return p.take(np.isin(p.row * n_cols + p.col, list(in_top)))
+
+    for budget in (10**6, 200):  # without, then with, compactions
+        buffer = CandidateBuffer(3, 10, budget=budget)
+        for part in np.array_split(np.arange(len(e)), 30):
+            buffer.add(e.take(part))
+        before, compacted = buffer.accepted, buffer.compactions
+        unsorted = sum(len(p) for p in buffer.parts[1 if compacted else 0 :])
+        unsorted_kept = sum(len(keep(p)) for p in buffer.parts[1 if compacted else 0 :])
+        buffer.refine(keep)
+        assert buffer.size == len(buffer.entries()) == len(top)
+        assert buffer.accepted == before - (unsorted - unsorted_kept)
+        assert (compacted > 0) == (budget == 200)
+        assert _pairs(buffer.select()) == want
