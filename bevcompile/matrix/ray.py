@@ -454,6 +454,8 @@ class RayStream:
         self._low_of_bin: F64 = np.zeros(0)
         self._cut_of_bin: F64 = np.zeros(0)
         self._tables = None if prior.per_pixel else [prior.table(c) for c in range(rig.n_cam)]
+        # a camera whose prior is one positive value at every depth bin (uniform): that value
+        self._constant = [float(t[0]) if bool(np.all(t == t[0])) and t[0] > 0.0 else None for t in self._tables or []]
 
         def plan(cam: int) -> tuple[CameraPlan, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]]:
             p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
@@ -508,10 +510,10 @@ class RayStream:
         del depth
         prior: F64 | float
         if self._tables is not None:
-            table = self._tables[plan.cam_index]
-            if bool(np.all(table == table[0])) and table[0] > 0.0:
-                return _Points(ray, fx, fy, float(table[0]), n_in)
-            prior = table[depth_bin]
+            constant = self._constant[plan.cam_index]
+            if constant is not None:
+                return _Points(ray, fx, fy, constant, n_in)
+            prior = self._tables[plan.cam_index][depth_bin]
         else:
             prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray * stride].astype(np.int64))
         del depth_bin
@@ -579,11 +581,11 @@ class RayStream:
                 np.minimum.at(dist2, root, dist2[child])
         return _Merged(weight, child, root, contrib, root_own, ix0, iy0, gx, gy, base, dist2)
 
-    def _dist2(self, gx: F64, gy: F64, ix0: F64, iy0: F64, point: I64, ox: int, oy: int) -> F64:
-        """The frustum ``dist2`` of corner ``(ox, oy)`` of points ``point``."""
-        ex = gx[point] - (ix0[point] + ox)
+    def _dist2(self, m: _Merged, point: I64, ox: int | I64, oy: int | I64) -> F64:
+        """The frustum ``dist2`` of corner ``(ox, oy)`` (one for all, or one per point) of points ``point``."""
+        ex = m.gx[point] - (m.ix[point] + ox)
         ex *= self.bev.dx
-        ey = gy[point] - (iy0[point] + oy)
+        ey = m.gy[point] - (m.iy[point] + oy)
         ey *= self.bev.dy
         ex *= ex
         ey *= ey
@@ -721,14 +723,13 @@ class RayStream:
             self._thr = self._thr.copy()  # tightened in place by fold_collected
             every_bin = np.arange(self.n_bins, dtype=np.int64)
             self._low_of_bin = self.bins.lowest_weight(every_bin)
-            if self.bins.kind == "classes" and len(self.bins.ties) == 1:
-                self._cut_of_bin = self.bins.dist2_cut(every_bin)
             inside = self._thr >= 0
             padded = np.full(self._thr.size + int(self.offsets[-1]), np.inf)  # corner c of base row b: row b + offset[c]
             padded[: self._thr.size][inside] = self._low_of_bin[self._thr[inside]]
             self._wlow_padded = padded
             self._wlow_corner = [padded[off : off + self._thr.size] for off in self.offsets]
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
+                self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
             # the running histogram of fold_collected (pass 1's counts, adopted) and, per frame row,
             # its counted entries in bins before the threshold
@@ -788,7 +789,7 @@ class RayStream:
             col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
             if self.k > 0:
                 extra.append((frame, bins, ray_h))
-            dist2 = m.dist2[hit] if m.dist2 is not None else self._dist2(m.gx, m.gy, m.ix, m.iy, hit, ox, oy)
+            dist2 = m.dist2[hit] if m.dist2 is not None else self._dist2(m, hit, ox, oy)
             parts.append(Entries(row, col, w[hit], dist2))
             hits_all.append(hit + c * n)
         entries = Entries.concat(parts)
@@ -802,7 +803,7 @@ class RayStream:
                 entries.dist2[group[~own]] = np.inf  # the first member itself added nothing
                 child = m.child[found]
                 corner, point = np.divmod(child, n)
-                d2 = np.where(m.contrib[found] > 0.0, self._dist2_corners(m, point, corner), np.inf)
+                d2 = np.where(m.contrib[found] > 0.0, self._dist2(m, point, corner & 1, corner >> 1), np.inf)
                 np.minimum.at(entries.dist2, group, d2)
         if self.k == 0:  # every entry, by row, then plan ray
             ray = pts.ray[np.concatenate(hits_all) % max(1, n)] if len(entries) else np.zeros(0, np.int64)
@@ -829,18 +830,6 @@ class RayStream:
         keys = np.concatenate([local + c * n_touched for c in range(self.offsets.size)])  # corner-major, as weight
         touched_sums: F64 = np.bincount(keys, weights=weight.reshape(-1), minlength=n_touched * self.offsets.size).astype(np.float64, copy=False)
         return np.concatenate([touched + off for off in self.offsets]), touched_sums
-
-    def _dist2_corners(self, m: _Merged, point: I64, corner: I64) -> F64:
-        ox = corner & 1
-        oy = corner >> 1
-        ex = m.gx[point] - (m.ix[point] + ox)
-        ex *= self.bev.dx
-        ey = m.gy[point] - (m.iy[point] + oy)
-        ey *= self.bev.dy
-        ex *= ex
-        ey *= ey
-        ex += ey
-        return ex
 
     def end_collect(self) -> None:
         self._blocks = []

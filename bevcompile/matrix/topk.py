@@ -538,11 +538,10 @@ def stream_topk(
             progress(stream.work_units(block))
         del block, entries, collected
     del blocks  # the blocks hold the mode's per-block state (its rays): not needed for the sort
-    if folds and k > 0:  # the stream's final thresholds, tighter than pass 1's
+    if folds:  # the stream's final thresholds (tighter than pass 1's), and its row masses, summed in pass 2
         buffer.refine(stream.refine_candidates)  # type: ignore[attr-defined]
-    stream.end_collect()
-    if folds:
         total_mass = stream.total_mass(np.zeros((0, 0), np.int64))
+    stream.end_collect()
     release_free_memory()
     phase("pass2_candidates")
     if points_in_range is not None and points_in_range() != in_range:  # pragma: no cover - the passes see the same points
