@@ -164,19 +164,6 @@ def ray_intervals(plan: CameraPlan, box: BevBox, trunc: bool, depths: F64) -> tu
     return first.astype(np.int32), end.astype(np.int32)
 
 
-def _run_index(count: I64, total: int) -> I64:
-    """``np.repeat(arange(count.size), count)`` (``total = count.sum()``) by a cumulative sum of the
-    steps at the runs' starts (numpy's repeat holds the GIL, a cumulative sum does not)."""
-    out = np.zeros(total, dtype=np.int64)
-    if not total:
-        return out
-    full = np.flatnonzero(count)
-    starts = np.cumsum(count[full])[:-1]
-    out[starts] = np.diff(full)  # distinct starts: runs of length > 0
-    out[0] = full[0]
-    return np.cumsum(out, out=out)
-
-
 def merge_ray_runs(ray: I64, ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: int) -> tuple[I64, I64]:
     """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
 
@@ -483,40 +470,55 @@ class RayStream:
     def _points(self, block: RayBlock, stride: int) -> _Points:
         """The points in range of every ``stride``-th ray of ``block`` with a positive prior, ray
         by ray (each ray's run of depth bins in range, :func:`ray_intervals`), with the coordinates
-        of :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations)."""
+        of :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations).
+
+        Computed on the rays' ``(ray, depth bin)`` rectangle over the union of their runs (a plan
+        block's runs nearly fill it: 98 % on the dense rig), then the points in range picked out."""
         plan, r0, r1, _d_end, _units = block
         first, end = (a[r0:r1:stride] for a in self._intervals[plan.cam_index])
-        count = end.astype(np.int64)
-        count -= first
-        np.maximum(count, 0, out=count)
-        n_in = int(count.sum())
-        ray = _run_index(count, n_in)  # local ray of each point; points ray-major
-        start = np.cumsum(count)
-        start -= count
-        start -= first
-        depth_bin = np.arange(n_in, dtype=np.int64)
-        depth_bin -= start[ray]  # its depth bins, increasing
-        del start
-        depth = self.depths[depth_bin]
+        live = first < end
+        if not live.any():
+            return _Points(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 0.0, 0)
+        d_lo = int(first[live].min())
+        width = int(end.max()) - d_lo
+        depth = self.depths[None, d_lo : d_lo + width]
         box = self.bev
-        fx = depth * plan.ray_bev[0, r0:r1:stride][ray]
+        fx = depth * plan.ray_bev[0, r0:r1:stride, None]
         fx += plan.origin_bev[0]
         fx -= box.x_min
         fx /= box.dx
-        fy = depth * plan.ray_bev[1, r0:r1:stride][ray]
+        fy = depth * plan.ray_bev[1, r0:r1:stride, None]
         fy += plan.origin_bev[1]
         fy -= box.y_min
         fy /= box.dy
         del depth
-        prior: F64 | float
+        fx = fx.reshape(-1)
+        fy = fy.reshape(-1)
+        if bool(np.all(first == d_lo)) and bool(np.all(end == d_lo + width)):  # every point of the rectangle
+            q = np.arange(fx.size, dtype=np.int64)
+        else:
+            j = np.arange(d_lo, d_lo + width, dtype=np.int32)
+            inside = j[None, :] >= first[:, None]
+            inside &= j[None, :] < end[:, None]
+            q = np.flatnonzero(inside)
+            del inside
+            fx = fx[q]
+            fy = fy[q]
+        n_in = int(q.size)
+        ray = q // width  # local ray of each point; points ray-major
+        prior: F64
         if self._tables is not None:
             constant = self._constant[plan.cam_index]
             if constant is not None:
                 return _Points(ray, fx, fy, constant, n_in)
+            depth_bin = q - ray * width
+            depth_bin += d_lo
             prior = self._tables[plan.cam_index][depth_bin]
         else:
+            depth_bin = q - ray * width
+            depth_bin += d_lo
             prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray * stride].astype(np.int64))
-        del depth_bin
+        del depth_bin, q
         live = prior > 0.0
         if not live.all():
             ray, fx, fy, prior = ray[live], fx[live], fy[live], prior[live]
