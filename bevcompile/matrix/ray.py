@@ -164,11 +164,11 @@ def ray_intervals(plan: CameraPlan, box: BevBox, trunc: bool, depths: F64) -> tu
     return first.astype(np.int32), end.astype(np.int32)
 
 
-def merge_ray_runs(ray: I64, ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: int) -> tuple[I64, I64]:
+def merge_ray_runs(ray: I64 | Callable[[I64], I64], ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: int) -> tuple[I64, I64]:
     """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
 
     Convention: points in ray-major order, each ray's points by increasing depth bin: ``ray``
-    ``(n,)`` int64, ``ix, iy`` ``(n,)`` the point's base cell (int64, or float64 holding integers); its ``size x size`` splat cells
+    ``(n,)`` int64 (or a function giving the rays of int64 point indices), ``ix, iy`` ``(n,)`` the point's base cell (int64, or float64 holding integers); its ``size x size`` splat cells
     are ``(ix + ox, iy + oy)``, ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy``
     (``size`` 1: nearest, 2: bilinear). Returns ``(child, root)``: every entry that is not the
     first of its group (int64 entry indices, increasing) and that first entry. Adding
@@ -182,9 +182,10 @@ def merge_ray_runs(ray: I64, ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: i
     dy = iy[1:] - iy[:-1]
     near = np.abs(dx) < size
     near &= np.abs(dy) < size
-    near &= ray[1:] == ray[:-1]
-    points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point
+    points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point, if on its ray
     del near
+    ray_of = ray if callable(ray) else ray.__getitem__
+    points = points[ray_of(points) == ray_of(points - 1)]
     if size == 1:  # the previous point's (only) entry
         return points, chain_roots(points, points - 1, ix.size)
     dx = dx[points - 1].astype(np.int64)  # in {-1, 0, 1}: corner (ox, oy) is the previous point's (ox + dx, oy + dy)
@@ -368,15 +369,24 @@ def dist2_bins() -> int:
 class _Points:
     """A block's (or its sample's) points in range, ray-major, depth bins increasing per ray.
 
-    Convention: ``ray`` ``(n,)`` int64 local ray (plan position ``r0 + ray * stride``); ``fx, fy``
-    ``(n,)`` float64 cell coordinates; ``prior`` ``(n,)`` float64 ``p`` of each point, or a float
-    (every point's, e.g. uniform); ``n_in`` the points in range (before dropping ``p = 0``)."""
+    Convention: point ``i`` is at flat position ``q[i]`` (``q`` ``(n,)`` int64 increasing, or
+    ``None``: ``i`` itself) of the ``(ray, depth bin)`` rectangle of width ``width`` it was
+    computed on, so its local ray is ``q[i] // width`` (:meth:`ray_of`; plan position
+    ``r0 + ray * stride``); ``fx, fy`` ``(n,)`` float64 cell coordinates; ``prior`` ``(n,)``
+    float64 ``p`` of each point, or a float (every point's, e.g. uniform); ``n_in`` the points in
+    range (before dropping ``p = 0``)."""
 
-    ray: I64
+    q: I64 | None
+    width: int
     fx: F64
     fy: F64
     prior: F64 | float
     n_in: int
+
+    def ray_of(self, point: I64) -> I64:
+        """The local rays of points ``point`` (int64 indices)."""
+        at = point if self.q is None else self.q[point]
+        return at // max(1, self.width)
 
 
 @dataclass
@@ -462,23 +472,43 @@ class RayStream:
     def blocks(self) -> list[RayBlock]:
         return self._blocks
 
+    def count_blocks(self) -> list[RayBlock]:
+        """Pass 1's work items: K > 0, runs of ``PASS1_STRIDE`` consecutive blocks of a camera (its
+        every ``PASS1_STRIDE``-th ray: about one block's points, so each numpy call of pass 1 is
+        as large as pass 2's); K = 0, the blocks."""
+        group = max(1, self.stride // self.offsets.size)  # a sample's entries per block: about CHUNK_POINTS * n_corners / stride
+        if group == 1:
+            return self._blocks
+        out: list[RayBlock] = []
+        size = 0  # blocks in out[-1]
+        for block in self._blocks:
+            if out and out[-1][0] is block[0] and size < group:
+                plan, r0, _r1, d_end, units = out[-1]
+                out[-1] = (plan, r0, block[2], max(d_end, block[3]), units + block[4])
+                size += 1
+            else:
+                out.append(block)
+                size = 1
+        return out
+
     def work_units(self, block: RayBlock) -> int:
         return block[4]
 
     # ---- geometry shared by both passes ------------------------------------------------
 
     def _points(self, block: RayBlock, stride: int) -> _Points:
-        """The points in range of every ``stride``-th ray of ``block`` with a positive prior, ray
-        by ray (each ray's run of depth bins in range, :func:`ray_intervals`), with the coordinates
+        """The points in range of the rays of ``block`` at plan positions that are multiples of
+        ``stride`` (all of them for 1) with a positive prior, ray by ray (each ray's run of depth bins in range, :func:`ray_intervals`), with the coordinates
         of :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations).
 
         Computed on the rays' ``(ray, depth bin)`` rectangle over the union of their runs (a plan
         block's runs nearly fill it: 98 % on the dense rig), then the points in range picked out."""
         plan, r0, r1, _d_end, _units = block
+        r0 += -r0 % stride  # the plan rays at positions that are multiples of stride: the same sample whatever the block bounds
         first, end = (a[r0:r1:stride] for a in self._intervals[plan.cam_index])
         live = first < end
         if not live.any():
-            return _Points(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 0.0, 0)
+            return _Points(None, 0, np.zeros(0), np.zeros(0), 0.0, 0)
         d_lo = int(first[live].min())
         width = int(end.max()) - d_lo
         depth = self.depths[None, d_lo : d_lo + width]
@@ -494,9 +524,8 @@ class RayStream:
         del depth
         fx = fx.reshape(-1)
         fy = fy.reshape(-1)
-        if bool(np.all(first == d_lo)) and bool(np.all(end == d_lo + width)):  # every point of the rectangle
-            q = np.arange(fx.size, dtype=np.int64)
-        else:
+        q: I64 | None = None  # every point of the rectangle
+        if not (bool(np.all(first == d_lo)) and bool(np.all(end == d_lo + width))):
             j = np.arange(d_lo, d_lo + width, dtype=np.int32)
             inside = j[None, :] >= first[:, None]
             inside &= j[None, :] < end[:, None]
@@ -504,25 +533,25 @@ class RayStream:
             del inside
             fx = fx[q]
             fy = fy[q]
-        n_in = int(q.size)
-        ray = q // width  # local ray of each point; points ray-major
+        n_in = int(fx.size)
         prior: F64
+        constant = self._constant[plan.cam_index] if self._tables is not None else None
+        if constant is not None:
+            return _Points(q, width, fx, fy, constant, n_in)
+        if q is None:
+            q = np.arange(n_in, dtype=np.int64)
+        ray = q // width
+        depth_bin = q - ray * width
+        depth_bin += d_lo
         if self._tables is not None:
-            constant = self._constant[plan.cam_index]
-            if constant is not None:
-                return _Points(ray, fx, fy, constant, n_in)
-            depth_bin = q - ray * width
-            depth_bin += d_lo
             prior = self._tables[plan.cam_index][depth_bin]
         else:
-            depth_bin = q - ray * width
-            depth_bin += d_lo
             prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray * stride].astype(np.int64))
-        del depth_bin, q
+        del depth_bin, ray
         live = prior > 0.0
         if not live.all():
-            ray, fx, fy, prior = ray[live], fx[live], fy[live], prior[live]
-        return _Points(ray, fx, fy, prior, n_in)
+            q, fx, fy, prior = q[live], fx[live], fy[live], prior[live]
+        return _Points(q, width, fx, fy, prior, n_in)
 
     def _merged(self, pts: _Points) -> _Merged:
         """The points' splat entries merged over depth bins (:func:`merge_ray_runs`): each group's
@@ -538,7 +567,7 @@ class RayStream:
                 np.multiply(ax if ox else bx, ay if oy else by, out=w)
                 w *= pts.prior
             del ax, ay, bx, by
-            child, root = merge_ray_runs(pts.ray, ix0, iy0, 2)
+            child, root = merge_ray_runs(pts.ray_of, ix0, iy0, 2)
             child = (child & 3) * n + (child >> 2)  # point-major entry e = i * 4 + c -> corner-major c * n + i (order kept)
             root = (root & 3) * n + (root >> 2)
             frame = iy0 + 2.0  # exact integers: the padded frame index of the base cell
@@ -558,10 +587,8 @@ class RayStream:
             cell += ix0
             base = cell.astype(np.int64)
             del cell
-            same = base[1:] == base[:-1]  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
-            same &= pts.ray[1:] == pts.ray[:-1]
-            child = np.flatnonzero(same) + 1
-            del same
+            child = np.flatnonzero(base[1:] == base[:-1]) + 1  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
+            child = child[pts.ray_of(child) == pts.ray_of(child - 1)]
             root = chain_roots(child, child - 1, n)
         flat = weight.reshape(-1)
         contrib = flat[child]
@@ -660,7 +687,10 @@ class RayStream:
         np.add.at(self._below, lower, 1)  # per frame row: counted entries in bins before its threshold
         full = lower[self._below[lower] >= k]
         if full.size:  # rows with K counted entries before the threshold: it moves to the bin of the K-th
-            full = np.unique(full)
+            mark = np.zeros(self.n_frame, dtype=bool)
+            mark[full] = True
+            full = np.flatnonzero(mark)  # distinct, increasing (np.unique without the sort)
+            del mark
             cum = np.cumsum(self._running.reshape(self.n_frame, n_bins)[full], axis=1)
             new_thr = np.argmax(cum >= k, axis=1)
             self._below[full] = np.where(new_thr > 0, cum[np.arange(full.size), np.maximum(new_thr - 1, 0)], 0)
@@ -787,7 +817,7 @@ class RayStream:
             iyh *= self.bev.nx
             iyh += ixh
             row = iyh.astype(np.int64)
-            ray_h = pts.ray[hit]
+            ray_h = pts.ray_of(hit)
             col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
             if self.k > 0:
                 extra.append((frame, bins, ray_h))
@@ -808,12 +838,12 @@ class RayStream:
                 d2 = np.where(m.contrib[found] > 0.0, self._dist2(m, point, corner & 1, corner >> 1), np.inf)
                 np.minimum.at(entries.dist2, group, d2)
         if self.k == 0:  # every entry, by row, then plan ray
-            ray = pts.ray[np.concatenate(hits_all) % max(1, n)] if len(entries) else np.zeros(0, np.int64)
+            ray = pts.ray_of(np.concatenate(hits_all) % max(1, n)) if len(entries) else np.zeros(0, np.int64)
             order = np.argsort(entries.row * (r1 - r0) + ray)
             return entries.take(order), pts.n_in
         frame, bins, ray_h = (np.concatenate(a) for a in zip(*extra, strict=True))
         rows, sums = self._row_masses(m.base, m.weight)
-        return entries, pts.n_in, (pts.n_in, rows, sums, (frame, bins, ray_h % self.stride == 0))
+        return entries, pts.n_in, (pts.n_in, rows, sums, (frame, bins, (ray_h + r0) % self.stride == 0))
 
     def _row_masses(self, base: I64, weight: F64) -> tuple[I64, F64]:
         """A block's row masses in the counting frame: each corner's weights summed at its row

@@ -504,11 +504,12 @@ def stream_topk(
     folds = k > 0 and bool(getattr(stream, "collect_folds", False))  # row masses summed in pass 2
     hist = Histogram(stream.n_frame, bins, getattr(stream, "hist_dtype", np.int64))
     count = functools.partial(_count_block, stream, hist, bins, k)  # holds hist until the loop ends, not after
-    for block, partial in zip(blocks, ordered_map(count, blocks, jobs), strict=True):
+    counted = stream.count_blocks() if hasattr(stream, "count_blocks") else blocks  # pass 1's own work items, if the stream has them
+    for block, partial in zip(counted, ordered_map(count, counted, jobs), strict=True):
         stream.fold(partial)
         if progress is not None:
             progress(stream.work_units(block))
-    del count
+    del count, counted
     counts = stream.cells_of_frame(hist.total)
     if folds:  # the stream may keep pass 1's counts (its running histogram of pass 2)
         stream.adopt_histogram(hist.total)  # type: ignore[attr-defined]
