@@ -443,7 +443,6 @@ class RayStream:
         self._thr: I64 = np.zeros(0, np.int64)
         self._wlow_padded: F64 = np.zeros(0)
         self._d2cut: F64 | None = None
-        self._wlow_corner: list[F64] = []
         self._running: I64 = np.zeros(0, dtype=np.int64)
         self._below: I64 = np.zeros(0, np.int64)
         self._pending: list[tuple[Entries, I64, I64, npt.NDArray[np.bool_]]] = []
@@ -742,7 +741,7 @@ class RayStream:
 
     def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
         """The per-frame thresholds (padding rows: -1, nothing passes), the least weight that can
-        pass each (:meth:`RayBins.lowest_weight`; per corner a shifted view, read at the base row),
+        pass each (:meth:`RayBins.lowest_weight`, read at each corner's row ``base + offset``),
         the dist2 cut of one tie value (:meth:`RayBins.dist2_cut`), and the running histogram."""
         bev = self.bev
         if self.bilinear:
@@ -759,7 +758,6 @@ class RayStream:
             padded = np.full(self._thr.size + int(self.offsets[-1]), np.inf)  # corner c of base row b: row b + offset[c]
             padded[: self._thr.size][inside] = self._low_of_bin[self._thr[inside]]
             self._wlow_padded = padded
-            self._wlow_corner = [padded[off : off + self._thr.size] for off in self.offsets]
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
                 self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
@@ -778,70 +776,73 @@ class RayStream:
         reads them: only ever tighter than pass 1's), its points in range and the partial of
         :meth:`fold_collected` (row masses; the entries' frame rows, bins, and whether pass 1
         counted their ray). K = 0: every entry of weight > 0, by row then plan ray (the row masses
-        are summed in that order by the caller)."""
+        are summed in that order by the caller).
+
+        Every corner at once: entry ``e = c * n + i`` (corner ``c`` of point ``i``, corner-major,
+        as ``_Merged.weight``), so the entries come corner after corner, each in point order."""
         plan, r0, r1, _d_end, _units = block
         pts = self._points(block, 1)
         m = self._merged(pts)
         n = pts.fx.size
-        parts: list[Entries] = []
-        hits_all: list[I64] = []
-        extra: list[tuple[I64, I64, I64]] = []  # per corner: the hits' frame rows, bins and local rays (K > 0)
-        one_weight = (  # nearest, one tie value, every entry of the block one depth bin of that weight
-            m.dist2 is not None and self._d2cut is not None and m.child.size == 0
-            and bool(np.all(pts.prior == self.bins.ties[0]))
-        )
-        for c in range(self.offsets.size):
-            w = m.weight[c]
-            if self.k > 0:
-                if one_weight:
-                    assert m.dist2 is not None and self._d2cut is not None
-                    hit = np.flatnonzero(m.dist2 < self._d2cut[m.base])  # every entry weighs t_0: class 1, by dist2
-                else:  # a float bound of the row's threshold first (the corner's row: base + offset, a shifted table)
-                    hit = np.flatnonzero(w >= self._wlow_corner[c][m.base])
+        flat_w = m.weight.reshape(-1)
+        if self.k > 0:
+            one_weight = (  # nearest, one tie value, every entry of the block one depth bin of that weight
+                m.dist2 is not None and self._d2cut is not None and m.child.size == 0
+                and bool(np.all(pts.prior == self.bins.ties[0]))
+            )
+            if one_weight:
+                assert m.dist2 is not None and self._d2cut is not None
+                hit = np.flatnonzero(m.dist2 < self._d2cut[m.base])  # every entry weighs t_0: class 1, by dist2
                 frame = m.base[hit]
-                frame += self.offsets[c]
-                wh = w[hit]
-                bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit])
-                exact = bins <= self._thr[frame]
-                exact &= wh > 0.0
-                hit, frame, bins = hit[exact], frame[exact], bins[exact]
-            else:
-                hit = np.flatnonzero(w > 0.0)
-            ox, oy = _CORNERS[c]
-            ixh = m.ix[hit] + ox
-            iyh = m.iy[hit] + oy
-            if self.bilinear and self.k == 0:  # corners outside the grid are not entries (K > 0: padding rows pass nothing)
+            else:  # a float bound of the row's threshold first (corner c's row: base + offset[c])
+                frame_all = m.base[None, :] + self.offsets[:, None]
+                hit = np.flatnonzero(m.weight >= self._wlow_padded[frame_all])
+                frame = frame_all.reshape(-1)[hit]
+                del frame_all
+            wh = flat_w[hit]
+            bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit])  # nearest: one corner, hit is the point
+            exact = bins <= self._thr[frame]
+            exact &= wh > 0.0
+            hit, frame, bins = hit[exact], frame[exact], bins[exact]
+        else:
+            hit = np.flatnonzero(flat_w > 0.0)
+        ox: I64 | int = 0
+        oy: I64 | int = 0
+        point = hit
+        if self.bilinear:
+            corner, point = np.divmod(hit, max(1, n))
+            cx, cy = corner & 1, corner >> 1
+            del corner
+            ixh = m.ix[point] + cx
+            iyh = m.iy[point] + cy
+            if self.k == 0:  # corners outside the grid are not entries (K > 0: padding rows pass nothing)
                 ok = (ixh >= 0) & (ixh < self.bev.nx) & (iyh >= 0) & (iyh < self.bev.ny)
                 if not ok.all():
-                    hit, ixh, iyh = hit[ok], ixh[ok], iyh[ok]
-            iyh *= self.bev.nx
-            iyh += ixh
-            row = iyh.astype(np.int64)
-            ray_h = pts.ray_of(hit)
-            col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
-            if self.k > 0:
-                extra.append((frame, bins, ray_h))
-            dist2 = m.dist2[hit] if m.dist2 is not None else self._dist2(m, hit, ox, oy)
-            parts.append(Entries(row, col, w[hit], dist2))
-            hits_all.append(hit + c * n)
-        entries = Entries.concat(parts)
+                    hit, point, cx, cy, ixh, iyh = hit[ok], point[ok], cx[ok], cy[ok], ixh[ok], iyh[ok]
+            ox, oy = cx, cy
+        else:
+            ixh, iyh = m.ix[point], m.iy[point]
+        iyh *= self.bev.nx
+        iyh += ixh
+        row = iyh.astype(np.int64)
+        ray_h = pts.ray_of(point)
+        col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
+        dist2 = m.dist2[point] if m.dist2 is not None else self._dist2(m, point, ox, oy)
+        entries = Entries(row, col, flat_w[hit], dist2)
         if self.bilinear and m.child.size and len(entries):  # a merged entry's dist2: the least of its contributing members'
-            flat_hits = np.concatenate(hits_all)  # corner-major flat indices, increasing
-            at = np.minimum(np.searchsorted(flat_hits, m.root), flat_hits.size - 1)
-            found = flat_hits[at] == m.root
+            at = np.minimum(np.searchsorted(hit, m.root), hit.size - 1)  # hit: corner-major flat indices, increasing
+            found = hit[at] == m.root
             if found.any():
                 group = at[found]
                 own = m.root_own[found] > 0.0
                 entries.dist2[group[~own]] = np.inf  # the first member itself added nothing
                 child = m.child[found]
-                corner, point = np.divmod(child, n)
-                d2 = np.where(m.contrib[found] > 0.0, self._dist2(m, point, corner & 1, corner >> 1), np.inf)
+                c_corner, c_point = np.divmod(child, n)
+                d2 = np.where(m.contrib[found] > 0.0, self._dist2(m, c_point, c_corner & 1, c_corner >> 1), np.inf)
                 np.minimum.at(entries.dist2, group, d2)
         if self.k == 0:  # every entry, by row, then plan ray
-            ray = pts.ray_of(np.concatenate(hits_all) % max(1, n)) if len(entries) else np.zeros(0, np.int64)
-            order = np.argsort(entries.row * (r1 - r0) + ray)
+            order = np.argsort(entries.row * (r1 - r0) + ray_h)
             return entries.take(order), pts.n_in
-        frame, bins, ray_h = (np.concatenate(a) for a in zip(*extra, strict=True))
         rows, sums = self._row_masses(m.base, m.weight)
         return entries, pts.n_in, (pts.n_in, rows, sums, (frame, bins, (ray_h + r0) % self.stride == 0))
 
@@ -868,7 +869,6 @@ class RayStream:
         self._thr = np.zeros(0, np.int64)
         self._wlow_padded = np.zeros(0)
         self._d2cut = None
-        self._wlow_corner = []
         self._running = np.zeros(0, dtype=np.int64)
         self._below = np.zeros(0, np.int64)
 
