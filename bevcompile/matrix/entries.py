@@ -63,13 +63,19 @@ PREFILTER_MARGIN = 1e-9
 
 
 
-def bilinear_split(fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64]:
+def bilinear_split(fx: F64, fy: F64, *, in_place: bool = False) -> tuple[F64, F64, F64, F64, F64, F64]:
     """``(g_x, g_y, i0_x, i0_y, a_x, a_y)`` of points at continuous cell coordinates ``f_x, f_y``
     (cell ``i`` spans ``[i, i + 1)``, its centre at ``i + 0.5``): ``g = f - 0.5``, the lower
     bilinear corner ``i0 = floor(g)`` and the fraction ``a = g - i0`` in ``[0, 1)`` per axis,
-    float64 (the splat rule of every streamed mode)."""
-    gx = fx - 0.5
-    gy = fy - 0.5
+    float64 (the splat rule of every streamed mode). ``in_place``: ``g`` is computed in ``f_x,
+    f_y`` themselves (the same values, two temporaries fewer; the caller's arrays are consumed)."""
+    if in_place:
+        fx -= 0.5
+        fy -= 0.5
+        gx, gy = fx, fy
+    else:
+        gx = fx - 0.5
+        gy = fy - 0.5
     ix0 = np.floor(gx)
     iy0 = np.floor(gy)
     return gx, gy, ix0, iy0, gx - ix0, gy - iy0

@@ -397,7 +397,7 @@ class _Merged:
     point ``i``), the merged weight at each group's first entry, 0 at the others; ``child``,
     ``root`` int64 flat corner-major indices of the merged entries and of their group's first;
     ``contrib`` ``(child.size,)`` the children's own weights (before the merge); ``root_own`` the
-    roots' own weights; ``ix, iy`` ``(n,)`` float64 base cell; ``gx, gy`` ``(n,)`` float64 ``f - 0.5``;
+    roots' own weights; bilinear: ``ix, iy`` ``(n,)`` float64 base cell, ``gx, gy`` ``(n,)`` float64 ``f - 0.5`` (nearest: None);
     ``base`` ``(n,)`` int64 counting-frame index of the base cell; ``dist2`` ``(n,)`` (nearest:
     the point's, merged to its group's minimum at the root)."""
 
@@ -406,10 +406,10 @@ class _Merged:
     root: I64
     contrib: F64
     root_own: F64
-    ix: F64
-    iy: F64
-    gx: F64
-    gy: F64
+    ix: F64 | None
+    iy: F64 | None
+    gx: F64 | None
+    gy: F64 | None
     base: I64
     dist2: F64 | None
 
@@ -554,10 +554,17 @@ class RayStream:
 
     def _merged(self, pts: _Points) -> _Merged:
         """The points' splat entries merged over depth bins (:func:`merge_ray_runs`): each group's
-        weights added in increasing depth bin at its first entry (``np.add.at`` in entry order)."""
+        weights added in increasing depth bin at its first entry (``np.add.at`` in entry order).
+        Consumes ``pts.fx, pts.fy``: the corner fractions and distances are computed in place in
+        them (no temporaries of their size)."""
         n = pts.fx.size
+        dist2: F64 | None = None
+        gx: F64 | None = None
+        gy: F64 | None = None
+        ix0: F64 | None = None
+        iy0: F64 | None = None
         if self.bilinear:
-            gx, gy, ix0, iy0, ax, ay = bilinear_split(pts.fx, pts.fy)
+            gx, gy, ix0, iy0, ax, ay = bilinear_split(pts.fx, pts.fy, in_place=True)  # consumes the coordinates
             bx = 1.0 - ax
             by = 1.0 - ay
             weight = np.empty((4, n))
@@ -575,42 +582,44 @@ class RayStream:
             frame += 2.0
             base = frame.astype(np.int64)
             del frame
-        else:
-            ix0 = np.trunc(pts.fx) if self.trunc else np.floor(pts.fx)
-            iy0 = np.trunc(pts.fy) if self.trunc else np.floor(pts.fy)
-            gx = pts.fx - 0.5
-            gy = pts.fy - 0.5
-            weight = np.empty((1, n))
-            weight[0] = pts.prior
-            cell = iy0 * self.bev.nx
-            cell += ix0
+        else:  # in place in the points' coordinates (consumed): dist2 = ((f - 0.5 - i0) * step)^2 summed over x, y
+            d2, ey = pts.fx, pts.fy
+            cell = np.trunc(d2) if self.trunc else np.floor(d2)
+            cell_y = np.trunc(ey) if self.trunc else np.floor(ey)
+            d2 -= 0.5
+            d2 -= cell
+            d2 *= self.bev.dx
+            d2 *= d2
+            ey -= 0.5
+            ey -= cell_y
+            ey *= self.bev.dy
+            ey *= ey
+            d2 += ey
+            del ey
+            cell_y *= self.bev.nx  # the cell index iy0 * nx + ix0, exact integers
+            cell += cell_y
+            del cell_y
             base = cell.astype(np.int64)
             del cell
+            weight = np.empty((1, n))
+            weight[0] = pts.prior
             child = np.flatnonzero(base[1:] == base[:-1]) + 1  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
             child = child[pts.ray_of(child) == pts.ray_of(child - 1)]
             root = chain_roots(child, child - 1, n)
+            if child.size:
+                np.minimum.at(d2, root, d2[child])
+            dist2 = d2
         flat = weight.reshape(-1)
         contrib = flat[child]
         root_own = flat[root]
         if child.size:
             np.add.at(flat, root, contrib)  # in increasing depth bin: the sum of the module docstring
             flat[child] = 0.0
-        dist2 = None
-        if not self.bilinear:
-            dist2 = gx - ix0
-            dist2 *= self.bev.dx
-            ey = gy - iy0
-            ey *= self.bev.dy
-            dist2 *= dist2
-            ey *= ey
-            dist2 += ey
-            del ey
-            if child.size:
-                np.minimum.at(dist2, root, dist2[child])
         return _Merged(weight, child, root, contrib, root_own, ix0, iy0, gx, gy, base, dist2)
 
     def _dist2(self, m: _Merged, point: I64, ox: int | I64, oy: int | I64) -> F64:
         """The frustum ``dist2`` of corner ``(ox, oy)`` (one for all, or one per point) of points ``point``."""
+        assert m.gx is not None and m.gy is not None and m.ix is not None and m.iy is not None  # bilinear
         ex = m.gx[point] - (m.ix[point] + ox)
         ex *= self.bev.dx
         ey = m.gy[point] - (m.iy[point] + oy)
@@ -810,6 +819,7 @@ class RayStream:
         oy: I64 | int = 0
         point = hit
         if self.bilinear:
+            assert m.ix is not None and m.iy is not None
             corner, point = np.divmod(hit, max(1, n))
             cx, cy = corner & 1, corner >> 1
             del corner
@@ -820,11 +830,11 @@ class RayStream:
                 if not ok.all():
                     hit, point, cx, cy, ixh, iyh = hit[ok], point[ok], cx[ok], cy[ok], ixh[ok], iyh[ok]
             ox, oy = cx, cy
+            iyh *= self.bev.nx
+            iyh += ixh
+            row = iyh.astype(np.int64)
         else:
-            ixh, iyh = m.ix[point], m.iy[point]
-        iyh *= self.bev.nx
-        iyh += ixh
-        row = iyh.astype(np.int64)
+            row = m.base[point]  # the cell index
         ray_h = pts.ray_of(point)
         col = plan.cam_index * self.plane + plan.pixel_index[r0 + ray_h].astype(np.int64)
         dist2 = m.dist2[point] if m.dist2 is not None else self._dist2(m, point, ox, oy)
