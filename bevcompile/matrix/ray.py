@@ -447,6 +447,7 @@ class RayStream:
         self._below: I64 = np.zeros(0, np.int64)
         self._pending: list[tuple[Entries, I64, I64, npt.NDArray[np.bool_]]] = []
         self._n_folded = 0
+        self._hist: Histogram | None = None  # pass 1 (K > 0): the histogram fold counts into
         self._low_of_bin: F64 = np.zeros(0)
         self._cut_of_bin: F64 = np.zeros(0)
         self._tables = None if prior.per_pixel else [prior.table(c) for c in range(rig.n_cam)]
@@ -631,27 +632,33 @@ class RayStream:
 
     # ---- pass 1 -----------------------------------------------------------------------
 
-    def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64]:
-        """Pass 1 of one block: K > 0, every entry of every ``stride``-th ray counted at its frame
-        row and bin (entries of weight 0 in the last bin: it keeps everything, so a count there
-        changes no threshold); K = 0, every entry of weight > 0 at its frame row."""
+    def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64, I64]:
+        """Pass 1 of one block: K > 0, the histogram keys of every entry of the rays at plan
+        positions that are multiples of ``stride`` (entries of weight 0 in the last bin: it keeps
+        everything, so a count there changes no threshold), counted by :meth:`fold` (one thread
+        scattering into the table at a time: ``np.add.at`` holds the GIL, and two threads taking
+        turns at it under the histogram's lock stall each other); K = 0, every entry of weight > 0
+        counted at its frame row."""
         pts = self._points(block, self.stride)
         m = self._merged(pts)
         frame = m.base[None, :] + self.offsets[:, None]
         if k > 0:
             keys = frame * n_bins
             keys += self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :])
-            hist.add_scattered(keys.reshape(-1))
-            return 0, np.zeros(0, np.int64), np.zeros(0)
+            self._hist = hist
+            return 0, np.zeros(0, np.int64), np.zeros(0), keys.reshape(-1)
         hist.add_scattered(frame[m.weight > 0.0])
-        return pts.n_in, np.zeros(0, np.int64), np.zeros(0)
+        return pts.n_in, np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
 
-    def fold(self, partial: tuple[int, I64, F64]) -> None:
-        """Add one block's points in range (pass 1 with K = 0, pass 2 with K > 0) and its row
-        masses (pass 2: ``(n_in, rows, sums)``, frame rows and their sums, or ``rows`` empty and
-        ``sums`` the whole frame), in block order."""
-        n_in, rows, sums = partial
+    def fold(self, partial: tuple[int, I64, F64, I64]) -> None:
+        """Add one block's points in range (pass 1 with K = 0, pass 2 with K > 0), its row masses
+        (pass 2: ``rows`` frame rows and their ``sums``, or ``rows`` empty and ``sums`` the whole
+        frame) and its histogram keys (pass 1, K > 0: :meth:`count`), in block order."""
+        n_in, rows, sums, keys = partial
         self.in_range += n_in
+        if keys.size:
+            assert self._hist is not None
+            self._hist.add_scattered(keys)
         if rows.size:
             np.add.at(self._mass, rows, sums)  # rows repeat across corners
         elif sums.size:
@@ -661,6 +668,7 @@ class RayStream:
         """Before pass 2 (K > 0): pass 1's ``(n_frame, n_bins)`` counts, kept as the running
         histogram of :meth:`fold_collected` (the sampled rays' entries are in it already)."""
         self._running = counts.reshape(-1)
+        self._hist = None
 
     def fold_collected(self, entries: Entries, partial: tuple[int, I64, F64, tuple[I64, I64, npt.NDArray[np.bool_]]]) -> Entries:
         """Pass 2 (K > 0), in block order in the calling thread: :meth:`fold` the block's partial,
@@ -675,7 +683,7 @@ class RayStream:
         whatever value they read (never tighter than the one the batch is admitted with): the
         admitted set, and so the candidate count, is the same for every ``--jobs``."""
         n_in, rows, sums, (frame, bins, sampled) = partial
-        self.fold((n_in, rows, sums))
+        self.fold((n_in, rows, sums, np.zeros(0, np.int64)))
         if len(entries):
             self._pending.append((entries, frame, bins, sampled))
         self._n_folded += 1
