@@ -11,16 +11,20 @@ The stream's **blocks** are ``(camera, rays [r0, r1))`` of the camera's culled r
 (:func:`bevcompile.matrix.entries.plan_camera`, rays by decreasing last live depth bin), about
 ``CHUNK_POINTS`` points each: all the depth bins of a pixel are in one block, so a block's merged
 entries are complete and final. Fixed by the rig, never by ``--jobs``. A ray's points in range are
-one run of depth bins (:func:`ray_intervals`, found once per camera), so a block computes only
-those points, with :func:`bevcompile.matrix.entries.block_coordinates`' own float64 operations.
+one run of depth bins (:func:`ray_intervals`, found once per camera), so a block computes its
+rays' ``(ray, depth bin)`` rectangle by broadcasting, with
+:func:`bevcompile.matrix.entries.block_coordinates`' own float64 operations, and keeps the points
+in range (98 % of it on the dense rig).
 
 With K > 0 the two passes are:
 
-* pass 1 (:meth:`RayStream.count`) counts the merged entries of every ``PASS1_STRIDE``-th ray of
-  each block in the Top-K histogram (:class:`RayBins`). The entries of a subset of the rays are
-  entries of the matrix with their exact weights (a ray's entries come from its own points only),
-  so the K-th best of a row among them is no better than its K-th best overall: the threshold bins
-  they give keep every entry of the Top-K;
+* pass 1 (:meth:`RayStream.count`) counts, in the Top-K histogram (:class:`RayBins`), the merged
+  entries of the rays at plan positions that are multiples of ``PASS1_STRIDE`` (nearest: a few
+  consecutive blocks of a camera at a time, :meth:`RayStream.count_blocks`, so that each call
+  handles about a block's entries; the keys are counted in the calling thread). The entries of a
+  subset of the rays are entries of the matrix with their exact weights (a ray's entries come from
+  its own points only), so the K-th best of a row among them is no better than its K-th best
+  overall: the threshold bins they give keep every entry of the Top-K;
 * pass 2 (:meth:`RayStream.collect`) computes every ray's merged entries and the block's row
   masses, and keeps the entries whose bin is ``<=`` their row's threshold (a float bound first,
   then the exact bin). In the calling thread, in block order (:meth:`RayStream.fold_collected`),
@@ -73,8 +77,9 @@ F64 = npt.NDArray[np.float64]
 CHUNK_POINTS = 1 << 16
 """Frustum points per block (every temporary of a block, 4 corner weights per point, stays small)."""
 PASS1_STRIDE = 3
-"""Pass 1 (K > 0) counts the entries of every ``PASS1_STRIDE``-th ray of each block (module
-docstring; 2 to 8 give the same build times within 10 % on the dense rig, 3 the least)."""
+"""Pass 1 (K > 0) counts the entries of the rays at plan positions that are multiples of
+``PASS1_STRIDE`` (module docstring; 2 to 8 give the same build times within 10 % on the dense
+rig, 3 the least)."""
 ADMIT_BLOCKS = 8
 """Pass 2 admits the candidates of this many consecutive blocks at once (:meth:`RayStream.fold_collected`)."""
 LINEAR_BINS = 120
@@ -372,7 +377,9 @@ class _Points:
     Convention: point ``i`` is at flat position ``q[i]`` (``q`` ``(n,)`` int64 increasing, or
     ``None``: ``i`` itself) of the ``(ray, depth bin)`` rectangle of width ``width`` it was
     computed on, so its local ray is ``q[i] // width`` (:meth:`ray_of`; plan position
-    ``r0 + ray * stride``); ``fx, fy`` ``(n,)`` float64 cell coordinates; ``prior`` ``(n,)``
+    ``r0 + ray * stride``, ``r0`` the block's first plan position that is a multiple of
+    ``stride``); ``fx, fy`` ``(n,)`` float64 cell coordinates (consumed by
+    :meth:`RayStream._merged`); ``prior`` ``(n,)``
     float64 ``p`` of each point, or a float (every point's, e.g. uniform); ``n_in`` the points in
     range (before dropping ``p = 0``)."""
 
@@ -473,9 +480,9 @@ class RayStream:
         return self._blocks
 
     def count_blocks(self) -> list[RayBlock]:
-        """Pass 1's work items: K > 0, runs of ``PASS1_STRIDE`` consecutive blocks of a camera (its
-        every ``PASS1_STRIDE``-th ray: about one block's points, so each numpy call of pass 1 is
-        as large as pass 2's); K = 0, the blocks."""
+        """Pass 1's work items: runs of ``PASS1_STRIDE // n_corners`` consecutive blocks of a camera
+        (nearest: 3, whose sampled rays give about one block's entries, so that pass 1's numpy
+        calls are as large as pass 2's; bilinear, 4 entries a point, and K = 0: the blocks)."""
         group = max(1, self.stride // self.offsets.size)  # a sample's entries per block: about CHUNK_POINTS * n_corners / stride
         if group == 1:
             return self._blocks
@@ -498,8 +505,9 @@ class RayStream:
 
     def _points(self, block: RayBlock, stride: int) -> _Points:
         """The points in range of the rays of ``block`` at plan positions that are multiples of
-        ``stride`` (all of them for 1) with a positive prior, ray by ray (each ray's run of depth bins in range, :func:`ray_intervals`), with the coordinates
-        of :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations).
+        ``stride`` (all of them for 1) with a positive prior, ray by ray (each ray's run of depth
+        bins in range, :func:`ray_intervals`), with the coordinates of
+        :func:`bevcompile.matrix.entries.block_coordinates` (the same float64 operations).
 
         Computed on the rays' ``(ray, depth bin)`` rectangle over the union of their runs (a plan
         block's runs nearly fill it: 98 % on the dense rig), then the points in range picked out."""

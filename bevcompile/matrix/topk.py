@@ -408,7 +408,9 @@ class EntryStream(Protocol):
 
     ``blocks()`` is called once; the other methods receive its items. ``count`` and ``collect``
     run in worker threads (they must only read shared state, or use the thread-safe
-    :class:`Histogram`); ``fold`` runs in the calling thread, in block order.
+    :class:`Histogram`); ``fold`` runs in the calling thread, in block order. A stream may give
+    pass 1 its own work items with an optional ``count_blocks()`` (e.g. a sampled pass 1 over
+    several blocks at once: fewer, larger calls); their units must add up to a pass as well.
     """
 
     n_cells: int  # rows of the matrix: BEV cells, row-major

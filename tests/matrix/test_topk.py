@@ -222,6 +222,33 @@ def test_stream_topk_is_exact_and_bounded_for_any_distribution(
     assert np.array_equal(result.total_mass, mass)
 
 
+class GroupedCountStream(ToyStream):
+    """Pass 1 over its own work items (``count_blocks``): pairs of consecutive blocks."""
+
+    def __init__(self, entries: Entries, n_cells: int, n_bins: int, chunk: int) -> None:
+        super().__init__(entries, n_cells, n_bins, chunk)
+        self.counted: list[tuple[int, int]] = []
+
+    def count_blocks(self) -> list[tuple[int, int]]:
+        b = self._blocks
+        return [(b[i][0], b[min(i + 1, len(b) - 1)][1]) for i in range(0, len(b), 2)]
+
+    def count(self, block: tuple[int, int], hist: Histogram, n_bins: int, k: int) -> np.ndarray:
+        self.counted.append(block)
+        return super().count(block, hist, n_bins, k)
+
+
+@pytest.mark.parametrize(("k", "jobs"), [(0, 1), (3, 1), (3, 2)])
+def test_pass1_runs_over_the_streams_own_count_blocks(k: int, jobs: int) -> None:
+    """A stream with ``count_blocks`` is counted over those items (here pairs of its blocks) and
+    collected over its blocks: the Top-K (and the K = 0 row counts) are the rule's."""
+    e = _random_entries(11, 900, 20, 3, 2)
+    stream = GroupedCountStream(e, 20, 4, 50)
+    result = stream_topk(stream, k=k, n_bins=4, jobs=jobs)
+    assert sorted(stream.counted) == stream.count_blocks() and len(stream.counted) < len(stream.blocks())
+    assert _pairs(result.kept) == _brute_force(e, k)
+
+
 def test_the_buffer_compacts_to_the_topk_and_then_admits_only_better_entries() -> None:
     e = _random_entries(5, 4000, 10, 2, 2)
     buffer = CandidateBuffer(3, 10, budget=100)
