@@ -448,7 +448,7 @@ class RayStream:
         self.n_valid = 0
         self._mass = np.zeros(self.n_frame)
         self._thr: I64 = np.zeros(0, np.int64)
-        self._wlow_padded: F64 = np.zeros(0)
+        self._wlow: F64 = np.zeros(0)
         self._d2cut: F64 | None = None
         self._running: I64 = np.zeros(0, dtype=np.int64)
         self._below: I64 = np.zeros(0, np.int64)
@@ -747,7 +747,7 @@ class RayStream:
         from them; the workers read these tables while this runs: every value they can see is
         valid for the block they filter (each table only tightens)."""
         self._thr[frame] = threshold
-        self._wlow_padded[frame] = self._low_of_bin[threshold]
+        self._wlow[frame] = self._low_of_bin[threshold]
         if self._d2cut is not None:
             self._d2cut[frame] = self._cut_of_bin[threshold]
 
@@ -780,9 +780,8 @@ class RayStream:
             every_bin = np.arange(self.n_bins, dtype=np.int64)
             self._low_of_bin = self.bins.lowest_weight(every_bin)
             inside = self._thr >= 0
-            padded = np.full(self._thr.size + int(self.offsets[-1]), np.inf)  # corner c of base row b: row b + offset[c]
-            padded[: self._thr.size][inside] = self._low_of_bin[self._thr[inside]]
-            self._wlow_padded = padded
+            self._wlow = np.full(self._thr.size, np.inf)  # padding rows: nothing passes
+            self._wlow[inside] = self._low_of_bin[self._thr[inside]]
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
                 self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
@@ -821,7 +820,7 @@ class RayStream:
                 frame = m.base[hit]
             else:  # a float bound of the row's threshold first (corner c's row: base + offset[c])
                 frame_all = m.base[None, :] + self.offsets[:, None]
-                hit = np.flatnonzero(m.weight >= self._wlow_padded[frame_all])
+                hit = np.flatnonzero(m.weight >= self._wlow[frame_all])
                 frame = frame_all.reshape(-1)[hit]
                 del frame_all
             wh = flat_w[hit]
@@ -893,7 +892,7 @@ class RayStream:
     def end_collect(self) -> None:
         self._blocks = []
         self._thr = np.zeros(0, np.int64)
-        self._wlow_padded = np.zeros(0)
+        self._wlow = np.zeros(0)
         self._d2cut = None
         self._running = np.zeros(0, dtype=np.int64)
         self._below = np.zeros(0, np.int64)
