@@ -303,6 +303,27 @@ def block_pieces(block: tuple[CameraPlan, int, int]) -> list[Piece]:
     return [(plan, d0, d1, r0, min(alive, r0 + PIECE_POINTS)) for r0 in range(0, alive, PIECE_POINTS)]
 
 
+def cell_coordinate(box: BevBox, plan: CameraPlan, axis: int, depth: F64, ray: F64) -> F64:
+    """Cell coordinate ``f = (t_a + d * ray_a - min_a) / step_a`` on ``axis`` (0 x, 1 y, 2 z) of
+    the points at depths ``depth`` (m) along rays ``ray`` (rows of ``plan.ray_bev[axis]``, broadcast
+    against ``depth``), float64: the canonical formula in this order of operations, so every
+    streamed mode gets the same bits for the same point."""
+    lo, step = ((box.x_min, box.dx), (box.y_min, box.dy), (box.z_min, box.dz))[axis]
+    f = depth * ray
+    f += plan.origin_bev[axis]
+    f -= lo
+    f /= step
+    return f
+
+
+def coordinate_in_range(f: F64, n: int, trunc: bool) -> npt.NDArray[np.bool_]:
+    """Whether cell coordinates ``f`` on an axis of ``n`` cells are in range: floor ``0 <= f < n``,
+    trunc ``-1 < f < n`` (the cell ``trunc(f)`` of ``-1 < f < 0`` is 0)."""
+    ok = (f > -1.0) if trunc else (f >= 0.0)
+    ok &= f < n
+    return ok
+
+
 def block_coordinates(
     box: BevBox, trunc: bool, depths: F64, piece: Piece, *, ray_major: bool = False
 ) -> tuple[F64, F64, F64, I64 | None]:
@@ -315,20 +336,10 @@ def block_coordinates(
     out of range."""
     plan, d0, d1, r0, r1 = piece
     d = depths[None, d0:d1] if ray_major else depths[d0:d1, None]
-    out = []
-    for axis, lo, step in ((0, box.x_min, box.dx), (1, box.y_min, box.dy), (2, box.z_min, box.dz)):
-        f = d * (plan.ray_bev[axis, r0:r1, None] if ray_major else plan.ray_bev[axis, r0:r1])
-        f += plan.origin_bev[axis]
-        f -= lo
-        f /= step
-        out.append(f.ravel())
-    fx, fy, fz = out
-    low = -1.0 if trunc else 0.0
-    inside = fz < box.nz
-    for f, n in ((fz, 0), (fx, box.nx), (fy, box.ny)):
-        inside &= (f > low) if trunc else (f >= low)
-        if n:
-            inside &= f < n
+    fx, fy, fz = (cell_coordinate(box, plan, axis, d, plan.ray_bev[axis, r0:r1, None] if ray_major else plan.ray_bev[axis, r0:r1]).ravel() for axis in range(3))
+    inside = coordinate_in_range(fz, box.nz, trunc)
+    inside &= coordinate_in_range(fx, box.nx, trunc)
+    inside &= coordinate_in_range(fy, box.ny, trunc)
     return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
 
 

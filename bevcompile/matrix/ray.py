@@ -61,6 +61,8 @@ from .entries import (
     RegionRows,
     bilinear_split,
     camera_rays,
+    cell_coordinate,
+    coordinate_in_range,
     own_plan,
     plan_camera,
     plan_jobs,
@@ -142,14 +144,8 @@ def ray_intervals(plan: CameraPlan, box: BevBox, trunc: bool, depths: F64) -> tu
 
     def inside(rays: I64, bins: I64) -> npt.NDArray[np.bool_]:
         ok = np.ones(rays.size, dtype=bool)
-        low = -1.0 if trunc else 0.0
-        for axis, lo, step, n in ((0, box.x_min, box.dx, box.nx), (1, box.y_min, box.dy, box.ny), (2, box.z_min, box.dz, box.nz)):
-            f = depths[bins] * plan.ray_bev[axis, rays]
-            f += plan.origin_bev[axis]
-            f -= lo
-            f /= step
-            ok &= (f > low) if trunc else (f >= low)
-            ok &= f < n
+        for axis, n in ((0, box.nx), (1, box.ny), (2, box.nz)):
+            ok &= coordinate_in_range(cell_coordinate(box, plan, axis, depths[bins], plan.ray_bev[axis, rays]), n, trunc)
         return ok
 
     end = j_hi.copy()
@@ -514,24 +510,14 @@ class RayStream:
         plan, r0, r1, _d_end, _units = block
         r0 += -r0 % stride  # the plan rays at positions that are multiples of stride: the same sample whatever the block bounds
         first, end = (a[r0:r1:stride] for a in self._intervals[plan.cam_index])
-        live = first < end
-        if not live.any():
+        has_run = first < end
+        if not has_run.any():
             return _Points(None, 0, np.zeros(0), np.zeros(0), 0.0, 0)
-        d_lo = int(first[live].min())
+        d_lo = int(first[has_run].min())
         width = int(end.max()) - d_lo
         depth = self.depths[None, d_lo : d_lo + width]
-        box = self.bev
-        fx = depth * plan.ray_bev[0, r0:r1:stride, None]
-        fx += plan.origin_bev[0]
-        fx -= box.x_min
-        fx /= box.dx
-        fy = depth * plan.ray_bev[1, r0:r1:stride, None]
-        fy += plan.origin_bev[1]
-        fy -= box.y_min
-        fy /= box.dy
+        fx, fy = (cell_coordinate(self.bev, plan, axis, depth, plan.ray_bev[axis, r0:r1:stride, None]).reshape(-1) for axis in (0, 1))
         del depth
-        fx = fx.reshape(-1)
-        fy = fy.reshape(-1)
         q: I64 | None = None  # every point of the rectangle
         if not (bool(np.all(first == d_lo)) and bool(np.all(end == d_lo + width))):
             j = np.arange(d_lo, d_lo + width, dtype=np.int32)
