@@ -324,6 +324,31 @@ def coordinate_in_range(f: F64, n: int, trunc: bool) -> npt.NDArray[np.bool_]:
     return ok
 
 
+def nearest_split(box: BevBox, trunc: bool, fx: F64, fy: F64, *, in_place: bool = False) -> tuple[I64, F64]:
+    """``(cell, dist2)`` of points at continuous cell coordinates ``f_x, f_y`` in range: the cell
+    ``i = floor(f)`` (``--rounding trunc``: ``trunc(f)``) per axis as the index ``i_y * n_x + i_x``
+    (int64), and its squared distance to the point, ``((f_x - 0.5 - i_x) d_x)^2 + ((f_y - 0.5 -
+    i_y) d_y)^2`` m^2 (float64; the nearest splat rule of every streamed mode). ``in_place``: the
+    distances are computed in ``f_x, f_y`` themselves (the same values, no temporaries of their
+    size; the caller's arrays are consumed, ``dist2`` is ``f_x``)."""
+    ix = np.trunc(fx) if trunc else np.floor(fx)
+    iy = np.trunc(fy) if trunc else np.floor(fy)
+    ex, ey = (fx, fy) if in_place else (fx - 0.5, fy - 0.5)
+    if in_place:
+        ex -= 0.5
+        ey -= 0.5
+    ex -= ix
+    ex *= box.dx
+    ex *= ex
+    ey -= iy
+    ey *= box.dy
+    ey *= ey
+    ex += ey
+    iy *= box.nx  # exact integers
+    iy += ix
+    return iy.astype(np.int64), ex
+
+
 def block_coordinates(
     box: BevBox, trunc: bool, depths: F64, piece: Piece, *, ray_major: bool = False
 ) -> tuple[F64, F64, F64, I64 | None]:
@@ -461,12 +486,7 @@ class FrustumStream:
 
     def _nearest(self, fx: F64, fy: F64) -> tuple[I64, F64]:
         """BEV cell (the in-range cell index) and ``dist2`` of points ``f_x, f_y``."""
-        bev = self.bev
-        ix = np.trunc(fx) if self.trunc else np.floor(fx)
-        iy = np.trunc(fy) if self.trunc else np.floor(fy)
-        ex = (fx - 0.5 - ix) * bev.dx
-        ey = (fy - 0.5 - iy) * bev.dy
-        return (iy * bev.nx + ix).astype(np.int64), ex * ex + ey * ey
+        return nearest_split(self.bev, self.trunc, fx, fy)
 
     def _score_bin(self, score: F64, clip: bool) -> I64:
         """Histogram bin of a Top-K order score (smaller = better): ``min(floor(score * scale), n - 1)``.

@@ -63,6 +63,7 @@ from .entries import (
     camera_rays,
     cell_coordinate,
     coordinate_in_range,
+    nearest_split,
     own_plan,
     plan_camera,
     plan_jobs,
@@ -577,25 +578,8 @@ class RayStream:
             frame += 2.0
             base = frame.astype(np.int64)
             del frame
-        else:  # in place in the points' coordinates (consumed): dist2 = ((f - 0.5 - i0) * step)^2 summed over x, y
-            d2, ey = pts.fx, pts.fy
-            cell = np.trunc(d2) if self.trunc else np.floor(d2)
-            cell_y = np.trunc(ey) if self.trunc else np.floor(ey)
-            d2 -= 0.5
-            d2 -= cell
-            d2 *= self.bev.dx
-            d2 *= d2
-            ey -= 0.5
-            ey -= cell_y
-            ey *= self.bev.dy
-            ey *= ey
-            d2 += ey
-            del ey
-            cell_y *= self.bev.nx  # the cell index iy0 * nx + ix0, exact integers
-            cell += cell_y
-            del cell_y
-            base = cell.astype(np.int64)
-            del cell
+        else:
+            base, d2 = nearest_split(self.bev, self.trunc, pts.fx, pts.fy, in_place=True)  # consumes the coordinates
             weight = np.empty((1, n))
             weight[0] = pts.prior
             child = np.flatnonzero(base[1:] == base[:-1]) + 1  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
