@@ -324,6 +324,20 @@ def coordinate_in_range(f: F64, n: int, trunc: bool) -> npt.NDArray[np.bool_]:
     return ok
 
 
+def corner_dist2(box: BevBox, gx: F64, gy: F64, ix: F64, iy: F64) -> F64:
+    """Squared distance ``((g_x - i_x) d_x)^2 + ((g_y - i_y) d_y)^2`` m^2 between points of
+    :func:`bilinear_split` ``g`` and the corner cells ``(i_x, i_y)`` (float64 integers) of their
+    bilinear splat (the tie-break distance of a bilinear entry)."""
+    ex = gx - ix
+    ex *= box.dx
+    ey = gy - iy
+    ey *= box.dy
+    ex *= ex
+    ey *= ey
+    ex += ey
+    return ex
+
+
 def nearest_split(box: BevBox, trunc: bool, fx: F64, fy: F64, *, in_place: bool = False) -> tuple[I64, F64]:
     """``(cell, dist2)`` of points at continuous cell coordinates ``f_x, f_y`` in range: the cell
     ``i = floor(f)`` (``--rounding trunc``: ``trunc(f)``) per axis as the index ``i_y * n_x + i_x``
@@ -687,10 +701,8 @@ class FrustumStream:
                 hit = np.flatnonzero(passing)
             ixf = ix0[hit] + ox
             iyf = iy0[hit] + oy
-            ex = (gx[hit] - ixf) * bev.dx
-            ey = (gy[hit] - iyf) * bev.dy
             cols = self._cols(piece, hit if sel is None else sel[hit])
-            out[c].append(Entries((iyf * bev.nx + ixf).astype(np.int64), cols, wgt[hit], ex * ex + ey * ey))
+            out[c].append(Entries((iyf * bev.nx + ixf).astype(np.int64), cols, wgt[hit], corner_dist2(bev, gx[hit], gy[hit], ixf, iyf)))
             if keys is not None:
                 tie_keys[c].append(keys)
         return n_in

@@ -63,6 +63,7 @@ from .entries import (
     camera_rays,
     cell_coordinate,
     coordinate_in_range,
+    corner_dist2,
     nearest_split,
     own_plan,
     plan_camera,
@@ -599,14 +600,7 @@ class RayStream:
     def _dist2(self, m: _Merged, point: I64, ox: int | I64, oy: int | I64) -> F64:
         """The frustum ``dist2`` of corner ``(ox, oy)`` (one for all, or one per point) of points ``point``."""
         assert m.gx is not None and m.gy is not None and m.ix is not None and m.iy is not None  # bilinear
-        ex = m.gx[point] - (m.ix[point] + ox)
-        ex *= self.bev.dx
-        ey = m.gy[point] - (m.iy[point] + oy)
-        ey *= self.bev.dy
-        ex *= ex
-        ey *= ey
-        ex += ey
-        return ex
+        return corner_dist2(self.bev, m.gx[point], m.gy[point], m.ix[point] + ox, m.iy[point] + oy)
 
     # ---- pass 1 -----------------------------------------------------------------------
 
