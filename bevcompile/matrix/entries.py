@@ -303,6 +303,61 @@ def block_pieces(block: tuple[CameraPlan, int, int]) -> list[Piece]:
     return [(plan, d0, d1, r0, min(alive, r0 + PIECE_POINTS)) for r0 in range(0, alive, PIECE_POINTS)]
 
 
+@dataclass(frozen=True)
+class PaddedFrame:
+    """The bilinear counting frame of a ``ny x nx`` BEV grid: the grid padded by two cells below and
+    one above on each axis, row-major, ``(ny + 3) x (nx + 3)`` rows. The four corners of any point
+    in range (``i0 = floor(f - 0.5) >= -2``, ``i0 + 1 <= n``) are rows of it, with no bounds test;
+    the padding rows are no BEV cell (their thresholds keep nothing).
+
+    Convention: a base corner ``(i0_x, i0_y)`` is row ``(i0_y + 2) * width + i0_x + 2``; corner
+    ``(ox, oy)`` of a point is its base row plus ``offsets[ox + 2 oy] = ox + oy * width``."""
+
+    nx: int
+    ny: int
+
+    @property
+    def width(self) -> int:
+        return self.nx + 3
+
+    @property
+    def size(self) -> int:
+        return (self.ny + 3) * self.width
+
+    @property
+    def offsets(self) -> tuple[int, int, int, int]:
+        """The row offset of each bilinear corner ``(ox, oy)`` (:data:`_CORNERS` order) from the base row."""
+        return (0, 1, self.width, self.width + 1)
+
+    def of_corner(self, ix0: F64, iy0: F64) -> I64:
+        """Rows of base corners ``i0_x, i0_y`` (float64 holding integers, as :func:`bilinear_split` gives them)."""
+        frame = iy0 + 2.0
+        frame *= self.width
+        frame += ix0
+        frame += 2.0
+        return frame.astype(np.int64)
+
+    def of_cell(self, cell: I64) -> I64:
+        """Rows of BEV cells ``iy * nx + ix``."""
+        iy, ix = np.divmod(cell, self.nx)
+        iy += 2
+        iy *= self.width
+        iy += ix
+        iy += 2
+        return iy
+
+    def spread(self, per_cell: I64, fill: int) -> I64:
+        """``(n_cells,)`` values of the BEV cells on the frame's rows (a new array), ``fill`` on the padding."""
+        out = np.full((self.ny + 3, self.width), fill, dtype=per_cell.dtype)
+        out[2 : self.ny + 2, 2 : self.nx + 2] = per_cell.reshape(self.ny, self.nx)
+        return out.ravel()
+
+    def cells(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``(size, ...)`` -> ``(n_cells, ...)``: the rows that are BEV cells, row-major."""
+        inner = per_frame.reshape(self.ny + 3, self.width, -1)[2 : self.ny + 2, 2 : self.nx + 2]
+        return inner.reshape(self.nx * self.ny, -1)
+
+
 def cell_coordinate(box: BevBox, plan: CameraPlan, axis: int, depth: F64, ray: F64) -> F64:
     """Cell coordinate ``f = (t_a + d * ray_a - min_a) / step_a`` on ``axis`` (0 x, 1 y, 2 z) of
     the points at depths ``depth`` (m) along rays ``ray`` (rows of ``plan.ray_bev[axis]``, broadcast
@@ -454,10 +509,10 @@ class FrustumStream:
         # nearest score = dist2 in [0, h2] for floor rounding (clipped: trunc can exceed h2)
         h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
         self.scale = self.n_bins * (1.0 - 2.0**-20) if self.bilinear else self.n_bins / h2
-        self.pad_h, self.pad_w = bev.ny + 3, bev.nx + 3
-        self.n_pad = self.pad_h * self.pad_w
+        self.frame = PaddedFrame(bev.nx, bev.ny)
+        self.n_pad = self.frame.size
         self.n_frame = self.n_pad if self.bilinear else self.n_cells
-        self.offsets = tuple(ox + oy * self.pad_w for ox, oy in _CORNERS)
+        self.offsets = self.frame.offsets
         self.in_range = 0
         self.n_valid = 0
         self._mass = [np.zeros(self.n_pad) for _ in _CORNERS] if self.bilinear else []
@@ -492,11 +547,7 @@ class FrustumStream:
     def _corner_frame(self, fx: F64, fy: F64) -> tuple[F64, F64, F64, F64, F64, F64, I64]:
         """``(g_x, g_y, i0_x, i0_y, a_x, a_y, padded frame index)`` of points ``f_x, f_y``."""
         gx, gy, ix0, iy0, ax, ay = bilinear_split(fx, fy)
-        frame = iy0 + 2.0
-        frame *= self.pad_w
-        frame += ix0
-        frame += 2.0
-        return gx, gy, ix0, iy0, ax, ay, frame.astype(np.int64)
+        return gx, gy, ix0, iy0, ax, ay, self.frame.of_corner(ix0, iy0)
 
     def _nearest(self, fx: F64, fy: F64) -> tuple[I64, F64]:
         """BEV cell (the in-range cell index) and ``dist2`` of points ``f_x, f_y``."""
@@ -564,11 +615,7 @@ class FrustumStream:
                 acc[rows] += part
 
     def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        if not self.bilinear:
-            return per_frame
-        bev = self.bev
-        inner = per_frame.reshape(self.pad_h, self.pad_w, -1)[2 : bev.ny + 2, 2 : bev.nx + 2]
-        return inner.reshape(self.n_cells, -1)
+        return self.frame.cells(per_frame) if self.bilinear else per_frame
 
     def total_mass(self, hist_cells: I64) -> F64:
         if not self.bilinear:  # nearest: every entry weighs 1
@@ -584,17 +631,14 @@ class FrustumStream:
     def begin_collect(self, threshold: I64, n_bins: int, k: int) -> None:
         """The per-frame thresholds (padding rows: -1, nothing passes) and, for the bilinear
         pre-filter, per corner and padded cell the least weight that can pass its row's threshold."""
-        bev = self.bev
         if not self.bilinear:
             self._thr = threshold
             return
-        thr = np.full((self.pad_h, self.pad_w), -1, dtype=np.int64)
-        thr[2 : bev.ny + 2, 2 : bev.nx + 2] = threshold.reshape(bev.ny, bev.nx)
-        self._thr = thr.ravel()
+        self._thr = self.frame.spread(threshold, -1)
         if k > 0:
             # bin(w) = int((1 - w) * scale) <= t  =>  w > 1 - (t + 1) / scale (up to float error)
             need = np.where(self._thr >= 0, 1.0 - (self._thr + 1) / self.scale, 2.0) - PREFILTER_MARGIN
-            need = np.r_[need, np.full(self.pad_w + 1, 2.0)]
+            need = np.r_[need, np.full(self.frame.width + 1, 2.0)]
             self._wmin = [need[off : off + self.n_pad] for off in self.offsets]
 
     def _tie_keys(self, piece: Piece, sel: I64 | None, hit: I64) -> I64 | None:

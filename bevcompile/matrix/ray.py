@@ -58,6 +58,7 @@ from .entries import (
     BevBox,
     CameraPlan,
     FrustumResult,
+    PaddedFrame,
     RegionRows,
     bilinear_split,
     camera_rays,
@@ -439,9 +440,9 @@ class RayStream:
         self.n_bins = self.bins.n_bins
         self.stride = PASS1_STRIDE if k > 0 else 1
         self.collect_folds = k > 0  # pass 2 sums the row masses and counts the points in range
-        self.pad_w = bev.nx + 3
-        self.n_frame = (bev.ny + 3) * self.pad_w if self.bilinear else self.n_cells
-        self.offsets = np.array([ox + oy * self.pad_w for ox, oy in _CORNERS] if self.bilinear else [0], dtype=np.int64)
+        self.frame = PaddedFrame(bev.nx, bev.ny)
+        self.n_frame = self.frame.size if self.bilinear else self.n_cells
+        self.offsets = np.array(self.frame.offsets if self.bilinear else (0,), dtype=np.int64)
         self.in_range = 0
         self.n_valid = 0
         self._mass = np.zeros(self.n_frame)
@@ -573,12 +574,7 @@ class RayStream:
             child, root = merge_ray_runs(pts.ray_of, ix0, iy0, 2)
             child = (child & 3) * n + (child >> 2)  # point-major entry e = i * 4 + c -> corner-major c * n + i (order kept)
             root = (root & 3) * n + (root >> 2)
-            frame = iy0 + 2.0  # exact integers: the padded frame index of the base cell
-            frame *= self.pad_w
-            frame += ix0
-            frame += 2.0
-            base = frame.astype(np.int64)
-            del frame
+            base = self.frame.of_corner(ix0, iy0)
         else:
             base, d2 = nearest_split(self.bev, self.trunc, pts.fx, pts.fy, in_place=True)  # consumes the coordinates
             weight = np.empty((1, n))
@@ -693,18 +689,8 @@ class RayStream:
         threshold (:meth:`fold_collected`; the others are beaten by K counted entries)."""
         if not len(entries):
             return entries
-        keep = self.bins.of(entries.weight, entries.dist2) <= self._thr[self._frame_of_cell(entries.row)]
+        keep = self.bins.of(entries.weight, entries.dist2) <= self._thr[self.frame.of_cell(entries.row) if self.bilinear else entries.row]
         return entries if keep.all() else entries.take(keep)
-
-    def _frame_of_cell(self, cell: I64) -> I64:
-        if not self.bilinear:
-            return cell
-        iy, ix = np.divmod(cell, self.bev.nx)
-        iy += 2
-        iy *= self.pad_w
-        iy += ix
-        iy += 2
-        return iy
 
     def _tighten(self, frame: I64, threshold: I64) -> None:
         """Set the thresholds of frame rows ``frame`` (tighter than before) and the bounds derived
@@ -716,11 +702,7 @@ class RayStream:
             self._d2cut[frame] = self._cut_of_bin[threshold]
 
     def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
-        if not self.bilinear:
-            return per_frame
-        bev = self.bev
-        inner = per_frame.reshape(bev.ny + 3, self.pad_w, -1)[2 : bev.ny + 2, 2 : bev.nx + 2]
-        return inner.reshape(self.n_cells, -1)
+        return self.frame.cells(per_frame) if self.bilinear else per_frame
 
     def total_mass(self, hist_cells: I64) -> F64:
         """``(n_cells,)`` raw weight of each row (K > 0: after pass 2, which sums it)."""
@@ -732,13 +714,7 @@ class RayStream:
         """The per-frame thresholds (padding rows: -1, nothing passes), the least weight that can
         pass each (:meth:`RayBins.lowest_weight`, read at each corner's row ``base + offset``),
         the dist2 cut of one tie value (:meth:`RayBins.dist2_cut`), and the running histogram."""
-        bev = self.bev
-        if self.bilinear:
-            thr = np.full((bev.ny + 3, self.pad_w), -1, dtype=np.int64)
-            thr[2 : bev.ny + 2, 2 : bev.nx + 2] = threshold.reshape(bev.ny, bev.nx)
-            self._thr = thr.ravel()
-        else:
-            self._thr = threshold
+        self._thr = self.frame.spread(threshold, -1) if self.bilinear else threshold
         if k > 0:
             self._thr = self._thr.copy()  # tightened in place by fold_collected
             every_bin = np.arange(self.n_bins, dtype=np.int64)
