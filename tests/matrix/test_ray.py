@@ -332,9 +332,10 @@ def test_ray_bins_kind_follows_the_prior() -> None:
 @pytest.mark.parametrize("stride", [1, 3, 7])
 @pytest.mark.parametrize(("splat", "kind"), [("bilinear", "uniform"), ("nearest", "uniform"), ("nearest", "holes"), ("nearest", "per-camera"), ("bilinear", "per-pixel")])
 def test_any_pass1_sample_gives_the_same_matrix(monkeypatch: pytest.MonkeyPatch, stride: int, splat: str, kind: str) -> None:
-    """Pass 1 counts every ``stride``-th ray of a block and pass 2 tightens its thresholds as it
-    admits candidates: whatever the sample, the Top-K is the straightforward build's, bit for bit
-    (only the candidate count changes), with blocks of one ray to many."""
+    """Pass 1 counts the rays at plan positions that are multiples of ``stride`` (nearest: several
+    blocks per call) and pass 2 tightens its thresholds as it admits candidates: whatever the
+    sample, the Top-K is the straightforward build's, bit for bit (only the candidate count
+    changes), with blocks of one ray to many."""
     monkeypatch.setattr(ray_mod, "PASS1_STRIDE", stride)
     monkeypatch.setattr(ray_mod, "CHUNK_POINTS", 97)
     rig = RING
