@@ -72,7 +72,7 @@ from .entries import (
     run_point_stream,
 )
 from .prior import NormalisedPrior
-from .topk import Entries, Histogram, local_rows
+from .topk import Entries, Histogram, counts_before, local_rows, thresholds
 
 __all__ = ["RayBins", "RayStream", "chain_roots", "merge_ray_runs", "ray_entries"]
 
@@ -675,9 +675,9 @@ class RayStream:
             mark[full] = True
             full = np.flatnonzero(mark)  # distinct, increasing (np.unique without the sort)
             del mark
-            cum = np.cumsum(self._running.reshape(self.n_frame, n_bins)[full], axis=1)
-            new_thr = np.argmax(cum >= k, axis=1)
-            self._below[full] = np.where(new_thr > 0, cum[np.arange(full.size), np.maximum(new_thr - 1, 0)], 0)
+            table = self._running.reshape(self.n_frame, n_bins)
+            new_thr = thresholds(table[full], k, n_bins)  # each has K counted entries: the bin of the K-th
+            self._below[full] = counts_before(table, full, new_thr)
             self._tighten(full, new_thr)
             thr = self._thr[frame]
         keep = np.flatnonzero(bins <= thr)
@@ -733,7 +733,7 @@ class RayStream:
             self._below = np.zeros(self.n_frame, dtype=np.int64)
             rows = np.flatnonzero(self._thr > 0)
             if rows.size:
-                self._below[rows] = np.cumsum(table[rows], axis=1)[np.arange(rows.size), self._thr[rows] - 1]
+                self._below[rows] = counts_before(table, rows, self._thr[rows])
 
     def collect(self, block: RayBlock) -> tuple[Entries, int, tuple[int, I64, F64, tuple[I64, I64, npt.NDArray[np.bool_]]]] | tuple[Entries, int]:
         """K > 0: the block's entries whose bin is ``<= threshold[row]`` (the tables as this thread

@@ -291,11 +291,41 @@ def thresholds(hist: I64, k: int, n_bins: int) -> I64:
     """Per row the bin holding its k-th best counted entry (every entry in a later bin is strictly
     worse than k entries); ``n_bins - 1`` (keep all) for rows with fewer than k entries.
 
-    Convention: hist ``(n_rows, n_bins)`` int64 counts -> ``(n_rows,)`` int64 bins."""
-    cum = np.cumsum(hist, axis=1)
-    enough = cum >= k
-    out = np.argmax(enough, axis=1).astype(np.int64)
-    out[~enough[:, -1]] = n_bins - 1
+    Convention: hist ``(n_rows, n_bins)`` integer counts -> ``(n_rows,)`` int64 bins. Computed
+    ``THRESHOLD_ROWS`` rows at a time: the cumulative counts of a whole table (tens of MB on a dense
+    grid) would be fresh pages, each faulted in, on every build."""
+    out = np.empty(hist.shape[0], dtype=np.int64)
+    for start in range(0, hist.shape[0], THRESHOLD_ROWS):
+        cum = np.cumsum(hist[start : start + THRESHOLD_ROWS], axis=1, dtype=_cum_type(hist))
+        enough = cum >= k
+        part = out[start : start + THRESHOLD_ROWS]
+        np.argmax(enough, axis=1, out=part)
+        part[~enough[:, -1]] = n_bins - 1
+    return out
+
+
+THRESHOLD_ROWS = 1024
+""":func:`thresholds` and :func:`counts_before` rows per step (about 1 MB of cumulative counts)."""
+
+
+def _cum_type(hist: npt.NDArray[np.integer[Any]]) -> np.dtype[Any]:
+    """The type a row's running total is summed in: int32 counters are used only where the stream
+    bounds all its entries below 2^31 (:class:`Histogram` ``hist_dtype``), so a row's total fits
+    them (half the memory traffic of int64); narrower or unsigned counters are widened."""
+    return np.promote_types(hist.dtype, np.int32)
+
+
+def counts_before(hist: I64, rows: I64, bins: I64) -> I64:
+    """Per row ``rows[i]`` its counts in the bins before ``bins[i]`` (``sum(hist[rows[i], :bins[i]])``).
+
+    Convention: hist ``(n_rows, n_bins)`` integer counts, ``rows`` ``(m,)`` int64, ``bins`` ``(m,)``
+    int64 in ``[0, n_bins]`` -> ``(m,)`` int64; ``THRESHOLD_ROWS`` rows at a time, as :func:`thresholds`."""
+    out = np.zeros(rows.size, dtype=np.int64)
+    for start in range(0, rows.size, THRESHOLD_ROWS):
+        stop = start + THRESHOLD_ROWS
+        cum = np.cumsum(hist[rows[start:stop]], axis=1, dtype=_cum_type(hist))
+        at = np.flatnonzero(bins[start:stop] > 0)
+        out[start + at] = cum[at, bins[start + at] - 1]
     return out
 
 

@@ -16,6 +16,7 @@ from bevcompile.matrix.topk import (
     CandidateBuffer,
     Entries,
     Histogram,
+    counts_before,
     local_rows,
     select_topk,
     stream_topk,
@@ -89,9 +90,12 @@ def test_keys_that_round_together_are_put_in_the_exact_order() -> None:
         assert _pairs(select_topk(e, k)) == _brute_force(e, k)
 
 
-def test_thresholds_are_the_bin_of_the_kth_best() -> None:
+@pytest.mark.parametrize("step", [1024, 7])  # 7: the rows in many steps of THRESHOLD_ROWS, the last one partial
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_thresholds_are_the_bin_of_the_kth_best(step: int, dtype: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topk_mod, "THRESHOLD_ROWS", step)
     rng = np.random.default_rng(0)
-    hist = rng.integers(0, 4, (500, 16))
+    hist = rng.integers(0, 4, (500, 16)).astype(dtype)
     for k in (1, 3, 10, 100):
         t = thresholds(hist, k, 16)
         cum = np.cumsum(hist, axis=1)
@@ -100,6 +104,18 @@ def test_thresholds_are_the_bin_of_the_kth_best() -> None:
         rows = np.flatnonzero(full)
         assert np.all(cum[rows, t[rows]] >= k)
         assert np.all((t[rows] == 0) | (cum[rows, np.maximum(t[rows] - 1, 0)] < k))
+
+
+@pytest.mark.parametrize("step", [1024, 7])
+def test_counts_before_sums_each_rows_bins_below_its_own(step: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topk_mod, "THRESHOLD_ROWS", step)
+    rng = np.random.default_rng(3)
+    hist = rng.integers(0, 5, (300, 12)).astype(np.int32)
+    rows = rng.permutation(300)[:200]
+    bins = rng.integers(0, 13, 200)  # 0 (nothing before) to n_bins (the whole row)
+    got = counts_before(hist, rows, bins)
+    assert got.dtype == np.int64
+    assert got.tolist() == [int(hist[r, :b].sum()) for r, b in zip(rows.tolist(), bins.tolist(), strict=True)]
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32])
