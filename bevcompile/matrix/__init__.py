@@ -6,13 +6,14 @@
 * :mod:`.entries` — frustum rays and the frustum mode as an ``EntryStream``; grid-mode entries.
 * :mod:`.ray` — the ray mode (frustum points folded over depth with a prior) as an ``EntryStream``.
 * :mod:`.prior` — the ray mode's depth prior: read, checked, normalised per pixel, recorded.
+* :mod:`.scatter` — ``np.add.at``'s scatter-add without the GIL, for the streams' worker threads.
 * :mod:`.layout` — ELL, row tiles, per-row int8.
 * :mod:`.reference` — deliberately naive references (full build, BEVDet-style pooling, grid pooling).
 * :mod:`.checks` — the ``inspect`` / ``verify`` / ``--strict`` plug-in of ``matrix/``.
 
 May import: :mod:`bevcompile.grid` (the sampling grid, bilinear corners, memory guard of the
 grid), :mod:`bevcompile.rig`, :mod:`bevcompile.store`, :mod:`bevcompile.errors`, :mod:`bevcompile.memory`,
-:mod:`bevcompile.parallel` (``--jobs``).
+:mod:`bevcompile.parallel` (``--jobs``); scipy (:mod:`.scatter`).
 
 ``bevcompile.matrix.<name>`` also serves the names of the 0.2 module ``bevcompile.matrix`` (now :mod:`.build`).
 """

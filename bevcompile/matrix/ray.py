@@ -72,6 +72,7 @@ from .entries import (
     run_point_stream,
 )
 from .prior import NormalisedPrior
+from .scatter import scatter_add
 from .topk import Entries, Histogram, counts_before, local_rows, thresholds
 
 __all__ = ["RayBins", "RayStream", "chain_roots", "merge_ray_runs", "ray_entries"]
@@ -552,7 +553,8 @@ class RayStream:
 
     def _merged(self, pts: _Points) -> _Merged:
         """The points' splat entries merged over depth bins (:func:`merge_ray_runs`): each group's
-        weights added in increasing depth bin at its first entry (``np.add.at`` in entry order).
+        weights added in increasing depth bin at its first entry (:func:`~bevcompile.matrix.scatter.scatter_add`,
+        ``np.add.at``'s sum, in entry order).
         Consumes ``pts.fx, pts.fy``: the corner fractions and distances are computed in place in
         them (no temporaries of their size)."""
         n = pts.fx.size
@@ -589,7 +591,7 @@ class RayStream:
         contrib = flat[child]
         root_own = flat[root]
         if child.size:
-            np.add.at(flat, root, contrib)  # in increasing depth bin: the sum of the module docstring
+            scatter_add(flat, root, contrib)  # in increasing depth bin: the sum of the module docstring
             flat[child] = 0.0
         return _Merged(weight, child, root, contrib, root_own, ix0, iy0, gx, gy, base, dist2)
 
@@ -603,10 +605,9 @@ class RayStream:
     def count(self, block: RayBlock, hist: Histogram, n_bins: int, k: int) -> tuple[int, I64, F64, I64]:
         """Pass 1 of one block: K > 0, the histogram keys of every entry of the rays at plan
         positions that are multiples of ``stride`` (entries of weight 0 in the last bin: it keeps
-        everything, so a count there changes no threshold), counted by :meth:`fold` (one thread
-        scattering into the table at a time: ``np.add.at`` holds the GIL, and two threads taking
-        turns at it under the histogram's lock stall each other); K = 0, every entry of weight > 0
-        counted at its frame row."""
+        everything, so a count there changes no threshold), counted by :meth:`fold` in the calling
+        thread (no worker waits for the histogram's lock; counting them in the workers measured the
+        same); K = 0, every entry of weight > 0 counted at its frame row."""
         pts = self._points(block, self.stride)
         m = self._merged(pts)
         frame = m.base[None, :] + self.offsets[:, None]
@@ -628,7 +629,7 @@ class RayStream:
             assert self._hist is not None
             self._hist.add_scattered(keys)
         if rows.size:
-            np.add.at(self._mass, rows, sums)  # rows repeat across corners
+            scatter_add(self._mass, rows, sums)  # rows repeat across corners
         elif sums.size:
             self._mass += sums
 
@@ -665,10 +666,10 @@ class RayStream:
         thr = self._thr[frame]
         new = bins <= thr  # counted: the candidates still admitted, not of a sampled ray (counted in pass 1)
         new &= ~sampled
-        np.add.at(self._running, frame[new] * n_bins + bins[new], self._running.dtype.type(1))
+        scatter_add(self._running, frame[new] * n_bins + bins[new])
         new &= bins < thr
         lower = frame[new]
-        np.add.at(self._below, lower, 1)  # per frame row: counted entries in bins before its threshold
+        scatter_add(self._below, lower)  # per frame row: counted entries in bins before its threshold
         full = lower[self._below[lower] >= k]
         if full.size:  # rows with K counted entries before the threshold: it moves to the bin of the K-th
             mark = np.zeros(self.n_frame, dtype=bool)
@@ -821,7 +822,7 @@ class RayStream:
         if self.n_frame <= 8 * n:
             sums = np.zeros(self.n_frame)
             for off, w in zip(self.offsets, weight, strict=True):
-                np.add.at(sums[off:], base, w)
+                scatter_add(sums[off:], base, w)
             return np.zeros(0, np.int64), sums
         touched, local = local_rows(base, self.n_frame)
         n_touched = touched.size

@@ -44,6 +44,7 @@ import numpy.typing as npt
 from ..memory import release_free_memory
 from ..parallel import ordered_map
 from ..progress import ProgressFn, start_phase
+from .scatter import scatter_add
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -241,7 +242,7 @@ class Histogram:
         if not keys.size:
             return
         with self._lock:
-            np.add.at(self.total.reshape(-1), keys, self.total.dtype.type(1))  # a typed 1: numpy's fast path
+            scatter_add(self.total.reshape(-1), keys)
 
     def add(self, keys: I64) -> None:
         """Count global keys ``row * n_bins + bin`` (any rows; the array may be modified)."""
