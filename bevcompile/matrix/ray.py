@@ -759,11 +759,19 @@ class RayStream:
                 assert m.dist2 is not None and self._d2cut is not None
                 hit = np.flatnonzero(m.dist2 < self._d2cut[m.base])  # every entry weighs t_0: class 1, by dist2
                 frame = m.base[hit]
-            else:  # a float bound of the row's threshold first (corner c's row: base + offset[c])
-                frame_all = m.base[None, :] + self.offsets[:, None]
-                hit = np.flatnonzero(m.weight >= self._wlow[frame_all])
-                frame = frame_all.reshape(-1)[hit]
-                del frame_all
+            else:  # a float bound of the row's threshold first, corner by corner (corner c's row: base + offset[c])
+                passing = np.empty(m.weight.shape, dtype=bool)
+                low = np.empty(n)
+                for c, off in enumerate(self.offsets):
+                    np.take(self._wlow[off:], m.base, out=low, mode="clip")  # wlow[base + off]: every corner is a frame row
+                    np.greater_equal(m.weight[c], low, out=passing[c])
+                del low
+                hit = np.flatnonzero(passing)  # corner-major, as the weights
+                del passing
+                corner, at = np.divmod(hit, max(1, n))
+                frame = m.base[at]
+                frame += self.offsets[corner]
+                del corner, at
             wh = flat_w[hit]
             bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit])  # nearest: one corner, hit is the point
             exact = bins <= self._thr[frame]
