@@ -37,6 +37,7 @@ from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
 from .region import RegionStream
+from .scatter import scatter_add
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
 
 __all__ = ["CameraRays", "Entries", "FrustumResult", "FrustumStream", "camera_rays", "frustum_entries", "grid_entries", "select_topk"]
@@ -456,8 +457,9 @@ def _first_k_per_run(keys: I64, run_size: int, k: int) -> I64:
 
 class _OrderedSums:
     """Per-row float sums of a block accumulated piece after piece, element by element in order:
-    the same bits as one ``bincount`` over the whole block (``np.add.at`` adds in order), over the
-    rows the block touches so far (the row set grows piece by piece)."""
+    the same bits as one ``bincount`` over the whole block (:func:`~bevcompile.matrix.scatter.scatter_add`
+    adds in order, as ``np.add.at``, without the GIL), over the rows the block touches so far (the
+    row set grows piece by piece)."""
 
     def __init__(self, n: int) -> None:
         self.rows: I64 = np.zeros(0, np.int64)
@@ -467,14 +469,16 @@ class _OrderedSums:
         """Add ``values[c][i]`` to sum ``c`` of row ``rows[local[i]]``, in order of ``i``."""
         if not self.rows.size:
             self.rows = rows
-            self.sums = np.stack([np.bincount(local, weights=v, minlength=rows.size) for v in values])
+            self.sums = np.zeros((len(values), rows.size))
+            for c, v in enumerate(values):
+                scatter_add(self.sums[c], local, v)
             return
         union = np.union1d(self.rows, rows)
         sums = np.zeros((len(values), union.size))
         sums[:, np.searchsorted(union, self.rows)] = self.sums
         where = np.searchsorted(union, rows)[local]
         for c, v in enumerate(values):
-            np.add.at(sums[c], where, v)
+            scatter_add(sums[c], where, v)
         self.rows, self.sums = union, sums
 
 

@@ -217,7 +217,8 @@ class Histogram:
     int32 with ``hist_dtype``) fed by several threads.
 
     A block touches only a narrow band of the grid's rows, so it is counted in a compact local
-    histogram of just those rows (:meth:`add_local`: one ``bincount`` into an array that stays in
+    histogram of just those rows (:meth:`add_local`: ``bincount``'s counts, by
+    :func:`~bevcompile.matrix.scatter.scatter_add` without the GIL, into an array that stays in
     cache, instead of scattering into the whole table) and added row by row under a lock.
     Integer counts: the result does not depend on which thread counted what, nor in what order.
     """
@@ -232,9 +233,10 @@ class Histogram:
         (``rows`` distinct, ``i`` in ``[0, rows.size)``)."""
         if not local_keys.size:
             return
-        counts = np.bincount(local_keys, minlength=rows.size * self.n_bins).reshape(rows.size, self.n_bins)
+        counts = np.zeros(rows.size * self.n_bins, dtype=np.int64)
+        scatter_add(counts, local_keys)  # bincount's counts, without the GIL
         with self._lock:
-            self.total[rows] += counts
+            self.total[rows] += counts.reshape(rows.size, self.n_bins)
 
     def add_scattered(self, keys: I64) -> None:
         """Count global keys ``row * n_bins + bin`` one by one (``np.add.at``): cheaper than
