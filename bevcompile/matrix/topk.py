@@ -150,8 +150,58 @@ def _rank_order(e: Entries) -> I64:
         fast = np.flatnonzero(uniform)
         sub[fast] = sub[fast][np.argsort(run_id[fast] * n_cols + cols[fast])]
         rest = np.flatnonzero(~uniform)
+        # runs of one primary (exact weight ties) whose dist2 differ: by (dist2, col), _order_runs
+        one_primary = np.repeat(np.logical_and.reduceat(primary == np.repeat(primary[starts], lengths), starts), lengths)
+        tied = np.flatnonzero(one_primary & ~uniform)
+        if tied.size:
+            sub[tied] = sub[tied][_order_runs(run_id[tied], dist2[tied], cols[tied], n_cols)]
+            rest = np.flatnonzero(~one_primary)
     if rest.size:  # runs of primaries that rounded together: the full exact order
         sub[rest] = sub[rest][np.lexsort((cols[rest], dist2[rest], primary[rest], run_id[rest]))]
+    order[pos] = sub
+    return order
+
+
+def _order_runs(run_id: I64, dist2: F64, col: I64, n_cols: int) -> I64:
+    """The permutation ordering entries by ``(run_id, dist2, col)`` exactly: ``run_id`` int64 non-decreasing,
+    ``dist2`` float64 >= 0, ``col`` int64 in ``[0, n_cols)`` with ``run_id * n_cols`` below 2^62.
+
+    The scheme of :func:`_rank_order` one level down: one argsort of the float key
+    ``(run - first run) * span + (dist2 - min)`` (``span`` above the dist2 range: a run's keys stay
+    below the next run's), then each run of equal keys by column when its dist2 are equal, by
+    ``(dist2, col)`` (``lexsort``) when they only rounded together. Replaces a ``lexsort`` of every
+    weight-tied entry (nearest splats with a non-uniform depth prior: millions of them)."""
+    low, high = float(dist2.min()), float(dist2.max())
+    if not math.isfinite(high) or (int(run_id[-1] - run_id[0]) + 1) * (high - low + 2.0) >= 2.0**52 or dist2.size * n_cols >= 2**62:
+        return np.lexsort((col, dist2, run_id))  # pragma: no cover - beyond any candidate buffer
+    span = float(math.floor(high - low) + 2)
+    key = (run_id - run_id[0]).astype(np.float64)
+    key *= span
+    key -= low
+    key += dist2
+    order = np.argsort(key)
+    key = key[order]
+    tie = key[1:] == key[:-1]
+    del key
+    if not tie.any():
+        return order
+    in_run = np.zeros(order.size, dtype=bool)
+    in_run[1:] |= tie
+    in_run[:-1] |= tie
+    pos = np.flatnonzero(in_run)
+    del in_run
+    run2 = np.cumsum(np.r_[True, ~tie])[pos]
+    sub = order[pos]
+    d2 = dist2[sub]
+    starts = np.flatnonzero(np.r_[True, run2[1:] != run2[:-1]])
+    lengths = np.diff(np.r_[starts, sub.size])
+    uniform = np.repeat(np.logical_and.reduceat(d2 == np.repeat(d2[starts], lengths), starts), lengths)
+    cols = col[sub]
+    exact = np.flatnonzero(uniform)  # equal dist2: by column (run2 * n_cols < dist2.size * n_cols < 2^62)
+    sub[exact] = sub[exact][np.argsort(run2[exact] * n_cols + cols[exact])]
+    rounded = np.flatnonzero(~uniform)
+    if rounded.size:
+        sub[rounded] = sub[rounded][np.lexsort((cols[rounded], d2[rounded], run2[rounded]))]
     order[pos] = sub
     return order
 

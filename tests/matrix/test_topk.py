@@ -73,6 +73,24 @@ def test_select_topk_is_the_rule_with_exact_ties_for_any_jobs(n: int, k: int, we
     assert _pairs(out) == _brute_force(e, k)
 
 
+@pytest.mark.parametrize("gap", [0.0625, 1e-13])  # 1e-13: distances that round together in the second key too
+def test_weight_ties_are_ordered_by_distance_then_column(gap: float) -> None:
+    """Nearest splats with a non-uniform depth prior: each row holds many entries of exactly the same
+    weight with distinct distances (the weight key cannot order them, the distance must): the
+    Top-K is the rule's, and ``_order_runs`` is ``lexsort`` on ``(run, dist2, col)``."""
+    rng = np.random.default_rng(4)
+    n = 4000
+    row = rng.integers(0, 30, n).astype(np.int64)
+    weight = rng.integers(1, 4, n) / 64.0  # three exact weights
+    dist2 = 0.25 + rng.integers(0, 5, n) * gap
+    col = rng.permutation(10 * n)[:n].astype(np.int64)
+    e = Entries(row, col, weight, dist2)
+    for k in (1, 5, 24, 200):
+        assert _pairs(select_topk(e, k)) == _brute_force(e, k)
+    run = np.sort(rng.integers(0, 600, n)).astype(np.int64) + 12345
+    assert np.array_equal(topk_mod._order_runs(run, dist2, col, 10 * n), np.lexsort((col, dist2, run)))
+
+
 def test_keys_that_round_together_are_put_in_the_exact_order() -> None:
     """Rows near 2^24 make ``row * span + (primary - min)`` coarser than 1e-9: weights 1e-12 apart
     share a key (a run that is not an exact tie) and must still be ordered by weight, then dist2,
