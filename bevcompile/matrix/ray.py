@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,9 @@ DIST2_STEP_BITS = 3
 per octave over ``DIST2_OCTAVES`` octaves below 1 (82 sub-bins, one below and one above)."""
 MAX_TIE_VALUES = 2
 """``classes`` bins are used when the prior's distinct single-bin weights are at most this many
-(uniform: one; ``8 + 83 = 91`` bins per cell, two: 174)."""
+(uniform: one; ``8 + 83 = 91`` bins per cell, two: 174); ``ranked`` past it."""
+RANKED_LOW_BINS = 32
+"""``ranked`` bins: weights below a row's reference weight, linear in ``w / t_row`` over ``[0, 1)``."""
 
 RayBlock = tuple[CameraPlan, int, int, int, int]
 """``(plan, r0, r1, d_end, units)``: rays ``[r0, r1)`` of the plan at depth bins ``[0, d_end)``;
@@ -249,8 +251,7 @@ class RayBins:
     ``w`` (and, for ``classes``, its ``dist2``) that never decreases along the Top-K order (larger
     weight, then smaller ``dist2``), so an entry in a later bin than K others is beaten by them.
 
-    * ``linear`` (bilinear splats; nearest with a per-pixel prior or more than
-      ``MAX_TIE_VALUES`` distinct single-bin weights): ``bin = clip(trunc(a - w b), 0, n - 1)``
+    * ``linear`` (bilinear splats; nearest with a per-pixel prior): ``bin = clip(trunc(a - w b), 0, n - 1)``
       with ``b = LINEAR_BINS / w_ref``, ``a = n (1 - 2^-20)``, ``n = LINEAR_BINS + TOP_BINS``: linear in ``w`` over
       ``(0, w_ref]`` (``w_ref`` the prior's largest weight, a point's largest splat weight), then
       ``TOP_BINS`` for merged entries up to ``(1 + TOP_BINS / LINEAR_BINS) w_ref``; weight 0 in the
@@ -262,6 +263,15 @@ class RayBins:
       (``dist2_bins()`` bins by ``dist2``: eighth-octaves of ``dist2 / h2`` from ``2^-10`` to 1, ``h2``
       the squared half-diagonal of a cell, one bin below and one above), ``2i + 2`` strictly between
       ``t_(i+1)`` and ``t_i`` (below ``t_(m-1)`` for the last; one bin each).
+    * ``ranked`` (nearest, a ``(D,)`` or ``(n_cam, D)`` prior of more than ``MAX_TIE_VALUES``
+      distinct values): whole rows still tie on weight, but on a different value per row, so each
+      row has its own reference weight ``t_row`` (``ref``, per counting-frame row: the largest
+      single-bin weight among the row's entries of the pass-1 sample, :meth:`RayStream.__init__`;
+      the prior's largest where the sample has none). The classes of one tie value, relative to it:
+      ``TOP_BINS`` bins above ``t_row`` by ``w / t_row``, ``dist2_bins()`` bins of weight exactly
+      ``t_row`` by ``dist2``, ``RANKED_LOW_BINS`` below it linear in ``w / t_row``, weight 0 last.
+      A wrong reference costs candidates, never an entry: the bins follow the Top-K order in every
+      row whatever ``t_row``.
     """
 
     kind: str
@@ -271,20 +281,29 @@ class RayBins:
     ties: tuple[float, ...] = ()
     inv_h2: float = 0.0
     d2_base: int = 0
+    ref: F64 | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def for_stream(cls, prior: NormalisedPrior, n_cam: int, bilinear: bool, bev: BevBox) -> RayBins:
         if not bilinear and not prior.per_pixel:
             values = np.unique(np.concatenate([prior.table(c) for c in range(n_cam)]))
             ties = values[values > 0.0][::-1]
+            h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
+            base = int(np.array([2.0**-DIST2_OCTAVES]).view(np.int64)[0] >> (52 - DIST2_STEP_BITS)) - 1
             if 0 < ties.size <= MAX_TIE_VALUES:
-                h2 = (0.5 * bev.dx) ** 2 + (0.5 * bev.dy) ** 2
                 n_bins = TOP_BINS + ties.size * (dist2_bins() + 1)
-                base = int(np.array([2.0**-DIST2_OCTAVES]).view(np.int64)[0] >> (52 - DIST2_STEP_BITS)) - 1
                 return cls("classes", n_bins, ties=tuple(float(t) for t in ties), inv_h2=1.0 / h2, d2_base=base)
+            if ties.size:  # the reference weights come later (with_reference)
+                n_bins = TOP_BINS + dist2_bins() + RANKED_LOW_BINS + 1
+                return cls("ranked", n_bins, ties=(float(ties[0]),), inv_h2=1.0 / h2, d2_base=base)
         w_ref = prior.max_weight()
         n_bins = LINEAR_BINS + TOP_BINS
         return cls("linear", n_bins, a=n_bins * (1.0 - 2.0**-20), b=LINEAR_BINS / w_ref if w_ref > 0 else 0.0)
+
+    def with_reference(self, ref: F64) -> RayBins:
+        """``ranked``: these bins with the reference weight of every counting-frame row (``ref``
+        ``(n_frame,)`` float64; ``<= 0`` where there is none: the prior's largest weight ``ties[0]``)."""
+        return RayBins(self.kind, self.n_bins, ties=self.ties, inv_h2=self.inv_h2, d2_base=self.d2_base, ref=np.where(ref > 0.0, ref, self.ties[0]))
 
     @property
     def class_start(self) -> I64:
@@ -293,9 +312,25 @@ class RayBins:
         sizes = [TOP_BINS] + [q if c % 2 else 1 for c in range(1, 2 * len(self.ties) + 1)]
         return np.cumsum([0, *sizes[:-1]]).astype(np.int64)
 
-    def of(self, weight: F64, dist2: F64 | None = None) -> I64:
+    def of(self, weight: F64, dist2: F64 | None = None, frame: I64 | None = None) -> I64:
         """The bins of entries of merged weight ``weight`` (``dist2`` their tie-break distance:
-        needed by ``classes``). Any shape."""
+        needed by ``classes`` and ``ranked``; ``frame`` their counting-frame rows: needed by
+        ``ranked``). Any shape."""
+        if self.kind == "ranked":
+            assert dist2 is not None and frame is not None and self.ref is not None
+            t_row = self.ref[frame]
+            ratio = weight / t_row
+            out = self._dist2_sub(dist2)
+            out += TOP_BINS
+            above = weight > t_row
+            if above.any():  # by w / t: (1, 2) the last of the TOP_BINS, 2 or more earlier
+                out[above] = TOP_BINS - np.clip(ratio[above].astype(np.int64), 1, TOP_BINS)
+            below = weight < t_row
+            if below.any():  # linear in 1 - w / t
+                low = ((1.0 - ratio[below]) * RANKED_LOW_BINS).astype(np.int64)
+                out[below] = TOP_BINS + dist2_bins() + np.clip(low, 0, RANKED_LOW_BINS - 1)
+            out[weight <= 0.0] = self.n_bins - 1
+            return out
         if self.kind == "linear":  # a < n_bins and w >= 0: only weights above a / b need a bound (at 0)
             x = weight * -self.b
             x += self.a
@@ -346,6 +381,8 @@ class RayBins:
         margin; 0 where the threshold keeps everything): ``linear``, ``trunc(a - w b) <= t`` needs
         ``w > (a - t - 1) / b``; ``classes``, a bin of class ``2i + 1`` needs ``w >= t_i``, of class
         ``2i`` ``w > t_i`` (``t_m = 0``)."""
+        if self.kind == "ranked":  # relative to the row's reference weight (RayStream multiplies)
+            return self.ranked_floor(threshold)
         if self.kind == "linear":
             if self.b <= 0.0:
                 return np.zeros(threshold.size)
@@ -357,6 +394,21 @@ class RayBins:
         low = ties[np.minimum(cls_ // 2, len(self.ties))] * (1.0 - PREFILTER_MARGIN)
         low[threshold >= self.n_bins - 1] = 0.0
         return np.asarray(low, dtype=np.float64)
+
+
+    def ranked_floor(self, threshold: I64) -> F64:
+        """``ranked``: per threshold bin, the least ``w / t_row`` of an entry that may pass it (less a
+        margin; 0 where it keeps everything): a bin above ``t_row`` of index ``b`` needs
+        ``w / t_row >= TOP_BINS - b`` (``> 1`` for the last), one of weight ``t_row`` ``w >= t_row``,
+        a low bin ``j`` ``w / t_row > 1 - (j + 1) / RANKED_LOW_BINS``."""
+        q = dist2_bins()
+        thr = threshold.astype(np.float64)
+        above = TOP_BINS - thr
+        low = 1.0 - (thr - TOP_BINS - q + 1.0) / RANKED_LOW_BINS
+        floor = np.where(thr < TOP_BINS, above, np.where(thr < TOP_BINS + q, 1.0, low))
+        floor = np.maximum(floor, 0.0) * (1.0 - PREFILTER_MARGIN)
+        floor[threshold >= self.n_bins - 1] = 0.0
+        return floor
 
 
 def dist2_bins() -> int:
@@ -473,11 +525,29 @@ class RayStream:
         release_free_memory()
         self.n_valid = sum(p.pixel_index.size for p in plans) * rig.depth.n_bins
         self._blocks = plan_ray_blocks(plans, self.plane)
+        if self.bins.kind == "ranked" and k > 0:
+            self.bins = self.bins.with_reference(self._reference_weights(jobs))
         # fewer than 2^31 entries in all (4 per point at most): no histogram counter can overflow int32
         self.hist_dtype = np.int32 if 4 * self.n_valid < np.iinfo(np.int32).max else np.int64
 
     def blocks(self) -> list[RayBlock]:
         return self._blocks
+
+    def _reference_weights(self, jobs: int) -> F64:
+        """``ranked`` bins (nearest): per BEV cell, the largest single-bin weight (prior value) of
+        the pass-1 sample's points in it, 0 where none (:class:`RayBins`). A maximum: the same for
+        every ``--jobs``; the sample is pass 1's, so this costs about one more pass 1."""
+        ref = np.zeros(self.n_cells)
+
+        def cells(block: RayBlock) -> tuple[I64, F64]:
+            pts = self._points(block, self.stride)
+            cell, _d2 = nearest_split(self.bev, self.trunc, pts.fx, pts.fy, in_place=True)
+            prior = pts.prior if isinstance(pts.prior, np.ndarray) else np.full(cell.size, pts.prior)
+            return cell, prior
+
+        for cell, prior in ordered_map(cells, self.count_blocks(), jobs):
+            np.maximum.at(ref, cell, prior)
+        return ref
 
     def count_blocks(self) -> list[RayBlock]:
         """Pass 1's work items: runs of ``PASS1_STRIDE // n_corners`` consecutive blocks of a camera
@@ -613,7 +683,7 @@ class RayStream:
         frame = m.base[None, :] + self.offsets[:, None]
         if k > 0:
             keys = frame * n_bins
-            keys += self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :])
+            keys += self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :], frame)
             self._hist = hist
             return 0, np.zeros(0, np.int64), np.zeros(0), keys.reshape(-1)
         hist.add_scattered(frame[m.weight > 0.0])
@@ -690,7 +760,8 @@ class RayStream:
         threshold (:meth:`fold_collected`; the others are beaten by K counted entries)."""
         if not len(entries):
             return entries
-        keep = self.bins.of(entries.weight, entries.dist2) <= self._thr[self.frame.of_cell(entries.row) if self.bilinear else entries.row]
+        frame = self.frame.of_cell(entries.row) if self.bilinear else entries.row
+        keep = self.bins.of(entries.weight, entries.dist2, frame) <= self._thr[frame]
         return entries if keep.all() else entries.take(keep)
 
     def _tighten(self, frame: I64, threshold: I64) -> None:
@@ -699,6 +770,8 @@ class RayStream:
         valid for the block they filter (each table only tightens)."""
         self._thr[frame] = threshold
         self._wlow[frame] = self._low_of_bin[threshold]
+        if self.bins.ref is not None:  # ranked: relative to the row's reference weight
+            self._wlow[frame] *= self.bins.ref[frame]
         if self._d2cut is not None:
             self._d2cut[frame] = self._cut_of_bin[threshold]
 
@@ -723,6 +796,8 @@ class RayStream:
             inside = self._thr >= 0
             self._wlow = np.full(self._thr.size, np.inf)  # padding rows: nothing passes
             self._wlow[inside] = self._low_of_bin[self._thr[inside]]
+            if self.bins.ref is not None:  # ranked: relative to the row's reference weight
+                self._wlow[inside] *= self.bins.ref[inside]
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
                 self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
@@ -773,7 +848,7 @@ class RayStream:
                 frame += self.offsets[corner]
                 del corner, at
             wh = flat_w[hit]
-            bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit])  # nearest: one corner, hit is the point
+            bins = self.bins.of(wh, None if m.dist2 is None else m.dist2[hit], frame)  # nearest: one corner, hit is the point
             exact = bins <= self._thr[frame]
             exact &= wh > 0.0
             hit, frame, bins = hit[exact], frame[exact], bins[exact]

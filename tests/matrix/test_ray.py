@@ -148,6 +148,26 @@ def test_every_jobs_count_writes_the_same_ray_bytes(monkeypatch: pytest.MonkeyPa
             assert _store_bytes(build_matrix(rig, options, jobs=jobs), rig) == want, (rig.name, jobs)
 
 
+def test_ranked_bins_give_the_same_bytes_and_candidates_for_every_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nearest with a many-valued ``(D,)`` prior: the ``ranked`` bins' reference weights (a maximum
+    over the pass-1 sample, folded from the threads) and so the matrix and the candidates sorted are
+    the same for every ``--jobs``; the Top-K is the straightforward build's."""
+    monkeypatch.setattr(ray_mod, "CHUNK_POINTS", 700)
+    rig = MULTI
+    prior = DepthPrior(np.linspace(2.0, 0.5, rig.depth.n_bins))
+    options = MatrixOptions(mode="ray", topk=4, splat="nearest", align=1, depth_prior=prior.token)
+    stream = ray_mod.RayStream(rig, splat="nearest", rounding="floor", k=4, prior=prior.normalised(rig), jobs=1)
+    assert stream.bins.kind == "ranked" and stream.bins.ref is not None
+    assert np.unique(stream.bins.ref).size > 3  # the rows' reference weights differ
+    first = build_matrix(rig, options, jobs=1, depth_prior=prior)
+    for jobs in (2, 3):
+        again = build_matrix(rig, options, jobs=jobs, depth_prior=prior)
+        assert _store_bytes(again, rig) == _store_bytes(first, rig)
+        assert again.figures.n_candidates == first.figures.n_candidates
+    ref = reference_matrix(rig, options, prior=prior.normalised(rig).dense(rig))
+    assert np.array_equal(first.coo_row, ref.row) and np.array_equal(first.coo_col, ref.col)
+
+
 def test_ray_attributes_and_prior_record() -> None:
     prior = DepthPrior(per_pixel_prior(MULTI), "prior.npy", "ab" * 32)
     p = build_matrix(MULTI, MatrixOptions(mode="ray", topk=4, depth_prior=prior.token), depth_prior=prior)
@@ -255,9 +275,11 @@ def test_merge_equals_a_dict_sum_on_monotone_rays(rays: list, size: int, seed: i
 # ---- the Top-K score bins (ray.RayBins) ----------------------------------------------------------
 
 
-def _bins_cases() -> list[tuple[str, ray_mod.RayBins, np.ndarray, np.ndarray]]:
+def _bins_cases() -> list[tuple[str, ray_mod.RayBins, np.ndarray, np.ndarray, np.ndarray]]:
     """Each kind of bins with entries as a ray build makes them: single-bin weights (exactly a prior
-    value), merged runs (sums of them), bilinear splats (prior times corner weights), exact zeros."""
+    value), merged runs (sums of them), bilinear splats (prior times corner weights), exact zeros;
+    and each entry's counting-frame row (``ranked``: four rows whose reference weights are the
+    prior's largest, a middle value, its smallest, and a weight no entry has)."""
     rig = MULTI
     box = ray_mod.BevBox.of(rig)
     rng = np.random.default_rng(11)
@@ -280,38 +302,51 @@ def _bins_cases() -> list[tuple[str, ray_mod.RayBins, np.ndarray, np.ndarray]]:
         h2 = (0.5 * box.dx) ** 2 + (0.5 * box.dy) ** 2
         dist2 = rng.random(weight.size) ** 3 * 2.5 * h2
         dist2[-50:] = dist2[:50]  # exact ties on (weight, dist2)
-        out.append((name, bins, weight, dist2))
+        frame = rng.integers(0, 4, weight.size)
+        if bins.kind == "ranked":
+            values = np.unique(table)
+            bins = bins.with_reference(np.array([values[-1], values[values.size // 2], values[0], 0.5 * (values[0] + values[1])]))
+        out.append((name, bins, weight, dist2, frame))
     return out
 
 
 BINS_CASES = _bins_cases()
 
 
-@pytest.mark.parametrize(("name", "bins", "weight", "dist2"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
-def test_convention_ray_score_bins_follow_the_topk_order(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray) -> None:
-    """Entries sorted by the Top-K order (larger weight, then smaller dist2) have non-decreasing
-    bins in ``[0, n_bins)``, weight 0 in the last bin; so a row's K-th best bin bounds its Top-K."""
-    order = np.lexsort((dist2, -weight))
-    b = bins.of(weight[order], dist2[order])
-    assert b.min() >= 0 and b.max() <= bins.n_bins - 1
-    assert np.all(np.diff(b) >= 0), name
-    assert np.all(bins.of(np.zeros(3), np.ones(3)) == bins.n_bins - 1)
-    assert np.unique(b).size > 8  # the bins separate entries (not one bin for all)
-    if bins.kind == "classes":  # one depth bin's weight: only dist2 orders the ties, in many bins
-        single = weight == bins.ties[0]
-        assert np.unique(bins.of(weight[single], dist2[single])).size >= 20
+@pytest.mark.parametrize(("name", "bins", "weight", "dist2", "frame"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
+def test_convention_ray_score_bins_follow_the_topk_order(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray, frame: np.ndarray) -> None:
+    """A row's entries sorted by the Top-K order (larger weight, then smaller dist2) have
+    non-decreasing bins in ``[0, n_bins)``, weight 0 in the last bin; so a row's K-th best bin
+    bounds its Top-K (``ranked``: in every row, whatever its reference weight)."""
+    for row in range(4):
+        mine = np.flatnonzero(frame == row)
+        order = mine[np.lexsort((dist2[mine], -weight[mine]))]
+        b = bins.of(weight[order], dist2[order], frame[order])
+        assert b.min() >= 0 and b.max() <= bins.n_bins - 1
+        assert np.all(np.diff(b) >= 0), (name, row)
+        assert np.all(bins.of(np.zeros(3), np.ones(3), np.full(3, row)) == bins.n_bins - 1)
+        assert np.unique(b).size > 8  # the bins separate entries (not one bin for all)
+    tie = bins.ties[0] if bins.kind == "classes" else None
+    if bins.kind == "ranked":  # row 0's reference is the prior's largest weight
+        assert bins.ref is not None
+        tie = float(bins.ref[0])
+    if tie is not None:  # one depth bin's weight: only dist2 orders the ties, in many bins
+        single = weight == tie
+        assert np.unique(bins.of(weight[single], dist2[single], np.zeros(int(single.sum()), np.int64))).size >= 20
 
 
-@pytest.mark.parametrize(("name", "bins", "weight", "dist2"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
-def test_ray_prefilter_bounds_never_drop_an_entry_the_threshold_keeps(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray) -> None:
-    """For every threshold bin t: an entry with bin <= t has weight >= lowest_weight(t), and (one
-    tie value) an entry of weight t_0 with bin <= t has dist2 < dist2_cut(t), while one at or past
-    the cut has a bin > t (the pass-2 float pre-filters are supersets of the exact test)."""
-    b = bins.of(weight, dist2)
+@pytest.mark.parametrize(("name", "bins", "weight", "dist2", "frame"), BINS_CASES, ids=[c[0] for c in BINS_CASES])
+def test_ray_prefilter_bounds_never_drop_an_entry_the_threshold_keeps(name: str, bins: ray_mod.RayBins, weight: np.ndarray, dist2: np.ndarray, frame: np.ndarray) -> None:
+    """For every threshold bin t: an entry with bin <= t has weight >= lowest_weight(t) (``ranked``:
+    times its row's reference weight, as the stream applies it), and (one tie value) an entry of
+    weight t_0 with bin <= t has dist2 < dist2_cut(t), while one at or past the cut has a bin > t
+    (the pass-2 float pre-filters are supersets of the exact test)."""
+    b = bins.of(weight, dist2, frame)
+    scale = bins.ref[frame] if bins.ref is not None else np.ones(weight.size)
     for t in range(bins.n_bins):
         passing = b <= t
-        low = bins.lowest_weight(np.array([t]))[0]
-        assert np.all(weight[passing] >= low), (name, t)
+        low = bins.lowest_weight(np.array([t]))[0] * scale
+        assert np.all(weight[passing] >= low[passing]), (name, t)
         if bins.kind == "classes" and len(bins.ties) == 1:
             cut = bins.dist2_cut(np.array([t]))[0]
             tied = weight == bins.ties[0]
@@ -321,10 +356,11 @@ def test_ray_prefilter_bounds_never_drop_an_entry_the_threshold_keeps(name: str,
 
 
 def test_ray_bins_kind_follows_the_prior() -> None:
-    """Nearest with few distinct single-bin weights splits exact ties by dist2 (``classes``); a
-    bilinear splat, a per-pixel prior or many prior values use weight bins (``linear``)."""
+    """Nearest with few distinct single-bin weights splits exact ties by dist2 (``classes``), with
+    many by dist2 around each row's reference weight (``ranked``); a bilinear splat or a per-pixel
+    prior use weight bins (``linear``)."""
     kinds = {c[0]: c[1].kind for c in BINS_CASES}
-    assert kinds == {"uniform nearest": "classes", "two values nearest": "classes", "per-depth nearest": "linear", "uniform bilinear": "linear", "per-camera bilinear": "linear"}
+    assert kinds == {"uniform nearest": "classes", "two values nearest": "classes", "per-depth nearest": "ranked", "uniform bilinear": "linear", "per-camera bilinear": "linear"}
     per_pixel = DepthPrior(per_pixel_prior(MULTI)).normalised(MULTI)
     assert ray_mod.RayBins.for_stream(per_pixel, MULTI.n_cam, False, ray_mod.BevBox.of(MULTI)).kind == "linear"
 
