@@ -395,7 +395,6 @@ class RayBins:
         low[threshold >= self.n_bins - 1] = 0.0
         return np.asarray(low, dtype=np.float64)
 
-
     def ranked_floor(self, threshold: I64) -> F64:
         """``ranked``: per threshold bin, the least ``w / t_row`` of an entry that may pass it (less a
         margin; 0 where it keeps everything): a bin above ``t_row`` of index ``b`` needs
@@ -769,9 +768,10 @@ class RayStream:
         from them; the workers read these tables while this runs: every value they can see is
         valid for the block they filter (each table only tightens)."""
         self._thr[frame] = threshold
-        self._wlow[frame] = self._low_of_bin[threshold]
+        low = self._low_of_bin[threshold]
         if self.bins.ref is not None:  # ranked: relative to the row's reference weight
-            self._wlow[frame] *= self.bins.ref[frame]
+            low *= self.bins.ref[frame]
+        self._wlow[frame] = low  # one write of the final value: the workers read this table
         if self._d2cut is not None:
             self._d2cut[frame] = self._cut_of_bin[threshold]
 
@@ -795,9 +795,10 @@ class RayStream:
             self._low_of_bin = self.bins.lowest_weight(every_bin)
             inside = self._thr >= 0
             self._wlow = np.full(self._thr.size, np.inf)  # padding rows: nothing passes
-            self._wlow[inside] = self._low_of_bin[self._thr[inside]]
+            low = self._low_of_bin[self._thr[inside]]
             if self.bins.ref is not None:  # ranked: relative to the row's reference weight
-                self._wlow[inside] *= self.bins.ref[inside]
+                low *= self.bins.ref[inside]
+            self._wlow[inside] = low
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
                 self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
