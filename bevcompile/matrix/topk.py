@@ -289,7 +289,8 @@ class Histogram:
             self.total[rows] += counts.reshape(rows.size, self.n_bins)
 
     def add_scattered(self, keys: I64) -> None:
-        """Count global keys ``row * n_bins + bin`` one by one (``np.add.at``): cheaper than
+        """Count global keys ``row * n_bins + bin`` one by one (:func:`~bevcompile.matrix.scatter.scatter_add`,
+        ``np.add.at``'s counts without the GIL): cheaper than
         :meth:`add_local` when a block's entries spread over many rows (a few per counter)."""
         if not keys.size:
             return
