@@ -252,7 +252,7 @@ def parse_manifest(data: Any, *, source: str, base: str | Path, sha256: str = ""
     for key in ("products", "vehicles"):
         if key not in data:
             raise ctx.fail(key, "missing required field")
-    products = parse_products(ctx, data["products"])
+    products = parse_products(ctx, data["products"], base)
     template = None
     if data.get("template") is not None:
         given = data["template"]

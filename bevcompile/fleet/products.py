@@ -10,6 +10,13 @@ takes ``true``/``false``. The products are built in the order ``grid``, ``matrix
 given exactly what the CLI gives them (:func:`~bevcompile.grid.build.grid_command_options`,
 :meth:`~bevcompile.matrix.build.MatrixOptions.from_command`,
 :func:`~bevcompile.interop.export.interop_command_targets`).
+
+``matrix``'s ``depth-prior`` (``--mode ray``) is ``uniform`` or a ``.npy`` file, relative to the
+manifest's folder like every manifest path (resolved to an absolute path: with ``--scheduler`` the
+workers read it, so it must be on shared storage). The manifest check reads it once (a real array
+of 1, 2 or 4 dimensions, finite, >= 0) and records its hash in the build options; each vehicle
+checks its shape against its own rig, and refuses a file that changed since (one line, like any
+vehicle error).
 """
 
 from __future__ import annotations
@@ -19,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import DepthPriorError, UsageError
 from ..grid.build import GridBuildOptions, grid_command_options
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..interop.export import interop_command_targets
 from ..matrix.build import MatrixOptions
+from ..matrix.prior import UNIFORM, array_sha256, check_prior_values, load_prior_file, read_depth_prior
 from ..rig.config import RigConfig, _Ctx, _integer, _list, _mapping, _number, _string
 
 PRODUCT_ORDER = ("grid", "matrix", "export-interop")
@@ -59,6 +67,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
         Option("quantize", "str?", None),
         Option("compact-rows", "bool", False),
         Option("rounding", "str", "floor"),
+        Option("depth-prior", "str", UNIFORM),
     ),
     "export-interop": (
         Option("to", "list", ()),
@@ -89,6 +98,7 @@ class Product:
     matrix: MatrixOptions | None = None
     interop: dict[str, dict[str, Any]] | None = None
     resolved: dict[str, Any] = field(default_factory=dict)
+    depth_prior_file: str | None = None  # matrix: the absolute path of a depth-prior .npy (None: uniform)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -145,8 +155,9 @@ def _value(ctx: _Ctx, option: Option, value: Any, where: str) -> Any:
     return tuple(_string(ctx, item, f"{where}[{i}]" if isinstance(value, list | tuple) else where) for i, item in enumerate(_list(ctx, items, where)))
 
 
-def parse_product(ctx: _Ctx, name: str, data: Any, field_path: str) -> Product:
-    """One ``products.<name>`` entry -> :class:`Product` (ConfigError with the field path)."""
+def parse_product(ctx: _Ctx, name: str, data: Any, field_path: str, base: Path | None = None) -> Product:
+    """One ``products.<name>`` entry -> :class:`Product` (ConfigError with the field path);
+    ``base``: the folder relative paths are relative to (the manifest's; default: the current one)."""
     data = {} if data is None else _mapping(ctx, data, field_path)
     known = {o.name: o for o in OPTIONS[name]}
     given: dict[str, Any] = {}
@@ -175,11 +186,15 @@ def parse_product(ctx: _Ctx, name: str, data: Any, field_path: str) -> Product:
             }
             return Product(name, given, grid=options, resolved=resolved)
         if name == "matrix":
+            prior_file, token = _depth_prior(ctx, values["depth-prior"], f"{field_path}.depth-prior", base)
+            if prior_file is not None:
+                given["depth-prior"] = prior_file
             matrix = MatrixOptions.from_command(
                 mode=values["mode"], topk=values["topk"], align=values["align"], splat=values["splat"], normalize=values["normalize"],
                 tile_rows=values["tile-rows"], quantize=values["quantize"], compact_rows=values["compact-rows"], rounding=values["rounding"],
+                depth_prior=token,
             )
-            return Product(name, given, matrix=matrix, resolved=matrix.to_dict())
+            return Product(name, given, matrix=matrix, resolved=matrix.to_dict(), depth_prior_file=prior_file)
         if "to" not in given:
             raise ctx.fail(f"{field_path}.to", "missing required option (bevpoolv2 and/or fastbev-lut)")
         targets = interop_command_targets(
@@ -191,9 +206,26 @@ def parse_product(ctx: _Ctx, name: str, data: Any, field_path: str) -> Product:
         raise ctx.fail(field_path, str(exc)) from None
 
 
-def parse_products(ctx: _Ctx, data: Any) -> tuple[Product, ...]:
+def _depth_prior(ctx: _Ctx, value: str, where: str, base: Path | None) -> tuple[str | None, str]:
+    """``matrix.depth-prior``: ``(None, "uniform")``, or a ``.npy`` file's absolute path and the
+    ``build_options`` token of its array (ConfigError naming ``where`` and the file)."""
+    if value.strip().lower() == UNIFORM:
+        return None, UNIFORM
+    if not value.strip():
+        raise ctx.fail(where, "must be 'uniform' or a .npy file")
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else ((base or Path.cwd()) / path).resolve()
+    try:
+        values, _sha = load_prior_file(path)
+        raw = check_prior_values(values, str(path))
+    except DepthPriorError as exc:
+        raise ctx.fail(where, str(exc)) from None
+    return str(path), f"sha256:{array_sha256(raw)}"
+
+
+def parse_products(ctx: _Ctx, data: Any, base: Path | None = None) -> tuple[Product, ...]:
     """``products:`` -> products in build order. At least one; ``export-interop`` needs ``grid``
-    or ``matrix`` (it reads a store)."""
+    or ``matrix`` (it reads a store). ``base``: the manifest's folder (relative paths)."""
     data = _mapping(ctx, data, "products")
     for key in data:
         if key not in PRODUCT_ORDER:
@@ -202,7 +234,7 @@ def parse_products(ctx: _Ctx, data: Any) -> tuple[Product, ...]:
         raise ctx.fail("products", f"must name at least one product ({', '.join(PRODUCT_ORDER)})")
     if "export-interop" in data and not ({"grid", "matrix"} & set(data)):
         raise ctx.fail("products.export-interop", "needs grid or matrix as well (export-interop adds a group to a store)")
-    return tuple(parse_product(ctx, name, data[name], f"products.{name}") for name in PRODUCT_ORDER if name in data)
+    return tuple(parse_product(ctx, name, data[name], f"products.{name}", base) for name in PRODUCT_ORDER if name in data)
 
 
 def build_products(rig: RigConfig, out_dir: Path, products: tuple[Product, ...], *, checkpoint: Callable[[], None] | None = None) -> Path:
@@ -221,7 +253,7 @@ def build_products(rig: RigConfig, out_dir: Path, products: tuple[Product, ...],
         if product.grid is not None:
             run_grid(rig, out_dir, **product.grid.run_kwargs())
         elif product.matrix is not None:
-            run_matrix(rig, out_dir, product.matrix)
+            run_matrix(rig, out_dir, product.matrix, depth_prior=_vehicle_prior(product, rig))
         else:
             assert product.interop is not None
             run_export_interop(path, product.interop)
@@ -234,3 +266,15 @@ def expected_groups(rig: RigConfig, products: tuple[Product, ...]) -> dict[str, 
     for product in products:
         out.update(product.recorded_build_options(rig))
     return out
+
+
+def _vehicle_prior(product: Product, rig: RigConfig) -> Any:
+    """The depth prior of a ``matrix`` product for ``rig`` (None: uniform): the manifest's file,
+    checked against the rig, and the same array the manifest check hashed."""
+    if product.depth_prior_file is None:
+        return None
+    assert product.matrix is not None
+    prior = read_depth_prior(product.depth_prior_file, rig)
+    if prior.token != product.matrix.depth_prior:
+        raise DepthPriorError(product.depth_prior_file, "", "changed since the fleet manifest was read (its array's sha256 differs); run the fleet again")
+    return prior

@@ -198,6 +198,21 @@ def check_prior(values: np.ndarray, rig: RigConfig, where: str, field: str = "")
             f"shape {tuple(values.shape)}; expected one of {shown} ((D,), (n_cam, D), (n_cam, D, H_f, W_f) for "
             f"{rig.n_cam} cameras, {rig.depth.n_bins} depth bins, feature map {rig.feature_size[0]}x{rig.feature_size[1]})",
         )
+    return _checked_values(values, where, field)
+
+
+def check_prior_values(values: np.ndarray, where: str, field: str = "") -> F64:
+    """What can be checked of a raw prior without the rig (a fleet manifest's ``depth-prior``, read
+    before the vehicles' rigs): a real array of 1, 2 or 4 dimensions, finite, >= 0, not 0
+    everywhere; :func:`check_prior` checks the shape against each rig."""
+    if values.dtype.kind not in "fiu":
+        raise DepthPriorError(where, field, f"dtype {values.dtype}: a depth prior is a real (float or integer) array")
+    if values.ndim not in (1, 2, 4):
+        raise DepthPriorError(where, field, f"shape {tuple(values.shape)}; expected (D,), (n_cam, D) or (n_cam, D, H_f, W_f)")
+    return _checked_values(values, where, field)
+
+
+def _checked_values(values: np.ndarray, where: str, field: str) -> F64:
     raw = np.asarray(values, dtype=np.float64)
     bad = ~np.isfinite(raw)
     if bad.any():
@@ -221,6 +236,13 @@ def _first(mask: npt.NDArray[np.bool_]) -> tuple[int, ...] | int:
 def read_depth_prior(path: str | Path, rig: RigConfig) -> DepthPrior:
     """``--depth-prior FILE.npy``: the checked prior and the file's sha256 (one-line
     :class:`DepthPriorError` for a missing, unreadable, pickled or ill-shaped file)."""
+    values, sha = load_prior_file(path)
+    return DepthPrior(check_prior(values, rig, str(path)), str(path), sha)
+
+
+def load_prior_file(path: str | Path) -> tuple[np.ndarray, str]:
+    """The array of a ``.npy`` prior file (loaded without pickle) and the file's sha256, unchecked
+    (one-line :class:`DepthPriorError` for a missing, unreadable, pickled or damaged file)."""
     path = Path(path)
     where = str(path)
     try:
@@ -237,8 +259,7 @@ def read_depth_prior(path: str | Path, rig: RigConfig) -> DepthPrior:
         raise DepthPriorError(where, "", f"a .npy that needs pickle to load or is damaged ({str(exc).splitlines()[0]})") from None
     except Exception as exc:
         raise DepthPriorError(where, "", f"a damaged .npy file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    raw = check_prior(np.asarray(values), rig, where)
-    return DepthPrior(raw, str(path), hashlib.sha256(data).hexdigest())
+    return np.asarray(values), hashlib.sha256(data).hexdigest()
 
 
 def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where: str, record: object = None) -> DepthPrior:

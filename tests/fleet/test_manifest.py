@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from bevcompile.errors import ConfigError
 from bevcompile.fleet.manifest import load_manifest, parse_manifest
 from bevcompile.fleet.products import Product
+from bevcompile.matrix.prior import DepthPrior
 
 from .fleets import template
 
@@ -117,6 +119,45 @@ def test_mistakes_are_one_line_errors_with_the_field_path(edit, field: str, mess
         _parse(data)
     assert info.value.source == "/fleet/fleet.yaml" and info.value.field == field
     assert message in info.value.message and "\n" not in str(info.value)
+
+
+def test_a_ray_matrix_depth_prior_is_a_file_relative_to_the_manifest_recorded_by_its_hash(tmp_path: Path) -> None:
+    (tmp_path / "priors").mkdir()
+    raw = np.linspace(2.0, 0.5, 8)
+    np.save(tmp_path / "priors" / "depth.npy", raw)
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    data["products"] = {"matrix": {"mode": "ray", "topk": 8, "depth-prior": "priors/depth.npy"}}
+    product = _parse(data, base=tmp_path).products[0]
+    path = str(tmp_path / "priors" / "depth.npy")
+    assert product.depth_prior_file == path
+    assert product.matrix is not None and product.matrix.depth_prior == DepthPrior(raw).token  # the array's hash, as the CLI records it
+    assert product.resolved["depth_prior"] == product.matrix.depth_prior
+    assert product.command() == ["matrix", "--mode", "ray", "--topk", "8", "--depth-prior", path]
+    data["products"]["matrix"]["depth-prior"] = "UNIFORM"
+    uniform = _parse(data, base=tmp_path).products[0]
+    assert uniform.depth_prior_file is None and uniform.matrix is not None and uniform.matrix.depth_prior == "uniform"
+
+
+@pytest.mark.parametrize(
+    ("prior", "mode", "field", "message"),
+    [
+        ("missing.npy", "ray", "products.matrix.depth-prior", "missing.npy: "),
+        ("text.npy", "ray", "products.matrix.depth-prior", "not a .npy file"),
+        ("negative.npy", "ray", "products.matrix.depth-prior", "1 negative value(s)"),
+        ("cube.npy", "ray", "products.matrix.depth-prior", "shape (2, 2, 2); expected (D,), (n_cam, D) or (n_cam, D, H_f, W_f)"),
+        ("good.npy", "frustum", "products.matrix", "--depth-prior applies to --mode ray only (--mode frustum)"),
+    ],
+)
+def test_a_bad_depth_prior_is_a_one_line_error_with_its_field_path(tmp_path: Path, prior: str, mode: str, field: str, message: str) -> None:
+    np.save(tmp_path / "good.npy", np.ones(8))
+    np.save(tmp_path / "negative.npy", np.array([1.0, -1.0, 1.0]))
+    np.save(tmp_path / "cube.npy", np.ones((2, 2, 2)))
+    (tmp_path / "text.npy").write_text("1 2 3")
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    data["products"] = {"matrix": {"mode": mode, "depth-prior": prior}}
+    with pytest.raises(ConfigError) as info:
+        _parse(data, base=tmp_path)
+    assert info.value.field == field and message in info.value.message and "\n" not in str(info.value)
 
 
 def test_a_manifest_that_is_not_a_file_or_not_yaml(tmp_path: Path) -> None:

@@ -142,3 +142,38 @@ def test_no_inspect_skips_only_the_check(built: dict[str, Any]) -> None:
     result = compile_vehicle(ctx, built["manifest"].vehicles[1], built["results"]["car-0000"])
     assert result.status == "built" and "inspect" not in result.phases and "build" in result.phases
     assert tree_digest(Path(result.store)) == tree_digest(Path(built["results"]["car-0001"].store))  # the same bytes
+
+
+def test_a_ray_fleet_with_a_depth_prior_equals_the_single_command_and_checks_the_file_per_vehicle(tmp_path: Path) -> None:
+    """``matrix: {mode: ray, depth-prior: FILE}``: each vehicle's store equals ``bevcompile matrix
+    --mode ray --depth-prior FILE`` file for file; a file that changed after the manifest was read
+    fails the vehicle with one line (as a prior that does not fit its rig would), the store not made."""
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    prior = folder / "depth.npy"
+    np.save(prior, np.linspace(2.0, 0.5, 8))
+    products = {"matrix": {"mode": "ray", "topk": 8, "align": 16, "depth-prior": "depth.npy"}}
+    manifest = load_manifest(write_fleet(folder, 2, products=products))
+    ctx = FleetContext(manifest.path, manifest.template, manifest.products, str(folder / "out"), reference=manifest.reference, max_shift_px=SHIFT_GATE_PX)
+    reference = compile_vehicle(ctx, manifest.vehicles[0])
+    other = compile_vehicle(ctx, manifest.vehicles[1], reference)
+    assert reference.status == other.status == "built", (reference.error, other.error)
+    command = ["matrix", "--mode", "ray", "--topk", "8", "--align", "16", "--depth-prior", str(prior)]
+    assert_same_bytes_as_single_commands(folder / "out", ["car-0000", "car-0001"], tmp_path / "single", (command,))
+    np.save(prior, np.linspace(2.0, 0.25, 8))  # changed after the manifest was read
+    ctx_changed = replace(ctx, out_dir=str(tmp_path / "out2"))
+    changed = compile_vehicle(ctx_changed, manifest.vehicles[1], reference)
+    assert changed.status == "failed" and not (tmp_path / "out2" / "car-0001.zarr").exists()
+    assert changed.error == f"{prior}: changed since the fleet manifest was read (its array's sha256 differs); run the fleet again"
+
+
+def test_a_depth_prior_that_does_not_fit_a_vehicles_rig_fails_that_vehicle_with_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    np.save(folder / "three-cameras.npy", np.ones((3, 8)))  # the test rig has 4 cameras
+    products = {"matrix": {"mode": "ray", "topk": 8, "depth-prior": "three-cameras.npy"}}
+    manifest = load_manifest(write_fleet(folder, 1, products=products))  # the manifest cannot know the vehicles' cameras
+    ctx = FleetContext(manifest.path, manifest.template, manifest.products, str(folder / "out"), reference=manifest.reference)
+    result = compile_vehicle(ctx, manifest.vehicles[0])
+    assert result.status == "failed" and result.error is not None and "\n" not in result.error
+    assert result.error.startswith(f"{folder / 'three-cameras.npy'}: shape (3, 8); expected one of (8,), (4, 8)")
