@@ -31,7 +31,7 @@ from ..grid.build import GridBuildOptions, grid_command_options
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..interop.export import interop_command_targets
 from ..matrix.build import MatrixOptions
-from ..matrix.prior import UNIFORM, array_sha256, check_prior_values, load_prior_file, read_depth_prior
+from ..matrix.prior import UNIFORM, DepthPrior, array_sha256, check_prior_values, load_prior_file, read_depth_prior
 from ..rig.config import RigConfig, _Ctx, _integer, _list, _mapping, _number, _string
 
 PRODUCT_ORDER = ("grid", "matrix", "export-interop")
@@ -268,7 +268,7 @@ def expected_groups(rig: RigConfig, products: tuple[Product, ...]) -> dict[str, 
     return out
 
 
-def _vehicle_prior(product: Product, rig: RigConfig) -> Any:
+def _vehicle_prior(product: Product, rig: RigConfig) -> DepthPrior | None:
     """The depth prior of a ``matrix`` product for ``rig`` (None: uniform): the manifest's file,
     checked against the rig, and the same array the manifest check hashed."""
     if product.depth_prior_file is None:
