@@ -8,8 +8,9 @@ it runs ``out[index[n]] += values[n] * x[0]`` for ``n`` in order, the same addit
 order as ``np.add.at`` (``values[n] * 1`` is exact), so the same bits (pinned by
 ``tests/matrix/test_scatter.py``).
 
-``coo_matvec`` is scipy's internal routine (``scipy.sparse._sparsetools``, unchanged since scipy
-0.14); if it is missing or refuses the arrays, :func:`scatter_add` falls back to ``np.add.at``.
+``coo_matvec`` is scipy's internal routine (``scipy.sparse._sparsetools``, the same arguments
+since scipy 0.14); if it is missing, refuses the arrays or its call signature ever changes (it
+checks its arguments before it writes anything), :func:`scatter_add` falls back to ``np.add.at``.
 
 May import: numpy, scipy.
 """
@@ -67,4 +68,7 @@ def scatter_add(out: npt.NDArray[Any], index: npt.NDArray[np.int64], values: npt
         np.add.at(out, index, dtype.type(1) if values is None else values)
         return
     data = _filled(_ones, 1, dtype, m) if values is None else np.ascontiguousarray(values).reshape(-1)
-    _coo_matvec(m, np.ascontiguousarray(index).reshape(-1), _filled(_zeros, 0, np.dtype(np.int64), m), data, _filled(_ones, 1, dtype, 1), out)
+    try:
+        _coo_matvec(m, np.ascontiguousarray(index).reshape(-1), _filled(_zeros, 0, np.dtype(np.int64), m), data, _filled(_ones, 1, dtype, 1), out)
+    except (TypeError, ValueError):  # another scipy's signature: refused before any write
+        np.add.at(out, index, dtype.type(1) if values is None else values)

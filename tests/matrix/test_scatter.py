@@ -69,3 +69,15 @@ def test_arrays_sparsetools_cannot_take_fall_back_to_add_at() -> None:
     assert strided[2] == 3.0
     with pytest.raises(IndexError):  # the fallback keeps np.add.at's bounds test
         scatter_add(strided, np.array([25], dtype=np.int64), np.array([1.0]))
+
+
+def test_a_sparsetools_that_refuses_the_call_falls_back_to_add_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another scipy's ``coo_matvec`` signature raises before writing: the sums are still ``np.add.at``'s."""
+
+    def refuses(*args: object) -> None:
+        raise TypeError("coo_matvec() takes 7 positional arguments")
+
+    monkeypatch.setattr(scatter_mod, "_coo_matvec", refuses)
+    out = np.zeros(5)
+    scatter_add(out, np.array([0, 0, 4], dtype=np.int64), np.array([1.0, 2.0, 3.0]))
+    assert out.tolist() == [3.0, 0.0, 0.0, 0.0, 3.0]
