@@ -123,26 +123,16 @@ def _rank_order(e: Entries) -> I64:
         key += values
     else:
         key -= values
-    order = np.argsort(key)  # not stable: every run of equal keys is re-sorted exactly below
-    key = key[order]
-    tie = key[1:] == key[:-1]
+    order, runs = _tie_runs(key)  # not stable: every run of equal keys is re-sorted exactly below
     del key
-    if not tie.any():
+    if runs is None:
         return order
-    in_run = np.zeros(order.size, dtype=bool)
-    in_run[1:] |= tie
-    in_run[:-1] |= tie
-    pos = np.flatnonzero(in_run)
-    del in_run
-    run_id = np.cumsum(np.r_[True, ~tie])[pos]
-    del tie
+    pos, run_id, starts, lengths = runs
     sub = order[pos]
     primary = sign * values[sub]
     dist2 = e.dist2[sub]
-    starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
-    lengths = np.diff(np.r_[starts, sub.size])
-    same = (primary == np.repeat(primary[starts], lengths)) & (dist2 == np.repeat(dist2[starts], lengths))
-    uniform = np.repeat(np.logical_and.reduceat(same, starts), lengths)
+    one_primary = _run_constant(primary, starts, lengths)
+    uniform = one_primary & _run_constant(dist2, starts, lengths)
     cols = e.col[sub]
     n_cols = int(e.col.max()) + 1
     rest = np.arange(sub.size)
@@ -151,7 +141,6 @@ def _rank_order(e: Entries) -> I64:
         sub[fast] = sub[fast][np.argsort(run_id[fast] * n_cols + cols[fast])]
         rest = np.flatnonzero(~uniform)
         # runs of one primary (exact weight ties) whose dist2 differ: by (dist2, col), _order_runs
-        one_primary = np.repeat(np.logical_and.reduceat(primary == np.repeat(primary[starts], lengths), starts), lengths)
         tied = np.flatnonzero(one_primary & ~uniform)
         if tied.size:
             sub[tied] = sub[tied][_order_runs(run_id[tied], dist2[tied], cols[tied], n_cols)]
@@ -160,6 +149,35 @@ def _rank_order(e: Entries) -> I64:
         sub[rest] = sub[rest][np.lexsort((cols[rest], dist2[rest], primary[rest], run_id[rest]))]
     order[pos] = sub
     return order
+
+
+def _tie_runs(key: npt.NDArray[np.floating[Any]]) -> tuple[I64, tuple[I64, I64, I64, I64] | None]:
+    """``(order, runs)``: ``argsort(key)`` (not stable), and of the sorted entries that share their
+    key with a neighbour (runs of equal keys, in sorted order) ``(pos, run_id, starts, lengths)``:
+    their positions in ``order``, each one's run number (non-decreasing), and the runs' first
+    index into ``pos`` and length; ``runs`` None when every key is distinct. The caller drops
+    ``key`` after it (its sorted copy is freed here)."""
+    order = np.argsort(key)
+    key = key[order]
+    tie = key[1:] == key[:-1]
+    del key
+    if not tie.any():
+        return order, None
+    in_run = np.zeros(order.size, dtype=bool)
+    in_run[1:] |= tie
+    in_run[:-1] |= tie
+    pos = np.flatnonzero(in_run)
+    del in_run
+    run_id = np.cumsum(np.r_[True, ~tie])[pos]
+    del tie
+    starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
+    lengths = np.diff(np.r_[starts, pos.size])
+    return order, (pos, run_id, starts, lengths)
+
+
+def _run_constant(values: npt.NDArray[Any], starts: I64, lengths: I64) -> npt.NDArray[np.bool_]:
+    """Per entry of :func:`_tie_runs`' runs, whether ``values`` is the same over its whole run."""
+    return np.repeat(np.logical_and.reduceat(values == np.repeat(values[starts], lengths), starts), lengths)
 
 
 def _order_runs(run_id: I64, dist2: F64, col: I64, n_cols: int) -> I64:
@@ -179,23 +197,14 @@ def _order_runs(run_id: I64, dist2: F64, col: I64, n_cols: int) -> I64:
     key *= span
     key -= low
     key += dist2
-    order = np.argsort(key)
-    key = key[order]
-    tie = key[1:] == key[:-1]
+    order, runs = _tie_runs(key)
     del key
-    if not tie.any():
+    if runs is None:
         return order
-    in_run = np.zeros(order.size, dtype=bool)
-    in_run[1:] |= tie
-    in_run[:-1] |= tie
-    pos = np.flatnonzero(in_run)
-    del in_run
-    run2 = np.cumsum(np.r_[True, ~tie])[pos]
+    pos, run2, starts, lengths = runs
     sub = order[pos]
     d2 = dist2[sub]
-    starts = np.flatnonzero(np.r_[True, run2[1:] != run2[:-1]])
-    lengths = np.diff(np.r_[starts, sub.size])
-    uniform = np.repeat(np.logical_and.reduceat(d2 == np.repeat(d2[starts], lengths), starts), lengths)
+    uniform = _run_constant(d2, starts, lengths)
     cols = col[sub]
     exact = np.flatnonzero(uniform)  # equal dist2: by column (run2 * n_cols < dist2.size * n_cols < 2^62)
     sub[exact] = sub[exact][np.argsort(run2[exact] * n_cols + cols[exact])]
