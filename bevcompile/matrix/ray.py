@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -303,7 +303,7 @@ class RayBins:
     def with_reference(self, ref: F64) -> RayBins:
         """``ranked``: these bins with the reference weight of every counting-frame row (``ref``
         ``(n_frame,)`` float64; ``<= 0`` where there is none: the prior's largest weight ``ties[0]``)."""
-        return RayBins(self.kind, self.n_bins, ties=self.ties, inv_h2=self.inv_h2, d2_base=self.d2_base, ref=np.where(ref > 0.0, ref, self.ties[0]))
+        return replace(self, ref=np.where(ref > 0.0, ref, self.ties[0]))
 
     @property
     def class_start(self) -> I64:
@@ -768,12 +768,18 @@ class RayStream:
         from them; the workers read these tables while this runs: every value they can see is
         valid for the block they filter (each table only tightens)."""
         self._thr[frame] = threshold
-        low = self._low_of_bin[threshold]
-        if self.bins.ref is not None:  # ranked: relative to the row's reference weight
-            low *= self.bins.ref[frame]
-        self._wlow[frame] = low  # one write of the final value: the workers read this table
+        self._wlow[frame] = self._weight_floor(threshold, frame)  # one write of the final value: the workers read this table
         if self._d2cut is not None:
             self._d2cut[frame] = self._cut_of_bin[threshold]
+
+    def _weight_floor(self, threshold: I64, frame: I64 | npt.NDArray[np.bool_]) -> F64:
+        """The least weight an entry of frame rows ``frame`` (indices or a mask) may have to pass
+        their thresholds ``threshold``: :meth:`RayBins.lowest_weight`, per bin, times the rows'
+        reference weights for ``ranked`` bins (whose floors are relative to them)."""
+        low = self._low_of_bin[threshold]
+        if self.bins.ref is not None:
+            low *= self.bins.ref[frame]
+        return low
 
     def cells_of_frame(self, per_frame: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return self.frame.cells(per_frame) if self.bilinear else per_frame
@@ -795,10 +801,7 @@ class RayStream:
             self._low_of_bin = self.bins.lowest_weight(every_bin)
             inside = self._thr >= 0
             self._wlow = np.full(self._thr.size, np.inf)  # padding rows: nothing passes
-            low = self._low_of_bin[self._thr[inside]]
-            if self.bins.ref is not None:  # ranked: relative to the row's reference weight
-                low *= self.bins.ref[inside]
-            self._wlow[inside] = low
+            self._wlow[inside] = self._weight_floor(self._thr[inside], inside)
             if self.bins.kind == "classes" and len(self.bins.ties) == 1:
                 self._cut_of_bin = self.bins.dist2_cut(every_bin)
                 self._d2cut = self._cut_of_bin[np.maximum(self._thr, 0)]
