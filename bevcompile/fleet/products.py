@@ -31,7 +31,7 @@ from ..grid.build import GridBuildOptions, grid_command_options
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..interop.export import interop_command_targets
 from ..matrix.build import MatrixOptions
-from ..matrix.prior import UNIFORM, DepthPrior, array_sha256, check_prior_values, load_prior_file, read_depth_prior
+from ..matrix.prior import UNIFORM, DepthPrior, check_prior_values, load_prior_file, read_depth_prior
 from ..rig.config import RigConfig, _Ctx, _integer, _list, _mapping, _number, _string
 
 PRODUCT_ORDER = ("grid", "matrix", "export-interop")
@@ -220,7 +220,7 @@ def _depth_prior(ctx: _Ctx, value: str, where: str, base: Path | None) -> tuple[
         raw = check_prior_values(values, str(path))
     except DepthPriorError as exc:
         raise ctx.fail(where, str(exc)) from None
-    return str(path), f"sha256:{array_sha256(raw)}"
+    return str(path), DepthPrior(raw).token
 
 
 def parse_products(ctx: _Ctx, data: Any, base: Path | None = None) -> tuple[Product, ...]:

@@ -189,8 +189,7 @@ def allowed_shapes(rig: RigConfig) -> tuple[tuple[int, ...], ...]:
 def check_prior(values: np.ndarray, rig: RigConfig, where: str, field: str = "") -> F64:
     """``values`` as a checked float64 raw prior (:class:`DepthPriorError` naming ``where`` otherwise)."""
     shapes = allowed_shapes(rig)
-    if values.dtype.kind not in "fiu":
-        raise DepthPriorError(where, field, f"dtype {values.dtype}: a depth prior is a real (float or integer) array")
+    _check_real(values, where, field)
     if tuple(values.shape) not in shapes:
         shown = ", ".join(str(s) for s in shapes)
         raise DepthPriorError(
@@ -205,11 +204,15 @@ def check_prior_values(values: np.ndarray, where: str, field: str = "") -> F64:
     """What can be checked of a raw prior without the rig (a fleet manifest's ``depth-prior``, read
     before the vehicles' rigs): a real array of 1, 2 or 4 dimensions, finite, >= 0, not 0
     everywhere; :func:`check_prior` checks the shape against each rig."""
-    if values.dtype.kind not in "fiu":
-        raise DepthPriorError(where, field, f"dtype {values.dtype}: a depth prior is a real (float or integer) array")
+    _check_real(values, where, field)
     if values.ndim not in (1, 2, 4):
         raise DepthPriorError(where, field, f"shape {tuple(values.shape)}; expected (D,), (n_cam, D) or (n_cam, D, H_f, W_f)")
     return _checked_values(values, where, field)
+
+
+def _check_real(values: np.ndarray, where: str, field: str) -> None:
+    if values.dtype.kind not in "fiu":
+        raise DepthPriorError(where, field, f"dtype {values.dtype}: a depth prior is a real (float or integer) array")
 
 
 def _checked_values(values: np.ndarray, where: str, field: str) -> F64:
