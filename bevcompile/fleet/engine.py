@@ -358,31 +358,40 @@ def _stop(
     on_result: Callable[[VehicleResult], None] | None,
 ) -> None:
     """The orderly stop after an interrupt: cancel event, cancel what has not started, wait (a
-    bounded time, a second interrupt ends the wait) for the running vehicles."""
+    bounded time, a second interrupt ends the wait) for the running vehicles.
+
+    Every vehicle whose task may have put a store in place gets the task's own result, so the
+    index says ``built`` for exactly the stores this run installed. The cancel event is set
+    FIRST: a task that starts after it stops at its first checkpoint (no store). Then the
+    scheduler is asked which tasks are running and which have finished; a task is cancelled only
+    if it was neither when asked (after the event), so it never installs a store. The finished
+    ones include tasks that completed while the interrupt arrived but that the result loop had
+    not read yet, and tasks that finished after the client's last look (its ``done()`` lags
+    the scheduler)."""
     client = engine.client
-    waiting = [f for f in futures if not f.done()]
+    unread = [f for f in futures if results[futures[f]].status == "pending"]
     with _quiet():
         try:
             distributed.Event(cancel_name, client=client).set()
             running = {key for keys in client.processing().values() for key in keys}
-        except Exception:
-            running = set()
-        not_started = [f for f in waiting if f.key not in running]
-        started = [f for f in waiting if f.key in running]
+            held = {key for key, workers in client.who_has(unread).items() if workers}
+        except Exception:  # the scheduler is gone: nothing more will run; read what the client has
+            running, held = set(), set()
+        settle = [f for f in unread if f.key in running or f.key in held or f.done()]
+        not_started = [f for f in unread if not (f.key in running or f.key in held or f.done())]
         with contextlib.suppress(Exception):
             client.cancel(not_started)
         for f in not_started:
             pending = results[futures[f]]
-            if pending.status == "pending":
-                pending.status, pending.error = "cancelled", "not started: the fleet was interrupted"
+            pending.status, pending.error = "cancelled", "not started: the fleet was interrupted"
         try:
-            for future in distributed.as_completed(started, timeout=CANCEL_GRACE_S):
+            for future in distributed.as_completed(settle, timeout=CANCEL_GRACE_S):
                 results[futures[future]] = _result_of(future, futures[future], results[futures[future]])
                 if on_result is not None:
                     on_result(results[futures[future]])
         except BaseException:  # the grace time ran out, or a second Ctrl-C
             pass
-        for f in started:
+        for f in settle:
             pending = results[futures[f]]
             if pending.status == "pending":
                 pending.status = "cancelled"

@@ -204,3 +204,39 @@ def test_ctrl_c_stops_the_fleet_and_leaves_every_store_whole(tmp_path: Path) -> 
 
 
 CANCEL_BOUND_S = 120.0
+
+
+def test_an_interrupt_reads_every_result_that_landed_before_it(tmp_path: Path) -> None:
+    """The race behind a CI failure: the interrupt arrives while tasks have finished (their stores
+    are in place) but the result loop has not read them yet. The index must still say ``built``
+    for exactly the stores on disk (the stop asks the scheduler what finished, after the cancel
+    event, instead of cancelling those tasks as 'not started')."""
+    from bevcompile.fleet.engine import INDEX_ATTR, run_fleet
+    from bevcompile.fleet.manifest import load_manifest
+
+    n = 4
+    manifest = load_manifest(write_fleet(tmp_path / "fleet", n))
+    out = tmp_path / "out"
+    seen: list[str] = []
+
+    def interrupt_once_every_store_is_in_place(result: Any) -> None:
+        seen.append(result.id)
+        if len(seen) > 1:
+            return
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while len(list(out.glob("*.zarr"))) < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)  # the tasks return (figures, shift) while this loop is not reading
+        raise KeyboardInterrupt
+
+    try:
+        run_fleet(manifest, out, workers=2, on_result=interrupt_once_every_store_is_in_place)
+    except KeyboardInterrupt as exc:
+        stopped = getattr(exc, INDEX_ATTR)
+    else:
+        raise AssertionError("the interrupt raised in on_result did not stop the fleet")
+    index = json.loads((out / "fleet.json").read_text())
+    stores = {p.name.removesuffix(".zarr") for p in out.glob("*.zarr")}
+    assert len(stores) == n
+    assert {v["id"] for v in index["vehicles"] if v["status"] == "built"} == stores
+    assert {r.id for r in stopped.vehicles if r.status == "built"} == stores
