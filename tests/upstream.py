@@ -84,6 +84,7 @@ def fastbev_lut_torch(
     n_voxels: Sequence[int],
     voxel_size: Sequence[float],
     point_cloud_range: Sequence[float],
+    matmul: str = "ordered",
 ) -> np.ndarray:
     """Fast-BEV's own float32 code path in torch, restated from Sense-GVT/Fast-BEV:
     ``RandomAugImageMultiViewImage.rts2proj`` / ``img_transform`` (mmdet3d/datasets/pipelines/
@@ -98,10 +99,38 @@ def fastbev_lut_torch(
     camera and ``lidar`` dicts hold ``ego2global`` = ``(rotation matrix, translation)`` (the ego
     pose when that sensor fired). Returns the LUT in Fast-BEV's volume order
     ``(X, Y, Z)``: ``(cam * H_f + y) * W_f + x`` of the feature pixel the voxel takes (later cameras
-    overwrite earlier ones, as ``volume[:, valid[i]] = ...`` does), -1 where none sees it."""
+    overwrite earlier ones, as ``volume[:, valid[i]] = ...`` does), -1 where none sees it.
+
+    ``matmul``: how ``torch.bmm(projection, points)`` is evaluated. ``"ordered"`` (the proof
+    tests): each ``p_i = ((m_i0 x + m_i1 y) + m_i2 z) + m_i3``, float32 products and sums in index
+    order, each rounded (torch elementwise ops: the same bits on every CPU), the result of a
+    reference GEMM without FMA, and what MKL's own sgemm gives in its reproducible mode
+    (``MKL_CBWR=COMPATIBLE``). ``"bmm"``: ``torch.bmm`` itself, as Fast-BEV writes it; its float32
+    rounding is the BLAS kernel's that the CPU dispatches (FMA, blocking), so it moves the odd
+    voxel that sits on a rounding edge from machine to machine
+    (:func:`fastbev_projected_torch`, ``test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge``)."""
+    lut = np.full(int(np.prod(list(n_voxels))), -1, dtype=np.int64)
+    w_f, h_f = feature_size
+    for cam_index, (u_f, v_f, depth) in enumerate(fastbev_projected_torch(cameras, lidar, stride, n_voxels, voxel_size, point_cloud_range, matmul)):
+        x, y = np.rint(u_f).astype(np.int64), np.rint(v_f).astype(np.int64)  # torch.round: half to even, as np.rint
+        valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (depth > 0)
+        lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]
+    return lut.reshape(*n_voxels)
+
+
+def fastbev_projected_torch(
+    cameras: list[dict[str, Any]],
+    lidar: dict[str, Any],
+    stride: int,
+    n_voxels: Sequence[int],
+    voxel_size: Sequence[float],
+    point_cloud_range: Sequence[float],
+    matmul: str = "ordered",
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per camera, ``(p0 / p2, p1 / p2, p2)`` of every voxel (float32, Fast-BEV's voxel order
+    flattened) of :func:`fastbev_lut_torch` (same arguments, same sources), before the rounding."""
     import torch
 
-    w_f, h_f = feature_size
     pc_range = np.array(point_cloud_range, dtype=np.float32)
     origin = (pc_range[:3] + pc_range[3:]) / 2.0  # KittiSetOrigin
     n_vox = torch.tensor(list(n_voxels))
@@ -110,8 +139,8 @@ def fastbev_lut_torch(
     new_origin = torch.tensor(origin) - n_vox / 2.0 * size
     points = points * size.view(3, 1, 1, 1) + new_origin.view(3, 1, 1, 1)  # get_points: float32 (3, X, Y, Z)
     flat = torch.cat([points.view(3, -1), torch.ones(1, points[0].numel())], dim=0)  # (4, P)
-    lut = torch.full((flat.shape[1],), -1, dtype=torch.long)
-    for cam_index, cam in enumerate(cameras):
+    out = []
+    for cam in cameras:
         rot, tran = mmdet3d_sensor2lidar(cam, lidar, *lidar.get("ego2global", (None, (0.0, 0.0, 0.0))), *cam.get("ego2global", (None, (0.0, 0.0, 0.0))))
         post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
         post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
@@ -131,12 +160,14 @@ def fastbev_lut_torch(
         k = torch.tensor(np.eye(4, dtype=np.float32)[:3, :3])  # _compute_projection
         k[:2] /= stride
         projection = k @ torch.tensor(lidar2img)[:3]
-        p = torch.bmm(projection[None], flat[None])[0]  # backproject_inplace
-        x = (p[0] / p[2]).round().long()
-        y = (p[1] / p[2]).round().long()
-        valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (p[2] > 0)
-        lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]
-    return lut.view(*n_voxels).numpy()
+        if matmul == "bmm":
+            p = torch.bmm(projection[None], flat[None])[0]  # backproject_inplace
+        elif matmul == "ordered":
+            p = ((projection[:, 0:1] * flat[0] + projection[:, 1:2] * flat[1]) + projection[:, 2:3] * flat[2]) + projection[:, 3:4] * flat[3]
+        else:
+            raise ValueError(matmul)
+        out.append(((p[0] / p[2]).numpy(), (p[1] / p[2]).numpy(), p[2].numpy()))
+    return out
 
 
 def petr_resize_crop_intrinsics(intrinsic: Any, resize: float, crop: tuple[int, int]) -> np.ndarray:

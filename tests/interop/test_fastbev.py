@@ -46,11 +46,36 @@ def fastbev_m0_data() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=4)
 def fastbev_upstream_lut(stride: int = 4, crop_top: int = 70) -> np.ndarray:
-    """Fast-BEV's torch code path on the nuScenes car (tests/upstream.py), its (X, Y, Z) LUT."""
+    """Fast-BEV's torch code path on the nuScenes car (tests/upstream.py, its ``bmm`` in index
+    order: :func:`test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge`), its (X, Y, Z) LUT."""
     data = rigs.nuscenes_data()
     rig = parse_config(fastbev_m0_data() | {"feature": {"stride": stride, "pixel_mapping": "corner"}})
     cameras = [dict(c, resize=0.44, crop=[0, crop_top]) for c in data["cameras"]]
     return upstream.fastbev_lut_torch(cameras, data["sensors"][0], stride, rig.feature_size, **FASTBEV_M0)
+
+
+def test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge() -> None:
+    """The proof tests evaluate Fast-BEV's ``torch.bmm(projection, points)`` in index order
+    (tests/upstream.py, ``matmul="ordered"``: the same bits on every CPU). ``torch.bmm`` itself
+    rounds as the BLAS kernel the CPU dispatches: its pixels differ from the ordered ones by up to
+    0.03 px on near voxels, and a LUT voxel changes only where that reaches a rounding edge
+    (``k + 0.5``) of some camera. Measured: 1 voxel of 160,000 with MKL's AVX-512 kernels (Sapphire
+    Rapids; u = 66.5 exactly in the ordered run), 2 with ``MKL_CBWR=AVX2``, 0 with
+    ``MKL_CBWR=COMPATIBLE`` and on the earlier CI machines."""
+    data = rigs.nuscenes_data()
+    rig = parse_config(fastbev_m0_data())
+    cameras = [dict(c, resize=0.44, crop=[0, 70]) for c in data["cameras"]]
+    args = (cameras, data["sensors"][0], 4)
+    ordered = upstream.fastbev_projected_torch(*args, **FASTBEV_M0)
+    bmm = upstream.fastbev_projected_torch(*args, **FASTBEV_M0, matmul="bmm")
+    moved = np.flatnonzero(upstream.fastbev_lut_torch(*args, rig.feature_size, **FASTBEV_M0, matmul="bmm").reshape(-1) != fastbev_upstream_lut().reshape(-1))
+    assert moved.size <= 16  # 0.01 % of the voxels
+    on_edge = np.zeros(moved.size, dtype=bool)
+    for (u, v, _), (ub, vb, _) in zip(ordered, bmm, strict=True):
+        for a, b in ((u[moved], ub[moved]), (v[moved], vb[moved])):
+            edge = np.floor(a) + 0.5  # the rounding edge nearest a value in [k, k + 1)
+            on_edge |= (np.abs(a - edge) <= np.abs(a - b)) | (np.abs(a - edge - 1.0) <= np.abs(a - b)) | (np.abs(a - edge + 1.0) <= np.abs(a - b))
+    assert on_edge.all(), moved[~on_edge]
 
 
 def test_float32_lut_equals_fastbev_float32_code_path_bit_for_bit() -> None:
