@@ -467,13 +467,14 @@ class CandidateBuffer:
     def refine(self, keep: Callable[[Entries], Entries]) -> None:
         """Replace what the buffer holds by ``keep`` of it (a filter that only drops entries K others
         beat); entries dropped before reaching any sort no longer count as accepted."""
-        parts, dropped = [], 0
-        for i, part in enumerate(self.parts):
-            kept = keep(part)
+        dropped = 0
+        for i in range(len(self.parts)):  # each part replaced in place: one part's copy at a time, never the buffer's
+            kept = keep(self.parts[i])
             if i > 0 or not self.compactions:  # the first part after a compaction was sorted by it
-                dropped += len(part) - len(kept)
-            parts.append(kept)
-        self.parts, self.size = parts, sum(len(p) for p in parts)
+                dropped += len(self.parts[i]) - len(kept)
+            self.parts[i] = kept
+            del kept
+        self.size = sum(len(p) for p in self.parts)
         self.accepted -= dropped
 
     def entries(self) -> Entries:
