@@ -377,8 +377,10 @@ def _stop(
             held = {key for key, workers in client.who_has(unread).items() if workers}
         except Exception:  # the scheduler is gone: nothing more will run; read what the client has
             running, held = set(), set()
-        settle = [f for f in unread if f.key in running or f.key in held or f.done()]
-        not_started = [f for f in unread if not (f.key in running or f.key in held or f.done())]
+        settle: list[Any] = []
+        not_started: list[Any] = []
+        for f in unread:
+            (settle if f.key in running or f.key in held or f.done() else not_started).append(f)
         with contextlib.suppress(Exception):
             client.cancel(not_started)
         for f in not_started:

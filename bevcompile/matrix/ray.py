@@ -83,9 +83,8 @@ F64 = npt.NDArray[np.float64]
 CHUNK_POINTS = 1 << 17
 """Frustum points per block, frustum mode's own (:data:`bevcompile.matrix.entries.CHUNK_POINTS`):
 every temporary of a block stays small, and the numpy calls stay large. Each call hands the GIL
-over between the ``--jobs`` threads, so their number sets how well a build scales: on the dense
-rig, 2 cores, bilinear, blocks of ``2^16`` points built 1.24x slower than frustum mode (``2^17``: 1.03x), ``2^14``
-slower than one thread (``benchmarks/ray_vs_frustum.py``, docs/matrix.md "Ray mode")."""
+over between the ``--jobs`` threads, so their number sets how well a build scales (dense rig,
+2 cores: ``benchmarks/ray_vs_frustum.py``, docs/matrix.md "Ray mode")."""
 PASS1_STRIDE = 3
 """Pass 1 (K > 0) counts the entries of the rays at plan positions that are multiples of
 ``PASS1_STRIDE`` (module docstring; 2 to 8 give the same build times within 10 % on the dense

@@ -73,8 +73,8 @@ def test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge() -> None:
     on_edge = np.zeros(moved.size, dtype=bool)
     for (u, v, _), (ub, vb, _) in zip(ordered, bmm, strict=True):
         for a, b in ((u[moved], ub[moved]), (v[moved], vb[moved])):
-            edge = np.floor(a) + 0.5  # the rounding edge nearest a value in [k, k + 1)
-            on_edge |= (np.abs(a - edge) <= np.abs(a - b)) | (np.abs(a - edge - 1.0) <= np.abs(a - b)) | (np.abs(a - edge + 1.0) <= np.abs(a - b))
+            to_edge = np.abs((a - 0.5) - np.rint(a - 0.5))  # distance to the nearest rounding edge k + 0.5
+            on_edge |= to_edge <= np.abs(a - b)
     assert on_edge.all(), moved[~on_edge]
 
 
