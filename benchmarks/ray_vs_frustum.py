@@ -17,6 +17,11 @@ Usage::
     .venv/bin/python benchmarks/ray_vs_frustum.py                  # 8 configurations x 2 builds (~5 min on 2 cores)
     .venv/bin/python benchmarks/ray_vs_frustum.py --repeat 3
     .venv/bin/python benchmarks/ray_vs_frustum.py --table benchmarks/results/ray_vs_frustum.json   # re-print
+    .venv/bin/python benchmarks/ray_vs_frustum.py --splats bilinear --ray-chunk-points 65536 --out /tmp/c16.json
+
+``--ray-chunk-points`` and ``--ray-pass1-stride`` build the ray matrix with another block size
+(``bevcompile.matrix.ray.CHUNK_POINTS``) or pass-1 sample (``PASS1_STRIDE``): the experiments
+behind their values (the matrix is the same; the frustum builds are unchanged).
 
 Prints the markdown tables (``docs/matrix.md`` "Ray mode" shows them) and writes
 ``benchmarks/results/ray_vs_frustum.json``.
@@ -58,6 +63,11 @@ def child(spec: dict[str, Any]) -> None:
     from bevcompile.matrix.build import MatrixOptions, build_matrix
     from bevcompile.rig.config import load_config
 
+    if spec["mode"] == "ray":
+        from bevcompile.matrix import ray
+
+        ray.CHUNK_POINTS = spec.get("ray_chunk_points") or ray.CHUNK_POINTS
+        ray.PASS1_STRIDE = spec.get("ray_pass1_stride") or ray.PASS1_STRIDE
     rig = load_config(spec["config"])
     cpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -79,10 +89,10 @@ def child(spec: dict[str, Any]) -> None:
     Path(spec["result_file"]).write_text(json.dumps(out))
 
 
-def spawn(mode: str, splat: str, jobs: int) -> dict[str, Any]:
+def spawn(mode: str, splat: str, jobs: int, ray_settings: dict[str, int | None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        spec = {"config": str(CONFIG), "mode": mode, "splat": splat, "jobs": jobs, "result_file": str(result_file)}
+        spec = {"config": str(CONFIG), "mode": mode, "splat": splat, "jobs": jobs, "result_file": str(result_file), **ray_settings}
         cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -106,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--repeat", type=int, default=2, help="builds per row (the fastest is reported)")
     parser.add_argument("--out", default=str(RESULTS / "ray_vs_frustum.json"))
+    parser.add_argument("--ray-chunk-points", type=int, help="ray mode's block size (default: bevcompile.matrix.ray.CHUNK_POINTS)")
+    parser.add_argument("--ray-pass1-stride", type=int, help="ray mode's pass-1 sample, every Nth ray (default: PASS1_STRIDE)")
     parser.add_argument("--table", metavar="JSON", help="print the tables of an earlier result file and exit")
     parser.add_argument("--child", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
     elif args.table:
-        print(markdown(json.loads(Path(args.table).read_text())["builds"], json.loads(Path(args.table).read_text())["machine"]))
+        saved = json.loads(Path(args.table).read_text())
+        print(markdown(saved["builds"], saved["machine"], saved.get("ray_settings") or {}))
     else:
         return measure(args)
     return 0
@@ -123,6 +136,7 @@ def measure(args: argparse.Namespace) -> int:
     from run import _machine  # the matrix benchmark's machine record (same folder)
 
     machine = _machine()
+    ray_settings = {"ray_chunk_points": args.ray_chunk_points, "ray_pass1_stride": args.ray_pass1_stride}
     print(f"machine: {machine['cpu']}, {machine['cpus']} cores, load average {machine['load_average_at_start']}", flush=True)
     rows: list[dict[str, Any]] = []
     for splat in args.splats:
@@ -131,7 +145,7 @@ def measure(args: argparse.Namespace) -> int:
             runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
             for _ in range(args.repeat):  # alternate the modes: each ratio compares builds under the same load
                 for mode in MODES:
-                    runs[mode].append(spawn(mode, splat, jobs))
+                    runs[mode].append(spawn(mode, splat, jobs, ray_settings))
             for mode in MODES:
                 b = best(runs[mode], f"{mode} {splat} --jobs {jobs}")
                 digests[mode].add(b["sha256"])
@@ -144,10 +158,11 @@ def measure(args: argparse.Namespace) -> int:
                 return 1
     machine["load_average_at_end"] = list(os.getloadavg())
     print()
-    print(markdown(rows, machine))
+    print(markdown(rows, machine, ray_settings))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": machine, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "builds": rows}, indent=2) + "\n")
+    record = {"machine": machine, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "ray_settings": ray_settings, "builds": rows}
+    out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 
@@ -163,11 +178,12 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+def markdown(rows: list[dict[str, Any]], machine: dict[str, Any], ray_settings: dict[str, int | None]) -> str:
     load = ", ".join(f"{x:.1f}" for x in machine.get("load_average_at_start") or [])
+    flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in ray_settings.items() if v)
     lines = [
         f"`build_matrix` of configs/dense-6cam.yaml (88.5 M frustum points), `--topk 24 --align 16`, uniform prior, "
-        f"`benchmarks/ray_vs_frustum.py`; {machine['cpus']}-core {machine['cpu']}, load average {load} at the start; "
+        f"`benchmarks/ray_vs_frustum.py{flags}`; {machine['cpus']}-core {machine['cpu']}, load average {load} at the start; "
         "peak RSS = VmHWM of the build's own process.",
         "",
         "| mode | --splat | --jobs | build | CPU | peak RSS | candidates sorted | pass 1 | pass 2 | Top-K select |",
