@@ -109,9 +109,16 @@ def fastbev_lut_torch(
     rounding is the BLAS kernel's that the CPU dispatches (FMA, blocking), so it moves the odd
     voxel that sits on a rounding edge from machine to machine
     (:func:`fastbev_projected_torch`, ``test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge``)."""
+    projected = fastbev_projected_torch(cameras, lidar, stride, n_voxels, voxel_size, point_cloud_range, matmul)
+    return fastbev_lut_of_projected(projected, n_voxels, feature_size)
+
+
+def fastbev_lut_of_projected(projected: list[tuple[np.ndarray, np.ndarray, np.ndarray]], n_voxels: Sequence[int], feature_size: tuple[int, int]) -> np.ndarray:
+    """The LUT of :func:`fastbev_lut_torch` from its cameras' :func:`fastbev_projected_torch`
+    (``backproject_inplace``'s rounding, bounds and overwrite order)."""
     lut = np.full(int(np.prod(list(n_voxels))), -1, dtype=np.int64)
     w_f, h_f = feature_size
-    for cam_index, (u_f, v_f, depth) in enumerate(fastbev_projected_torch(cameras, lidar, stride, n_voxels, voxel_size, point_cloud_range, matmul)):
+    for cam_index, (u_f, v_f, depth) in enumerate(projected):
         x, y = np.rint(u_f).astype(np.int64), np.rint(v_f).astype(np.int64)  # torch.round: half to even, as np.rint
         valid = (x >= 0) & (y >= 0) & (x < w_f) & (y < h_f) & (depth > 0)
         lut[valid] = (cam_index * h_f + y[valid]) * w_f + x[valid]

@@ -473,7 +473,6 @@ class CandidateBuffer:
             if i > 0 or not self.compactions:  # the first part after a compaction was sorted by it
                 dropped += len(self.parts[i]) - len(kept)
             self.parts[i] = kept
-            del kept
         self.size = sum(len(p) for p in self.parts)
         self.accepted -= dropped
 
