@@ -332,10 +332,9 @@ class PaddedFrame:
 
     def of_corner(self, ix0: F64, iy0: F64) -> I64:
         """Rows of base corners ``i0_x, i0_y`` (float64 holding integers, as :func:`bilinear_split` gives them)."""
-        frame = iy0 + 2.0
-        frame *= self.width
+        frame = iy0 * self.width
         frame += ix0
-        frame += 2.0
+        frame += 2.0 * self.width + 2.0  # integers in float64, exact: (i0_y + 2) * width + i0_x + 2
         return frame.astype(np.int64)
 
     def of_cell(self, cell: I64) -> I64:

@@ -174,48 +174,64 @@ def ray_intervals(plan: CameraPlan, box: BevBox, trunc: bool, depths: F64) -> tu
     return first.astype(np.int32), end.astype(np.int32)
 
 
-def merge_ray_runs(ray: I64 | Callable[[I64], I64], ix: npt.NDArray[Any], iy: npt.NDArray[Any], size: int) -> tuple[I64, I64]:
+def merge_ray_runs(starts: I64, base: I64, width: int, size: int) -> tuple[I64, I64]:
     """The groups of equal ``(ray, cell)`` among splat entries, found without sorting.
 
-    Convention: points in ray-major order, each ray's points by increasing depth bin: ``ray``
-    ``(n,)`` int64 (or a function giving the rays of int64 point indices), ``ix, iy`` ``(n,)`` the point's base cell (int64, or float64 holding integers); its ``size x size`` splat cells
-    are ``(ix + ox, iy + oy)``, ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy``
-    (``size`` 1: nearest, 2: bilinear). Returns ``(child, root)``: every entry that is not the
-    first of its group (int64 entry indices, increasing) and that first entry. Adding
-    ``w[child]`` to ``w[root]`` with ``np.add.at`` in this order sums each group's weights in
-    increasing depth bin.
+    Convention: ``n`` points in ray-major order, each ray's points by increasing depth bin;
+    ``starts`` int64 the index of each ray's first point (any order, repeats and ``n`` allowed:
+    rays without points); ``base`` ``(n,)`` int64 the point's base cell as the row
+    ``i_y * width + i_x`` (plus any constant), its ``i_x`` spanning at most ``width - size``
+    (the bilinear counting frame: ``i0_x`` in ``[-2, n_x - 1]``, width ``n_x + 3``; nearest: the
+    cell index, width ``n_x``); its ``size x size`` splat cells are ``(i_x + ox, i_y + oy)``,
+    ``ox, oy`` in ``[0, size)``, entry ``e = i * size**2 + ox + size * oy`` (``size`` 1: nearest,
+    2: bilinear). Returns ``(child, root)``: every entry that is not the first of its group (int64
+    entry indices, increasing) and that first entry. Adding ``w[child]`` to ``w[root]`` with
+    ``np.add.at`` in this order sums each group's weights in increasing depth bin.
 
     Exact when the base cell is monotone along each ray on both axes (a straight ray: a cell's
     depth bins are then consecutive points of the ray, whatever points are left out): an entry
-    continues the group of the previous point's entry with the same cell, if any."""
-    dx = ix[1:] - ix[:-1]
-    dy = iy[1:] - iy[:-1]
-    near = np.abs(dx) < size
-    near &= np.abs(dy) < size
-    points = np.flatnonzero(near) + 1  # points sharing a splat cell with the previous point, if on its ray
-    del near
-    ray_of = ray if callable(ray) else ray.__getitem__
-    points = points[ray_of(points) == ray_of(points - 1)]
-    if size == 1:  # the previous point's (only) entry
-        return points, chain_roots(points, points - 1, ix.size)
-    dx = dx[points - 1].astype(np.int64)  # in {-1, 0, 1}: corner (ox, oy) is the previous point's (ox + dx, oy + dy)
-    dy = dy[points - 1].astype(np.int64)
-    ok = np.empty((points.size, 4), dtype=bool)  # (point, corner), point-major like the entries
-    x_ok = (dx >= 0, dx <= 0)  # ox + dx in {0, 1} for ox = 0, 1
-    y_ok = (dy >= 0, dy <= 0)
-    for c in range(4):
-        np.logical_and(x_ok[c & 1], y_ok[c >> 1], out=ok[:, c])
-    del x_ok, y_ok
-    pair = np.flatnonzero(ok.reshape(-1))  # increasing: (point, corner) point-major
-    del ok
+    continues the group of the previous point's entry with the same cell, if any. The step
+    ``(dx, dy)`` from the previous point is read off ``d = base[i] - base[i - 1] = dy * width + dx``:
+    two points share a splat cell iff ``|dx|, |dy| < size``, and a ``d`` of such a step has no
+    other decomposition with ``|dx|`` within the span (another differs by a multiple of
+    ``width`` in ``dx``), so a table of the ``(2 size - 1)^2`` near steps, indexed by ``d``,
+    decides it in one gather."""
+    n = int(base.size)
+    step = base[1:] - base[:-1]  # d of point i + 1
+    cut = starts[(starts > 0) & (starts < n)] - 1  # a ray's first point continues no group
+    if size == 1:
+        near = step == 0
+        near[cut] = False
+        points = np.flatnonzero(near) + 1
+        return points, chain_roots(points, points - 1, n)
+    step += width + 2  # index into the step table (0 and its last slot: not near)
+    lut = np.zeros(2 * width + 5, dtype=np.int8)
+    for k, (dx, dy) in enumerate(_STEPS, start=1):
+        lut[dy * width + dx + width + 2] = k
+    code = np.take(lut, step, mode="clip")  # int8: 0 not near, k: _STEPS[k - 1]
+    del step
+    code[cut] = 0
+    points = np.flatnonzero(code > 0) + 1  # points sharing a splat cell with the previous point of their ray (numpy's nonzero is far faster on bool than on int8)
+    code = code[points - 1]
+    pair = np.flatnonzero(_STEP_CORNERS[code])  # (point, corner) point-major, increasing: the corners whose cell the previous point's splat has
     at = pair >> 2
-    corner = pair & 3
     child = points[at] * 4
-    child += corner
-    root = child - 4
-    root += dx[at]
-    root += 2 * dy[at]
-    return child, chain_roots(child, root, 4 * ix.size)
+    child += pair & 3
+    del pair
+    root = _STEP_ROOT[code[at]]  # corner (ox, oy) is the previous point's (ox + dx, oy + dy): entry e - 4 + dx + 2 dy
+    root += child
+    return child, chain_roots(child, root, 4 * n)
+
+
+_STEPS = tuple((dx, dy) for dy in (-1, 0, 1) for dx in (-1, 0, 1))
+"""The steps ``(dx, dy)`` of a bilinear base cell between consecutive points that share a splat
+cell (:func:`merge_ray_runs`), codes 1 to 9 (0: not near)."""
+_STEP_CORNERS = np.array(
+    [[False] * 4] + [[0 <= ox + dx <= 1 and 0 <= oy + dy <= 1 for ox, oy in _CORNERS] for dx, dy in _STEPS], dtype=bool
+)
+"""Per step code, the corners ``(ox, oy)`` (:data:`_CORNERS` order) whose cell is in the previous point's splat."""
+_STEP_ROOT = np.array([0] + [dx + 2 * dy - 4 for dx, dy in _STEPS], dtype=np.int64)
+"""Per step code, the offset from a corner's entry to the previous point's entry of the same cell."""
 
 
 def chain_roots(child: I64, parent: I64, n_entries: int) -> I64:
@@ -428,26 +444,24 @@ def dist2_bins() -> int:
 class _Points:
     """A block's (or its sample's) points in range, ray-major, depth bins increasing per ray.
 
-    Convention: point ``i`` is at flat position ``q[i]`` (``q`` ``(n,)`` int64 increasing, or
-    ``None``: ``i`` itself) of the ``(ray, depth bin)`` rectangle of width ``width`` it was
-    computed on, so its local ray is ``q[i] // width`` (:meth:`ray_of`; plan position
-    ``r0 + ray * stride``, ``r0`` the block's first plan position that is a multiple of
-    ``stride``); ``fx, fy`` ``(n,)`` float64 cell coordinates (consumed by
-    :meth:`RayStream._merged`); ``prior`` ``(n,)``
-    float64 ``p`` of each point, or a float (every point's, e.g. uniform); ``n_in`` the points in
-    range (before dropping ``p = 0``)."""
+    Convention: ``starts`` ``(n_rays + 1,)`` int64 non-decreasing, local ray ``j``'s points are
+    ``[starts[j], starts[j + 1])`` (``starts[-1] = n``; local ray ``j`` is plan position
+    ``r0 + j * stride``, ``r0`` the block's first plan position that is a multiple of ``stride``;
+    :meth:`ray_of`); ``fx, fy`` ``(n,)`` float64 cell coordinates (consumed by
+    :meth:`RayStream._merged`); ``prior`` ``(n,)`` float64 ``p`` of each point, or a float (every
+    point's, e.g. uniform); ``n_in`` the points in range (before dropping ``p = 0``)."""
 
-    q: I64 | None
-    width: int
+    starts: I64
     fx: F64
     fy: F64
     prior: F64 | float
     n_in: int
 
     def ray_of(self, point: I64) -> I64:
-        """The local rays of points ``point`` (int64 indices)."""
-        at = point if self.q is None else self.q[point]
-        return at // max(1, self.width)
+        """The local rays of points ``point`` (int64 indices): a gather from every point's ray
+        (faster than a binary search of ``starts`` for a block's candidates)."""
+        counts = self.starts[1:] - self.starts[:-1]
+        return np.repeat(np.arange(counts.size, dtype=np.int32), counts)[point].astype(np.int64)
 
 
 @dataclass
@@ -586,42 +600,47 @@ class RayStream:
         plan, r0, r1, _d_end, _units = block
         r0 += -r0 % stride  # the plan rays at positions that are multiples of stride: the same sample whatever the block bounds
         first, end = (a[r0:r1:stride] for a in self._intervals[plan.cam_index])
-        has_run = first < end
-        if not has_run.any():
-            return _Points(None, 0, np.zeros(0), np.zeros(0), 0.0, 0)
+        count = end.astype(np.int64)
+        count -= first
+        np.maximum(count, 0, out=count)  # points in range per ray
+        starts = np.zeros(count.size + 1, dtype=np.int64)
+        np.cumsum(count, out=starts[1:])
+        if not starts[-1]:
+            return _Points(starts, np.zeros(0), np.zeros(0), 0.0, 0)
+        has_run = count > 0
         d_lo = int(first[has_run].min())
         width = int(end.max()) - d_lo
         depth = self.depths[None, d_lo : d_lo + width]
         fx, fy = (cell_coordinate(self.bev, plan, axis, depth, plan.ray_bev[axis, r0:r1:stride, None]).reshape(-1) for axis in (0, 1))
         del depth
-        q: I64 | None = None  # every point of the rectangle
+        inside: npt.NDArray[np.bool_] | None = None  # every point of the rectangle
         if not (bool(np.all(first == d_lo)) and bool(np.all(end == d_lo + width))):
             j = np.arange(d_lo, d_lo + width, dtype=np.int32)
             inside = j[None, :] >= first[:, None]
             inside &= j[None, :] < end[:, None]
-            q = np.flatnonzero(inside)
-            del inside
-            fx = fx[q]
-            fy = fy[q]
+            inside = inside.reshape(-1)
+            fx = fx[inside]
+            fy = fy[inside]
         n_in = int(fx.size)
         prior: F64
         constant = self._constant[plan.cam_index] if self._tables is not None else None
         if constant is not None:
-            return _Points(q, width, fx, fy, constant, n_in)
-        if q is None:
-            q = np.arange(n_in, dtype=np.int64)
+            return _Points(starts, fx, fy, constant, n_in)
+        q = np.arange(n_in, dtype=np.int64) if inside is None else np.flatnonzero(inside)  # flat positions in the rectangle
         ray = q // width
         depth_bin = q - ray * width
         depth_bin += d_lo
+        del q
         if self._tables is not None:
             prior = self._tables[plan.cam_index][depth_bin]
         else:
             prior = self.prior.weights(plan.cam_index, depth_bin, plan.pixel_index[r0 + ray * stride].astype(np.int64))
-        del depth_bin, ray
+        del depth_bin
         live = prior > 0.0
         if not live.all():
-            q, fx, fy, prior = q[live], fx[live], fy[live], prior[live]
-        return _Points(q, width, fx, fy, prior, n_in)
+            fx, fy, prior = fx[live], fy[live], prior[live]
+            np.cumsum(np.bincount(ray[live], minlength=count.size), out=starts[1:])
+        return _Points(starts, fx, fy, prior, n_in)
 
     def _merged(self, pts: _Points) -> _Merged:
         """The points' splat entries merged over depth bins (:func:`merge_ray_runs`): each group's
@@ -641,21 +660,21 @@ class RayStream:
             by = 1.0 - ay
             weight = np.empty((4, n))
             for c, (ox, oy) in enumerate(_CORNERS):
-                w = weight[c]
-                np.multiply(ax if ox else bx, ay if oy else by, out=w)
-                w *= pts.prior
+                np.multiply(ax if ox else bx, ay if oy else by, out=weight[c])
+                if not isinstance(pts.prior, float):
+                    weight[c] *= pts.prior
+            if isinstance(pts.prior, float):  # one prior for every point: the same products, one call
+                weight *= pts.prior
             del ax, ay, bx, by
-            child, root = merge_ray_runs(pts.ray_of, ix0, iy0, 2)
+            base = self.frame.of_corner(ix0, iy0)
+            child, root = merge_ray_runs(pts.starts, base, self.frame.width, 2)
             child = (child & 3) * n + (child >> 2)  # point-major entry e = i * 4 + c -> corner-major c * n + i (order kept)
             root = (root & 3) * n + (root >> 2)
-            base = self.frame.of_corner(ix0, iy0)
         else:
             base, d2 = nearest_split(self.bev, self.trunc, pts.fx, pts.fy, in_place=True)  # consumes the coordinates
             weight = np.empty((1, n))
             weight[0] = pts.prior
-            child = np.flatnonzero(base[1:] == base[:-1]) + 1  # a group is a run of equal cells along a ray (merge_ray_runs, size 1)
-            child = child[pts.ray_of(child) == pts.ray_of(child - 1)]
-            root = chain_roots(child, child - 1, n)
+            child, root = merge_ray_runs(pts.starts, base, self.bev.nx, 1)  # a group: a run of equal cells along a ray
             if child.size:
                 np.minimum.at(d2, root, d2[child])
             dist2 = d2
@@ -682,12 +701,15 @@ class RayStream:
         same); K = 0, every entry of weight > 0 counted at its frame row."""
         pts = self._points(block, self.stride)
         m = self._merged(pts)
-        frame = m.base[None, :] + self.offsets[:, None]
-        if k > 0:
-            keys = frame * n_bins
-            keys += self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :], frame)
+        if k > 0:  # key (base + offset[c]) * n_bins + bin: the bins, plus the base's key, plus the corner's
+            ranked = self.bins.kind == "ranked"  # (nearest) its bins read the frame row
+            keys = self.bins.of(m.weight, None if m.dist2 is None else m.dist2[None, :], m.base[None, :] if ranked else None)
+            keys += m.base * n_bins
+            if self.offsets.size > 1:
+                keys += (self.offsets * n_bins)[:, None]
             self._hist = hist
             return 0, np.zeros(0, np.int64), np.zeros(0), keys.reshape(-1)
+        frame = m.base[None, :] + self.offsets[:, None]
         hist.add_scattered(frame[m.weight > 0.0])
         return pts.n_in, np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
 
@@ -886,10 +908,12 @@ class RayStream:
         dist2 = m.dist2[point] if m.dist2 is not None else self._dist2(m, point, ox, oy)
         entries = Entries(row, col, flat_w[hit], dist2)
         if self.bilinear and m.child.size and len(entries):  # a merged entry's dist2: the least of its contributing members'
-            at = np.minimum(np.searchsorted(hit, m.root), hit.size - 1)  # hit: corner-major flat indices, increasing
-            found = hit[at] == m.root
-            if found.any():
-                group = at[found]
+            is_hit = np.zeros(flat_w.size, dtype=bool)
+            is_hit[hit] = True
+            found = np.flatnonzero(is_hit[m.root])  # the merged children whose group is an entry
+            del is_hit
+            if found.size:
+                group = np.searchsorted(hit, m.root[found])  # hit: corner-major flat indices, increasing
                 own = m.root_own[found] > 0.0
                 entries.dist2[group[~own]] = np.inf  # the first member itself added nothing
                 child = m.child[found]

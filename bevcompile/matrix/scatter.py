@@ -2,13 +2,14 @@
 
 ``np.add.at(out, index, values)`` holds the GIL for its whole loop, so while one ``--jobs`` thread
 scatters (row masses, histogram counts) the others cannot start their next numpy call. A scatter-add
-is also a sparse matrix-vector product, ``out += A @ x`` with ``A`` the one-column COO matrix of
-``(index, 0, values)`` and ``x = [1]``, and scipy's sparsetools ``coo_matvec`` releases the GIL:
-it runs ``out[index[n]] += values[n] * x[0]`` for ``n`` in order, the same additions in the same
-order as ``np.add.at`` (``values[n] * 1`` is exact), so the same bits (pinned by
-``tests/matrix/test_scatter.py``).
+is also a sparse matrix-vector product, ``out += A @ x`` with ``A`` the one-column CSC matrix of
+row indices ``index``, values ``values`` (column pointers ``[0, m]``) and ``x = [1]``, and scipy's
+sparsetools ``csc_matvec`` releases the GIL: it runs ``out[index[n]] += values[n] * x[0]`` for
+``n`` in order, the same additions in the same order as ``np.add.at`` (``values[n] * 1`` is
+exact), so the same bits (pinned by ``tests/matrix/test_scatter.py``). (``coo_matvec`` does the
+same but also reads a column index per value.)
 
-``coo_matvec`` is scipy's internal routine (``scipy.sparse._sparsetools``, the same arguments
+``csc_matvec`` is scipy's internal routine (``scipy.sparse._sparsetools``, the same arguments
 since scipy 0.14); if it is missing, refuses the arrays or its call signature ever changes (it
 checks its arguments before it writes anything), :func:`scatter_add` falls back to ``np.add.at``.
 
@@ -23,15 +24,14 @@ import numpy as np
 import numpy.typing as npt
 
 try:  # pragma: no branch
-    from scipy.sparse._sparsetools import coo_matvec as _coo_matvec
+    from scipy.sparse._sparsetools import csc_matvec as _csc_matvec
 except ImportError:  # pragma: no cover - a scipy without it: np.add.at
-    _coo_matvec = None
+    _csc_matvec = None
 
 __all__ = ["scatter_add"]
 
 _DTYPES = (np.dtype(np.float64), np.dtype(np.int32), np.dtype(np.int64))
 """The ``out`` types the streams scatter into (sparsetools has each)."""
-_zeros: dict[np.dtype[Any], npt.NDArray[Any]] = {}
 _ones: dict[np.dtype[Any], npt.NDArray[Any]] = {}
 
 
@@ -57,7 +57,7 @@ def scatter_add(out: npt.NDArray[Any], index: npt.NDArray[np.int64], values: npt
         return
     dtype = out.dtype
     if (
-        _coo_matvec is None
+        _csc_matvec is None
         or dtype not in _DTYPES
         or out.ndim != 1
         or not out.flags.c_contiguous
@@ -69,6 +69,6 @@ def scatter_add(out: npt.NDArray[Any], index: npt.NDArray[np.int64], values: npt
         return
     data = _filled(_ones, 1, dtype, m) if values is None else np.ascontiguousarray(values).reshape(-1)
     try:
-        _coo_matvec(m, np.ascontiguousarray(index).reshape(-1), _filled(_zeros, 0, np.dtype(np.int64), m), data, _filled(_ones, 1, dtype, 1), out)
+        _csc_matvec(out.size, 1, np.array((0, m), dtype=np.int64), np.ascontiguousarray(index).reshape(-1), data, _filled(_ones, 1, dtype, 1), out)
     except (TypeError, ValueError):  # another scipy's signature: refused before any write
         np.add.at(out, index, dtype.type(1) if values is None else values)

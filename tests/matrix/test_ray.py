@@ -197,9 +197,19 @@ def test_options_refuse_a_prior_they_do_not_name() -> None:
 # ---- the sort-free merge of a pixel's depth bins (ray.merge_ray_runs) ----------------------------
 
 
+def _merge_runs(ray: np.ndarray, ix: np.ndarray, iy: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``merge_ray_runs`` of points given by ray and cell: the ray starts, and the base rows of the
+    narrowest frame it allows (``i_x`` spanning ``width - size``: a step across a whole row then
+    lands next to a near step's ``d``)."""
+    width = int(ix.max() - ix.min()) + size
+    base = (iy - iy.min()) * width + (ix - ix.min())
+    starts = np.flatnonzero(np.diff(ray, prepend=ray[0] - 1) != 0)
+    return ray_mod.merge_ray_runs(starts, base.astype(np.int64), width, size)
+
+
 def _merge(ray: np.ndarray, ix: np.ndarray, iy: np.ndarray, w: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """``(first entries, their merged weights)`` as ``RayStream.entries`` sums them."""
-    child, root = ray_mod.merge_ray_runs(ray, ix, iy, size)
+    child, root = _merge_runs(ray, ix, iy, size)
     assert np.all(np.diff(child) > 0) and np.all(root < child)
     merged = w.ravel().copy()
     np.add.at(merged, root, w.ravel()[child])
@@ -237,7 +247,7 @@ def test_merge_joins_a_cell_reached_through_different_corners_non_consecutively(
     iy = np.array([0, 0, 1, 1, 0, 1])
     w = np.random.default_rng(0).random((6, 4))
     w[2, 1] = 0.0  # a zero-weight member stays in its group (it adds 0)
-    child, root = ray_mod.merge_ray_runs(ray, ix, iy, 2)
+    child, root = _merge_runs(ray, ix, iy, 2)
     assert dict(zip(child.tolist(), root.tolist(), strict=True)) == {4: 1, 6: 3, 8: 3, 9: 7, 20: 19}
     head, sums = _merge(ray, ix, iy, w, 2)
     assert sums[head.tolist().index(3)] == (w[0, 3] + w[1, 2]) + w[2, 0]

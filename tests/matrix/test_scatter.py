@@ -17,9 +17,9 @@ from bevcompile.matrix.scatter import scatter_add
 @pytest.fixture(params=["sparsetools", "fallback"])
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "fallback":
-        monkeypatch.setattr(scatter_mod, "_coo_matvec", None)
+        monkeypatch.setattr(scatter_mod, "_csc_matvec", None)
     else:
-        assert scatter_mod._coo_matvec is not None  # the scipy the constraints pin has it
+        assert scatter_mod._csc_matvec is not None  # the scipy the constraints pin has it
     return str(request.param)
 
 
@@ -48,13 +48,13 @@ def test_scatter_add_sums_in_index_order_bit_for_bit(pairs: list[tuple[int, floa
     values = np.array([v for _, v in pairs], dtype=np.float64)
     got = np.full(10, 0.1)
     want = got.copy()
-    saved = scatter_mod._coo_matvec
+    saved = scatter_mod._csc_matvec
     try:
         if which == "fallback":
-            scatter_mod._coo_matvec = None
+            scatter_mod._csc_matvec = None
         scatter_add(got, index, values)
     finally:
-        scatter_mod._coo_matvec = saved
+        scatter_mod._csc_matvec = saved
     for i, v in zip(index.tolist(), values.tolist(), strict=True):  # one by one, in order
         want[i] += v
     assert got.view(np.int64).tolist() == want.view(np.int64).tolist()
@@ -72,12 +72,12 @@ def test_arrays_sparsetools_cannot_take_fall_back_to_add_at() -> None:
 
 
 def test_a_sparsetools_that_refuses_the_call_falls_back_to_add_at(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Another scipy's ``coo_matvec`` signature raises before writing: the sums are still ``np.add.at``'s."""
+    """Another scipy's ``csc_matvec`` signature raises before writing: the sums are still ``np.add.at``'s."""
 
     def refuses(*args: object) -> None:
-        raise TypeError("coo_matvec() takes 7 positional arguments")
+        raise TypeError("csc_matvec() takes 7 positional arguments")
 
-    monkeypatch.setattr(scatter_mod, "_coo_matvec", refuses)
+    monkeypatch.setattr(scatter_mod, "_csc_matvec", refuses)
     out = np.zeros(5)
     scatter_add(out, np.array([0, 0, 4], dtype=np.int64), np.array([1.0, 2.0, 3.0]))
     assert out.tolist() == [3.0, 0.0, 0.0, 0.0, 3.0]
