@@ -41,6 +41,7 @@ pass 2 returns them all, by row then plan ray.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -205,10 +206,7 @@ def merge_ray_runs(starts: I64, base: I64, width: int, size: int) -> tuple[I64, 
         points = np.flatnonzero(near) + 1
         return points, chain_roots(points, points - 1, n)
     step += width + 2  # index into the step table (0 and its last slot: not near)
-    lut = np.zeros(2 * width + 5, dtype=np.int8)
-    for k, (dx, dy) in enumerate(_STEPS, start=1):
-        lut[dy * width + dx + width + 2] = k
-    code = np.take(lut, step, mode="clip")  # int8: 0 not near, k: _STEPS[k - 1]
+    code = np.take(_step_codes(width), step, mode="clip")  # int8: 0 not near, k: _STEPS[k - 1]
     del step
     code[cut] = 0
     points = np.flatnonzero(code > 0) + 1  # points sharing a splat cell with the previous point of their ray (numpy's nonzero is far faster on bool than on int8)
@@ -232,6 +230,19 @@ _STEP_CORNERS = np.array(
 """Per step code, the corners ``(ox, oy)`` (:data:`_CORNERS` order) whose cell is in the previous point's splat."""
 _STEP_ROOT = np.array([0] + [dx + 2 * dy - 4 for dx, dy in _STEPS], dtype=np.int64)
 """Per step code, the offset from a corner's entry to the previous point's entry of the same cell."""
+
+
+@functools.cache
+def _step_codes(width: int) -> npt.NDArray[np.int8]:
+    """The step table of :func:`merge_ray_runs` for frame rows of ``width``: at ``d + width + 2``
+    the code of the near step ``d = dy * width + dx`` (1 to 9, :data:`_STEPS`), 0 elsewhere (both
+    ends too, where ``np.take(mode="clip")`` puts every farther step). Built once per width,
+    read-only (the ``--jobs`` threads share it)."""
+    lut = np.zeros(2 * width + 5, dtype=np.int8)
+    for k, (dx, dy) in enumerate(_STEPS, start=1):
+        lut[dy * width + dx + width + 2] = k
+    lut.flags.writeable = False
+    return lut
 
 
 def chain_roots(child: I64, parent: I64, n_entries: int) -> I64:
@@ -661,10 +672,7 @@ class RayStream:
             weight = np.empty((4, n))
             for c, (ox, oy) in enumerate(_CORNERS):
                 np.multiply(ax if ox else bx, ay if oy else by, out=weight[c])
-                if not isinstance(pts.prior, float):
-                    weight[c] *= pts.prior
-            if isinstance(pts.prior, float):  # one prior for every point: the same products, one call
-                weight *= pts.prior
+            weight *= pts.prior  # every corner times its point's prior (a float or (n,): broadcast), one call
             del ax, ay, bx, by
             base = self.frame.of_corner(ix0, iy0)
             child, root = merge_ray_runs(pts.starts, base, self.frame.width, 2)
