@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP_RUN  := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: demo test test-min lint typecheck bench clean
+.PHONY: demo test test-min lint typecheck bench clean npu-envs npu-envs-all npu-check
 
 $(BIN)/python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -24,11 +24,30 @@ $(STAMP_TEST): pyproject.toml constraints.txt | $(BIN)/python
 demo: $(STAMP_RUN)
 	$(BIN)/bevcompile grid --force
 
-## make test: install with test extras (OpenCV, PyTorch 2.13.0 CPU, onnx), lint, type-check, run the suite
-test: $(STAMP_TEST)
+## NPU toolchains, each in its OWN venv under $(NPU_ENVS) (they pin old numpy/onnx/torch/TensorFlow and never touch
+## $(VENV)); every package pinned in toolchains/<name>.txt and installed with --no-deps. The project talks to them through files
+## (bevcompile/deploy/toolchains/). npu-envs: RKNN-Toolkit2 + OpenVINO (what make test proves); npu-envs-all adds LiteRT.
+NPU_ENVS ?= .venv-npu
+$(NPU_ENVS)/%/.installed: toolchains/%.txt
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found (set PYTHON=/path/to/python3.11)"; exit 2; }
+	rm -rf $(NPU_ENVS)/$* && $(PYTHON) -m venv $(NPU_ENVS)/$*
+	$(NPU_ENVS)/$*/bin/python -m pip install -q --upgrade pip
+	$(NPU_ENVS)/$*/bin/pip install -q --no-deps -r toolchains/$*.txt
+	@touch $@
+npu-envs: $(NPU_ENVS)/rknn/.installed $(NPU_ENVS)/openvino/.installed
+npu-envs-all: npu-envs $(NPU_ENVS)/litert/.installed
+
+## make npu-check: every target x product x precision on the nuScenes rig and dense-6cam, built and run on the real
+## toolchains; writes benchmarks/results/npu_check.json (the table in docs/deploy.md is printed from it)
+npu-check: $(STAMP_TEST) npu-envs-all
+	$(BIN)/python benchmarks/npu_check.py
+
+## make test: install with test extras (OpenCV, PyTorch 2.13.0 CPU, onnx) and the RKNN + OpenVINO toolchain venvs, lint,
+## type-check, run the suite (tests/deploy/test_toolchains.py builds on both toolchains)
+test: $(STAMP_TEST) npu-envs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -n 2 -q
+	BEVCOMPILE_REQUIRE_TOOLCHAINS=rknn,openvino HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -n 2 -q
 	@echo "== end-to-end: default store into a temporary folder, then bevcompile inspect"
 	@tmp=$$(mktemp -d) && \
 	  $(BIN)/bevcompile grid --out $$tmp --quiet && \
@@ -66,4 +85,4 @@ bench: $(STAMP_TEST)
 	$(BIN)/python benchmarks/scaling.py
 
 clean:
-	rm -rf artifacts/*.zarr artifacts/.*.zarr.* artifacts/*_coverage.png .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(NPU_ENVS) artifacts/*.zarr artifacts/.*.zarr.* artifacts/*_coverage.png .pytest_cache .mypy_cache .ruff_cache

@@ -21,7 +21,7 @@ from . import grid_cmd, matrix_cmd  # noqa: F401
 from . import absorb_cmd  # noqa: F401
 from . import inspect_cmd, verify_cmd, render_cmd  # noqa: F401
 from . import diff_cmd  # noqa: F401
-from . import export_cmd  # noqa: F401
+from . import export_cmd, targets_cmd  # noqa: F401
 from . import fleet_cmd  # noqa: F401
 from . import import_cmd  # noqa: F401
 from . import presets_cmd  # noqa: F401

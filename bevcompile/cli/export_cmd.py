@@ -34,16 +34,50 @@ def export_onnx_command(
     ] = "legacy",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random check inputs.")] = 0,
     weights: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--weights",
-            metavar="float32|lut|int8|int8-qdq",
-            help="float32; lut (gather: gather/weight_u8 + lut, dequantised in the graph); "
-            "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph by Cast + Mul); "
-            "int8-qdq (ell/tiles: the same values as int8 initializers + DequantizeLinear with per-row scales, "
-            "the QDQ form NPU/GPU toolchains recognise; --opset 13+).",
+            metavar="float32|float16|lut|int8|int8-qdq",
+            help="float32 (default; float16 for a target that computes in float16 only); float16 (a --target's graph: float16 initializers + Cast); "
+            "lut (--target generic, gather: gather/weight_u8 + lut, dequantised in the graph); "
+            "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph by Cast + Mul; "
+            "for an RKNN/LiteRT target: the float graph + the calibration set its quantiser reads); "
+            "int8-qdq (generic: int8 initializers + DequantizeLinear with per-row scales; a QDQ target: the FULLY quantised graph, "
+            "activations too; --opset 13+).",
+            show_default=False,
         ),
-    ] = "float32",
+    ] = None,
+    target: Annotated[
+        str,
+        typer.Option(
+            "--target", metavar="NAME|PROFILE.toml",
+            help="generic (today's torch-traced graphs) or a target profile (bevcompile targets): the graph is built op by op within its limits, "
+            "or refused with the limit it breaks.",
+        ),
+    ] = "generic",
+    form: Annotated[
+        str | None,
+        typer.Option("--form", metavar="gather|windows|tiles", help="A graph form instead of the target's first that fits (see docs/deploy.md).", show_default=False),
+    ] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option("--layout", metavar="channel-last|channel-first", help="Layout of the gather form (default: the target's).", show_default=False),
+    ] = None,
+    tile_rows: Annotated[
+        int | None, typer.Option("--tile-rows", help="Rows per tile of the tiles form (default 8), 1 to 4096.", show_default=False)
+    ] = None,
+    calibration: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--calibration", metavar="FEATURES.npy",
+            help="int8: features (S, n_cam, C, H_f, W_f) float (repeatable; frustum: a <name>_depth.npy beside it) the activation scales / "
+            "the toolchain's calibration set come from (default: seeded samples).",
+            show_default=False,
+        ),
+    ] = None,
+    calibration_samples: Annotated[
+        int, typer.Option("--calibration-samples", help="Seeded calibration samples without --calibration, 1 to 1024.")
+    ] = 8,
     rows: Annotated[
         str,
         typer.Option(
@@ -72,11 +106,18 @@ def export_onnx_command(
         export_onnx,
         export_stages,
     )
+    from ..deploy.targets import FORMS, LAYOUTS, load_profile
 
+    profile = load_profile(target if target.endswith(".toml") or "/" in target else target.lower())
+    if weights is None:  # fp16 weights where the target computes in fp16 (and not float32)
+        weights = "float16" if "float16" in profile.compute and "float32" not in profile.compute else "float32"
     options = ExportOptions(
         product=canonical_choice(product, PRODUCTS), opset=opset, channels=channels, batch=batch,
         reduce=canonical_choice(reduce or "sum", REDUCTIONS), seed=seed, exporter=canonical_choice(exporter, EXPORTERS),
         weights=canonical_choice(weights, WEIGHTS), rows=canonical_choice(rows, ROWS),
+        target=target if target.endswith(".toml") or "/" in target else target.lower(), form=canonical_choice(form, FORMS),
+        layout=canonical_choice(layout, LAYOUTS), tile_rows=tile_rows,
+        calibration=tuple(str(p) for p in calibration or ()), calibration_samples=calibration_samples,
     )
     options.validate()
     if reduce is not None and options.product != "gather":
@@ -110,8 +151,9 @@ def _print_export(result: object) -> None:
 
     assert isinstance(result, ExportResult)
     scan = result.scan
+    via = f"target {result.target}, {result.module}" if result.cost is not None else result.module
     table = new_table(
-        f"{result.path.name}: {result.product} via {result.module}, opset {scan.opset}, exporter {result.exporter}, "
+        f"{result.path.name}: {result.product} via {via}, opset {scan.opset}, exporter {result.exporter}, "
         f"weights {result.weights}" + (f", rows {result.rows}" if result.rows != "dense" else ""),
         "op", "nodes", "status", right=("nodes",),
     )
@@ -126,8 +168,17 @@ def _print_export(result: object) -> None:
                    "; ".join(scan.dynamic[:3]) or f"{scan.n_nodes} nodes, every tensor shape static")
     ok = result.max_abs <= result.tolerance
     quantised = result.weights != "float32"
-    checks.add_row("onnxruntime vs numpy reference" + (" (same dequantised weights)" if quantised else ""), "pass" if ok else "FAIL",
-                   f"max abs {result.max_abs:.2e} (mean {result.mean_abs:.2e}) <= {result.tolerance:g}; torch module {result.torch_max_abs:.2e}")
+    full_qdq = result.cost is not None and bool((result.plan or {}).get("qdq_activations"))
+    torch_note = "" if result.cost is not None else f"; torch module {result.torch_max_abs:.2e}"
+    if full_qdq and result.float_reference is not None:
+        from ..deploy.onnx_export import INT8_MIN_PSNR_DB
+
+        psnr = result.float_reference.psnr_db
+        checks.add_row("fully quantised graph vs float reference", "pass" if psnr >= INT8_MIN_PSNR_DB else "FAIL",
+                       f"PSNR {psnr:.1f} dB >= {INT8_MIN_PSNR_DB:g} dB; max abs vs the float-activation int8 reference {result.max_abs:.2e}")
+    else:
+        checks.add_row("onnxruntime vs numpy reference" + (" (same dequantised weights)" if quantised else ""), "pass" if ok else "FAIL",
+                       f"max abs {result.max_abs:.2e} (mean {result.mean_abs:.2e}) <= {result.tolerance:g}{torch_note}")
     q = result.float_reference
     if q is not None:
         checks.add_row(f"{result.weights} vs float reference", "report",
@@ -145,6 +196,16 @@ def _print_export(result: object) -> None:
     print_table(checks)
     shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in result.inputs.items())
     stdout_console.print(f"inputs: {shapes} -> bev {'x'.join(map(str, result.output))}")
+    if result.cost is not None:
+        cost = result.cost
+        stdout_console.print(
+            f"cost per inference: {cost['nodes']} nodes, constants {human_bytes(cost['constant_bytes'])}, gathered {human_bytes(cost['gathered_bytes'])} "
+            f"({cost['gathers']} Gather, at most {cost['max_gather_indices']:,} indices from an axis of {cost['max_gather_axis']:,}), "
+            f"{cost['macs'] / 1e6:,.1f} M MACs",
+            highlight=False,
+        )
+        for form_name, reasons in result.refused:
+            stdout_console.print(f"form {form_name} did not fit {result.target}: {'; '.join(reasons)}", highlight=False, markup=False)
     stdout_console.print(
         f"{scan.n_initializers} initializers ({human_bytes(scan.initializer_bytes)}); file {human_bytes(result.file_bytes)}; "
         f"export {result.export_seconds:.2f} s, onnxruntime {result.ort_seconds:.2f} s"
@@ -166,7 +227,9 @@ def _print_export(result: object) -> None:
             + (f" ({100 * file_ratio:.1f} %)" if file_ratio is not None else "")
         )
     for note in result.notes:
-        stdout_console.print(f"note: {note}")
+        stdout_console.print(f"note: {note}", highlight=False, markup=False)
+    if result.calibration_dir is not None:
+        stdout_console.print(f"wrote {result.calibration_dir}/ (the calibration set: dataset.txt, features_*.npy)", highlight=False, markup=False)
     if result.passed:
         stdout_console.print(f"wrote [bold]{result.path}[/bold]")
 

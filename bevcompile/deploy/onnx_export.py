@@ -75,9 +75,10 @@ from .onnx_graph import (
     fold_constants_keep_quantised,
     scan_graph,
 )
+from .targets import FORMS, LAYOUTS
 
 PRODUCTS = ("gather", "ell", "tiles")
-WEIGHTS = ("float32", "lut", "int8", "int8-qdq")
+WEIGHTS = ("float32", "float16", "lut", "int8", "int8-qdq")
 """``--weights``: the float32 tables, the gather LUT codes (``gather`` only) or the int8 matrix
 (``ell``/``tiles``), dequantised with Cast + Mul (``int8``) or by QDQ ``DequantizeLinear`` (``int8-qdq``)."""
 PRODUCT_WEIGHTS = {
@@ -94,6 +95,18 @@ ORT_QDQ_CHECK_ACCURACY = "1"
 """Accuracy level of the ``int8-qdq`` check session: 1 = float32 activations, the graph's
 own semantics (the default session's figures are reported separately)."""
 EXPORTERS = ("legacy", "dynamo")
+CALIBRATION_SAMPLES = 8
+"""Seeded feature samples the activation scales of a fully quantised graph (and a toolchain's
+calibration set) are computed on, unless ``--calibration`` gives the user's own."""
+DIRECT_WEIGHTS = {
+    "gather": ("float32", "float16"),
+    "ell": ("float32", "float16", "int8", "int8-qdq"),
+    "tiles": ("float32", "float16", "int8", "int8-qdq"),
+}
+"""``--weights`` of the graph builder's forms: ``int8-qdq`` is the FULLY quantised graph (activations
+too) where the target reads QDQ, else the float graph + calibration set its toolchain quantises."""
+INT8_MIN_PSNR_DB = 40.0
+"""Pass bound of a fully quantised (activation QDQ) graph: PSNR against the float reference."""
 ROWS = ("dense", "compact")
 """``--rows`` (``ell``/``tiles``; ``MatrixLift(rows=...)``, :data:`bevcompile.deploy.torch.MATRIX_ROWS`):
 ``dense`` the ``(N, C, ny, nx)`` map (a ``bev.region`` store: one Gather of ``matrix/expand``),
@@ -153,10 +166,22 @@ class ExportOptions:
     tolerance: float = MAX_ABS_TOLERANCE
     weights: str = "float32"
     rows: str = "dense"
+    target: str = "generic"
+    form: str | None = None
+    layout: str | None = None
+    tile_rows: int | None = None
+    calibration: tuple[str, ...] = ()
+    calibration_samples: int = CALIBRATION_SAMPLES
 
     @property
     def quantised(self) -> bool:
         return self.weights != "float32"
+
+    @property
+    def direct(self) -> bool:
+        """Whether the graph builder (:mod:`bevcompile.deploy.graph`) writes the graph: every target
+        but ``generic`` (today's torch-traced graphs), or ``generic`` with a ``--form``."""
+        return self.target != "generic" or self.form not in (None, "torch")
 
     @property
     def exporter_folding(self) -> bool:
@@ -170,7 +195,24 @@ class ExportOptions:
             raise UsageError(f"--product must be one of {', '.join(PRODUCTS)}, got {self.product!r}")
         if self.weights not in WEIGHTS:
             raise UsageError(f"--weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
-        if self.weights not in PRODUCT_WEIGHTS[self.product]:
+        if self.form is not None and self.form not in FORMS:
+            raise UsageError(f"--form must be one of {', '.join(FORMS)}, got {self.form!r}")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise UsageError(f"--layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.tile_rows is not None and not 1 <= self.tile_rows <= 4096:
+            raise UsageError(f"--tile-rows must be in [1, 4096], got {self.tile_rows}")
+        if not 1 <= self.calibration_samples <= 1024:
+            raise UsageError(f"--calibration-samples must be in [1, 1024], got {self.calibration_samples}")
+        if self.direct:
+            allowed = DIRECT_WEIGHTS[self.product]
+            if self.weights not in allowed:
+                raise UsageError(
+                    f"--weights {self.weights} with --target {self.target}: --product {self.product} takes {', '.join(allowed)}"
+                    + (" (the LUT codes are a --target generic form: the graph builder stores the decoded weights)" if self.weights == "lut" else "")
+                )
+        elif self.weights == "float16":
+            raise UsageError("--weights float16 is a form of the graph builder: give a --target (e.g. onnxruntime, rk3588) or --form")
+        if not self.direct and self.weights not in PRODUCT_WEIGHTS[self.product]:
             *first, last = PRODUCT_WEIGHTS[self.product]
             needs = "gather" if self.weights == "lut" else "ell or tiles"
             raise UsageError(
@@ -391,8 +433,10 @@ def _expand_region(store: LoadedStore, compact: np.ndarray) -> np.ndarray:
     return padded[..., expand].reshape(*compact.shape[:2], n_h, ny, nx)
 
 
-def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) -> np.ndarray:
-    """The gather tables with the LUT weights, in float64: the reference of ``--weights lut``.
+def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str, weights: str = "lut") -> np.ndarray:
+    """The gather tables with the LUT weights, in float64: the reference of ``--weights lut``
+    (``weights="float16"``: the stored float32 weights rounded to float16, the reference of the
+    graph builder's ``--weights float16``).
 
     Weights ``w(v_j, u_i) = lut[cv_j] * lut[cu_i]`` from ``gather/weight_u8`` + ``gather/lut``
     (:func:`bevcompile.grid.gather.lut_weights`), ``out[c, row] = sum_k w[row, k] * stacked[c, index[row, k]]``
@@ -404,19 +448,28 @@ def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) 
     """
     from ..grid.gather import gather_sample, lut_weights
 
-    group = store["gather"]
-    index = np.asarray(group["index"]).reshape(-1, 4)
-    weight = lut_weights(np.asarray(group["weight_u8"]), np.asarray(group["lut"])).reshape(-1, 4)
+    if weights == "float16" and not store.has_group("gather"):  # the bilinear tables of grid/norm
+        from .lift import bilinear_tables_from_norm
+
+        grid = store["grid"]
+        index, weight = bilinear_tables_from_norm(np.asarray(grid["norm"]), store.feature_size, bool(grid.attrs.get("align_corners", False)))
+        index, weight = index.reshape(-1, 4), weight.reshape(-1, 4).astype(np.float16).astype(np.float64)
+        perm_inverse = None
+    else:
+        group = store["gather"]
+        perm_inverse = np.asarray(group["perm_inverse"], dtype=np.int64) if "perm_inverse" in group else None
+        index = np.asarray(group["index"]).reshape(-1, 4)
+        if weights == "float16":
+            weight = np.asarray(group["weight"]).reshape(-1, 4).astype(np.float16).astype(np.float64)
+        else:
+            weight = lut_weights(np.asarray(group["weight_u8"]), np.asarray(group["lut"])).reshape(-1, 4)
     n, n_cam, c = features.shape[:3]
     n_h, ny, nx = store.bev_shape
     region = "expand" in store["grid"]
     if region:  # bev.region: the kept cells (grid/cells order), expanded at the end
         ny, nx = 1, int(np.asarray(store["grid"]["cells"]).shape[0])
     cells = n_h * ny * nx
-    if "perm_inverse" in group:
-        row_of_cell = np.asarray(group["perm_inverse"], dtype=np.int64)
-    else:
-        row_of_cell = np.arange(n_cam * cells, dtype=np.int64)
+    row_of_cell = perm_inverse if perm_inverse is not None else np.arange(n_cam * cells, dtype=np.int64)
     out = np.zeros((n, c, n_h, ny, nx), dtype=np.float64)
     for b in range(n):
         per_row = gather_sample(features[b], index, weight)  # (C, rows)
@@ -427,8 +480,9 @@ def reference_gather_lut(store: LoadedStore, features: np.ndarray, reduce: str) 
     return _expand_region(store, out[:, :, :, 0]) if region else out
 
 
-def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense") -> np.ndarray:
-    """``W @ X`` with the ``matrix/`` group's COO form, in float64 (scipy.sparse).
+def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense", weights: str = "float32") -> np.ndarray:
+    """``W @ X`` with the ``matrix/`` group's COO form, in float64 (scipy.sparse); ``weights="float16"``:
+    the COO values rounded to float16 first (the reference of ``--weights float16``).
 
     Convention: features ``(N, n_cam, C, H_f, W_f)``; depth ``(N, n_cam, D, H_f, W_f)`` in
     frustum mode; returns float64 ``(N, C, ny, nx)`` (rows scattered to their BEV cells via
@@ -442,7 +496,7 @@ def reference_matrix_lift(store: LoadedStore, features: np.ndarray, depth: np.nd
     group = store["matrix"]
     coo_row = np.asarray(group["coo_row"], dtype=np.int64)
     cols = np.asarray(group["coo_col"], dtype=np.int64)
-    vals = np.asarray(group["coo_val"], dtype=np.float64)
+    vals = np.asarray(group["coo_val"], dtype=np.float16 if weights == "float16" else np.float32).astype(np.float64)
     w_mat = sp.csr_matrix((vals, (coo_row, cols)), shape=(layout.n_rows, layout.n_cols))
     return _apply_matrix(store, layout, w_mat, features, depth, rows)
 
@@ -568,6 +622,13 @@ class ExportResult:
     float32_export: Float32Export | None = None
     qdq: QdqReport | None = None
     ort_default: DefaultSessionReport | None = None
+    target: str = "generic"
+    form: str = "torch"
+    plan: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None
+    refused: list[tuple[str, list[str]]] = field(default_factory=list)
+    calibration_dir: Path | None = None
+    int8_route: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -614,6 +675,13 @@ class ExportResult:
             "file_bytes_vs_float32": _finite(self.file_ratio_vs_float32),
             "qdq": None if self.qdq is None else self.qdq.to_json(),
             "onnxruntime_default": None if self.ort_default is None else self.ort_default.to_json(),
+            "target": self.target,
+            "form": self.form,
+            "plan": self.plan,
+            "cost": self.cost,
+            "refused_forms": [{"form": form, "reasons": reasons} for form, reasons in self.refused],
+            "calibration_dir": None if self.calibration_dir is None else str(self.calibration_dir),
+            "int8_route": self.int8_route,
         }
 
 
@@ -689,6 +757,8 @@ def _finite(value: float | None) -> float | None:
 
 def export_stages(options: ExportOptions) -> int:
     """Number of ``progress(1)`` calls :func:`export_onnx` makes (4; 5 with quantised weights)."""
+    if options.direct:
+        return 4
     return 5 if options.quantised else 4
 
 
@@ -814,6 +884,10 @@ def export_onnx(
     step = progress or (lambda n: None)
     options = options or ExportOptions()
     options.validate()
+    if options.direct:
+        from .direct import export_direct
+
+        return export_direct(store_path, out, options, progress=step)
     torch = _require_torch()
     onnx, ort = _require_onnx()
     store = load(store_path)
@@ -1050,6 +1124,8 @@ def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, export
         "bevcompile.feature_size": f"[{w_f}, {h_f}]",
         "bevcompile.bev_shape": f"[{n_h}, {ny}, {nx}]",
         "bevcompile.cameras": ",".join(store.rig.camera_names),
+        "bevcompile.target": options.target,
+        "bevcompile.form": "torch",
     }
     del model.metadata_props[:]
     for key, value in entries.items():

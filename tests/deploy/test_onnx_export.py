@@ -243,7 +243,7 @@ def test_export_quantised_weight_errors(gather_store: Path, matrix_store: Path, 
         export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8-qdq"))
     with pytest.raises(UsageError, match=r"--weights int8-qdq needs --opset 13 or higher \(DequantizeLinear with a per-row scale\), got --opset 12"):
         export_onnx(matrix_store, out, ExportOptions(product="tiles", weights="int8-qdq", opset=12))
-    with pytest.raises(UsageError, match=r"--weights must be one of float32, lut, int8, int8-qdq, got 'fp16'"):
+    with pytest.raises(UsageError, match=r"--weights must be one of float32, float16, lut, int8, int8-qdq, got 'fp16'"):
         export_onnx(gather_store, out, ExportOptions(weights="fp16"))
     for weights in ("int8", "int8-qdq"):  # matrix_store has no int8
         with pytest.raises(StoreError, match=r"`bevcompile matrix --quantize int8"):

@@ -1,0 +1,255 @@
+"""Latency of every exported lift against the GridSample it replaces, in the same process.
+
+Usage::
+
+    .venv/bin/python benchmarks/deploy_latency.py                 # nuScenes and dense-6cam, C = 64 and 256
+    .venv/bin/python benchmarks/deploy_latency.py --rigs nuscenes --channels 64 --repeat 30
+    .venv/bin/python benchmarks/deploy_latency.py --table          # docs/deploy.md's tables from the result file
+
+Stores (built with the CLI in a temporary folder): ``configs/nuscenes.yaml`` and
+``configs/dense-6cam.yaml``, ``grid`` + ``matrix --mode ray --topk 24 --align 16 --tile-rows 256``.
+
+Every graph takes the same seeded features ``(1, n_cam, C, H_f, W_f)``:
+
+* ``GridSample`` — the baseline: ``torch.nn.functional.grid_sample`` (bilinear, zeros, the store's
+  ``align_corners``) of every camera on ``grid/norm``, summed, exported with ``torch.onnx.export``
+  (legacy) exactly as the products are;
+* ``generic``: today's graphs (``export-onnx --target generic``: the torch modules traced);
+* ``onnxruntime``: the graph builder's forms for ``--target onnxruntime`` (gather: channel-last
+  buckets; tiles: batched 8-row tiles) and, for comparison, the channel-first gather and the
+  ``windows`` form of the RKNN targets;
+* for the matrix: a dense ``MatMul`` with ``W`` (nuScenes only: dense-6cam's ``W`` is 221 GB) and
+  scipy's CSR ``W @ X`` (same process, same features).
+
+Each is the median of ``--repeat`` runs after 5 warm-ups, in onnxruntime with 1 thread and with all
+threads, and in OpenVINO (CPU plugin, ``INFERENCE_PRECISION_HINT`` f32; the openvino venv of
+``make npu-envs``). Ratios are to the GridSample graph of the same rig, C and runtime, measured in the
+same process. Results: ``benchmarks/results/deploy_latency.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import CONFIGS, ROOT, bevcompile, machine, markdown_table
+
+RESULTS = ROOT / "benchmarks" / "results" / "deploy_latency.json"
+RIGS = {"nuscenes": "nuscenes.yaml", "dense-6cam": "dense-6cam.yaml"}
+
+
+def build(rig: str, folder: Path) -> Path:
+    out = folder / rig
+    bevcompile("grid", str(CONFIGS / RIGS[rig]), "--out", str(out), "--quiet").check("grid")
+    bevcompile("matrix", str(CONFIGS / RIGS[rig]), "--out", str(out), "--mode", "ray", "--topk", "24", "--align", "16", "--tile-rows", "256", "--quiet").check("matrix")
+    return next(out.glob("*.zarr"))
+
+
+def grid_sample_model(store: Any, features: np.ndarray) -> bytes:
+    import torch
+
+    norm = torch.from_numpy(np.asarray(store["grid"]["norm"], np.float32))  # (n_cam, n_h, ny, nx, 2)
+    align = bool(store["grid"].attrs.get("align_corners", False))
+    n_cam, n_h, ny, nx, _ = norm.shape
+
+    class GridSampleSum(torch.nn.Module):
+        def forward(self, f: torch.Tensor) -> torch.Tensor:
+            out = 0
+            for c in range(n_cam):
+                grid = norm[c].reshape(1, n_h * ny, nx, 2)
+                out = out + torch.nn.functional.grid_sample(f[:, c], grid, mode="bilinear", padding_mode="zeros", align_corners=align)
+            return out
+
+    buf = io.BytesIO()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(GridSampleSum(), (torch.from_numpy(features),), buf, dynamo=False, opset_version=17, input_names=["features"], output_names=["bev"])
+    return buf.getvalue()
+
+
+def dense_matmul_model(store: Any, channels: int) -> bytes | None:
+    """``W`` dense ``(rows, P)`` @ features ``(P, C)`` (None when W does not fit in 2 GiB)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from bevcompile.deploy.lift import product_lift
+
+    lift = product_lift(store, "ell")
+    if lift.n_rows * lift.n_pixels * 4 > 2 << 30:
+        return None
+    w = np.zeros((lift.n_rows, lift.n_pixels), np.float32)
+    np.add.at(w, (lift.row, lift.pixel), lift.value)
+    w_f, h_f = lift.feature_size
+    nodes = [
+        helper.make_node("Transpose", ["features"], ["t"], perm=[0, 1, 3, 4, 2]),
+        helper.make_node("Reshape", ["t", "shape_in"], ["x"]),
+        helper.make_node("MatMul", ["w", "x"], ["y"]),
+        helper.make_node("Transpose", ["y"], ["bev"], perm=[1, 0]),
+    ]
+    graph = helper.make_graph(
+        nodes, "dense", [helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, [1, lift.n_cam, channels, h_f, w_f])],
+        [helper.make_tensor_value_info("bev", onnx.TensorProto.FLOAT, [channels, lift.n_rows])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([lift.n_pixels, channels], np.int64), "shape_in")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
+
+
+def ort_latency(model: bytes, feeds: dict[str, np.ndarray], threads: int, repeat: int) -> float:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    for _ in range(5):
+        session.run(None, feeds)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)
+
+
+def openvino_latency(path: Path, feeds_path: Path, names: list[str], repeat: int, work: Path) -> float | None:
+    from bevcompile.deploy.toolchains.harness import run_worker, toolchain_available
+
+    if not toolchain_available("openvino"):
+        return None
+    spec = {"onnx": str(path), "inputs": str(feeds_path), "input_names": names, "out_dir": str(work / "ov"), "config": {"INFERENCE_PRECISION_HINT": "f32"}, "repeat": repeat}
+    result = run_worker("openvino", spec, work)
+    value = result.get("latency_ms")
+    return float(value) if value is not None else None
+
+
+def scipy_latency(store: Any, features: np.ndarray, repeat: int) -> float:
+    import scipy.sparse as sp
+
+    from bevcompile.deploy.lift import product_lift
+
+    lift = product_lift(store, "ell")
+    w = sp.csr_matrix((lift.value, (lift.row, lift.pixel)), shape=(lift.n_rows, lift.n_pixels))
+    x = np.ascontiguousarray(np.moveaxis(features[0], 1, -1).reshape(lift.n_pixels, -1))
+    for _ in range(3):
+        w @ x
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        w @ x
+        times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)
+
+
+def graphs(store_path: Path, store: Any, channels: int, work: Path) -> list[tuple[str, str, bytes]]:
+    """``(product, graph label, model bytes)`` of every exported form."""
+    from bevcompile.deploy.graph import Plan, build_graph, choose_window_patch
+    from bevcompile.deploy.lift import product_lift
+    from bevcompile.deploy.onnx_export import ExportOptions, export_onnx
+
+    out: list[tuple[str, str, bytes]] = []
+    for product in ("gather", "ell", "tiles"):
+        if product == "gather" or store.rig.n_cam * store.feature_size[0] * store.feature_size[1] < 100_000:
+            path = work / f"generic-{product}.onnx"
+            export_onnx(store_path, path, ExportOptions(product=product, channels=channels))
+            out.append((product, "generic (today: torch-traced)", path.read_bytes()))
+        lift = product_lift(store, product)
+        forms = [("gather", "channel-last"), ("gather", "channel-first"), ("tiles", "channel-last")]
+        for form, layout in forms:
+            plan = Plan(form=form, layout=layout, input_rank=5, batch=1, channels=channels, opset=17, tile_rows=8)
+            model, _ = build_graph(lift, plan)
+            out.append((product, f"{form} {layout}", model.SerializeToString()))
+        stats, _ = choose_window_patch(lift.by_output(), 256 << 20, 2000, 4)
+        if stats is not None:
+            model, _ = build_graph(lift, Plan(form="windows", layout="channel-first", input_rank=5, batch=1, channels=channels, opset=17, patch=stats.patch))
+            out.append((product, f"windows {stats.patch[0]}x{stats.patch[1]}", model.SerializeToString()))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from bevcompile.store.loader import load
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="latency-") as tmp:
+        folder = Path(tmp)
+        for rig in args.rigs:
+            store_path = build(rig, folder)
+            store = load(store_path)
+            for channels in args.channels:
+                rng = np.random.default_rng(0)
+                w_f, h_f = store.feature_size
+                features = rng.random((1, store.rig.n_cam, channels, h_f, w_f), dtype=np.float32)
+                feeds = {"features": features}
+                work = folder / f"{rig}-{channels}"
+                work.mkdir()
+                np.savez(str(work / "feeds.npz"), features=features)
+                entries: list[tuple[str, str, bytes | None]] = [("baseline", "GridSample (torch grid_sample per camera, summed)", grid_sample_model(store, features))]
+                entries += list(graphs(store_path, store, channels, work))
+                entries.append(("ell", "dense MatMul (W dense)", dense_matmul_model(store, channels)))
+                base: dict[str, float] = {}
+                for product, label, model in entries:
+                    if model is None:
+                        continue
+                    path = work / f"m{len(rows)}.onnx"
+                    path.write_bytes(model)
+                    row: dict[str, Any] = {"rig": rig, "channels": channels, "product": product, "graph": label}
+                    for name, threads in (("ort_1", 1), ("ort_all", os.cpu_count() or 1)):
+                        row[name] = ort_latency(model, feeds, threads, args.repeat)
+                    row["openvino"] = openvino_latency(path, work / "feeds.npz", ["features"], args.repeat, work) if not args.no_openvino else None
+                    if product == "baseline":
+                        base = {k: row[k] for k in ("ort_1", "ort_all", "openvino") if row[k] is not None}
+                    for key in ("ort_1", "ort_all", "openvino"):
+                        row[f"{key}_ratio"] = row[key] / base[key] if row[key] is not None and key in base else None
+                    rows.append(row)
+                    print(f"{rig:10s} C={channels:3d} {product:8s} {label:45s} ort1 {row['ort_1']:8.2f} ms ({row['ort_1_ratio']:.2f}x)  ortN {row['ort_all']:8.2f} ms"
+                          + (f"  ov {row['openvino']:8.2f} ms ({row['openvino_ratio']:.2f}x)" if row["openvino"] is not None else ""), flush=True)
+                scipy_ms = scipy_latency(store, features, args.repeat)
+                rows.append({"rig": rig, "channels": channels, "product": "ell", "graph": "scipy CSR W @ X (1 thread, in-process)", "ort_1": scipy_ms,
+                             "ort_all": None, "openvino": None, "ort_1_ratio": scipy_ms / base["ort_1"], "ort_all_ratio": None, "openvino_ratio": None})
+    return {"machine": machine(), "repeat": args.repeat, "rows": rows}
+
+
+def table(path: Path = RESULTS) -> str:
+    data = json.loads(path.read_text())
+    header = ["rig", "C", "product", "graph", "onnxruntime 1 thread", "onnxruntime all threads", "OpenVINO f32"]
+
+    def cell(r: dict[str, Any], key: str) -> str:
+        if r.get(key) is None:
+            return "-"
+        ratio = r.get(f"{key}_ratio")
+        return f"{r[key]:.1f} ms ({ratio:.2f}x)" if ratio is not None else f"{r[key]:.1f} ms"
+
+    out = [[r["rig"], r["channels"], r["product"], r["graph"], cell(r, "ort_1"), cell(r, "ort_all"), cell(r, "openvino")] for r in data["rows"]]
+    return f"Median of {data['repeat']} runs; ratios to the GridSample graph of the same rig, C and runtime. Measured on {data['machine']}.\n\n" + markdown_table(header, out, right=(4, 5, 6))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rigs", nargs="+", default=list(RIGS), choices=list(RIGS))
+    parser.add_argument("--channels", nargs="+", type=int, default=[64, 256])
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--no-openvino", action="store_true")
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table())
+        return 0
+    result = run(args)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""OpenVINO worker (runs in the openvino toolchain venv; imports numpy and openvino only).
+
+``python openvino_worker.py SPEC.json`` — SPEC: ``onnx``, ``inputs`` (.npz), ``input_names``,
+``out_dir``, ``config`` (compile properties, e.g. ``{"INFERENCE_PRECISION_HINT": "f32"}``), optional
+``repeat`` / ``warmup`` (the median latency of ``repeat`` timed runs).
+Writes ``out_dir/result.json`` (the runtime precision of every executed layer, the compile and
+inference times, the peak RSS) and ``out_dir/output.npy``.
+"""
+
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    with open(sys.argv[1]) as fh:
+        spec = json.load(fh)
+    out_dir = spec["out_dir"]
+    os.makedirs(out_dir, exist_ok=True)
+    result: dict = {"stage": "start"}
+    t0 = time.time()
+    try:
+        import openvino as ov
+
+        core = ov.Core()
+        result["version"] = ov.get_version()
+        model = core.read_model(spec["onnx"])
+        compiled = core.compile_model(model, "CPU", spec.get("config", {}))
+        result["compile_seconds"] = time.time() - t0
+        result["inference_precision"] = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        feeds = np.load(spec["inputs"])
+        request = compiled.create_infer_request()
+        t1 = time.time()
+        outputs = request.infer({name: feeds[name] for name in spec["input_names"]})
+        result["infer_seconds"] = time.time() - t1
+        out = next(iter(outputs.values()))
+        repeat = int(spec.get("repeat", 0))
+        if repeat:  # latency: warm-ups, then the median of `repeat` timed runs (benchmarks/deploy_latency.py)
+            inputs = {name: feeds[name] for name in spec["input_names"]}
+            for _ in range(int(spec.get("warmup", 5))):
+                request.infer(inputs)
+            times = []
+            for _ in range(repeat):
+                t2 = time.perf_counter()
+                request.infer(inputs)
+                times.append(time.perf_counter() - t2)
+            result["latency_ms"] = sorted(times)[len(times) // 2] * 1e3
+        np.save(os.path.join(out_dir, "output.npy"), np.asarray(out, np.float32))
+        layers = []
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+            precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
+            layers.append({"op": kind, "precision": precision})
+        result["layers"] = layers
+        result["stage"] = "done"
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["seconds"] = time.time() - t0
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open(os.path.join(out_dir, "result.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

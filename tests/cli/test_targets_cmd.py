@@ -1,0 +1,130 @@
+"""``bevcompile targets`` and ``bevcompile export-onnx --target``: exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from bevcompile.cli import app
+from bevcompile.matrix.build import MatrixOptions
+from bevcompile.rig.config import RigConfig
+
+from ..deploy.test_torch import add_matrix_group, build_grid_store
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ray_store(tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> Path:
+    store = build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("targets"))
+    add_matrix_group(store, small_distorted_multi, MatrixOptions(mode="ray", topk=8, align=8, tile_rows=64, quantize="int8"))
+    return store
+
+
+@pytest.fixture(scope="module")
+def frustum_store(tmp_path_factory: pytest.TempPathFactory, small_distorted_multi: RigConfig) -> Path:
+    store = build_grid_store(small_distorted_multi, tmp_path_factory.mktemp("targets_f"))
+    add_matrix_group(store, small_distorted_multi, MatrixOptions(mode="frustum", topk=8, align=8))
+    return store
+
+
+def test_targets_lists_every_profile_and_shows_one_with_sources() -> None:
+    listed = runner.invoke(app, ["targets"])
+    assert listed.exit_code == 0, listed.output
+    for name in ("generic", "rk3588", "rk3568", "rv1106", "openvino", "litert", "onnxruntime"):
+        assert name in listed.stdout
+    one = runner.invoke(app, ["targets", "rk3588"])
+    assert one.exit_code == 0, one.output
+    flat = " ".join(one.stdout.split())
+    assert "gather.max_indices" in flat and "8,191" in flat and "REGTASK" in flat
+    data = json.loads(runner.invoke(app, ["targets", "openvino", "--json"]).stdout)
+    assert any("INFERENCE_PRECISION_HINT" in note["what"] for note in data["runtime"])
+    assert all(limit["source"] for limit in json.loads(runner.invoke(app, ["targets", "rk3588", "--json"]).stdout)["limits"])
+
+
+def test_targets_unknown_name_is_one_line_exit_2() -> None:
+    result = runner.invoke(app, ["targets", "rk9999"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().count("\n") == 0 and "rk3588" in result.stderr
+
+
+def test_export_for_rk3588_writes_the_windows_graph_and_its_cost(ray_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lift.onnx"
+    result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--channels", "8", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["target"] == "rk3588" and data["form"] == "windows" and data["weights"] == "float16"  # fp16 where the target computes fp16
+    assert data["cost"]["gathers"] == 0 and data["cost"]["nodes"] == data["graph"]["n_nodes"]
+    assert data["inputs"] == {"features": [4, 8, 8, 12]}  # rank 4: (N * n_cam, C, H_f, W_f)
+    model = onnx.load(str(out))
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["bevcompile.target"] == "rk3588" and meta["bevcompile.form"] == "windows"
+    assert "Gather" not in {n.op_type for n in model.graph.node}
+    text = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--channels", "8", "--out", str(out)])
+    assert text.exit_code == 0
+    assert "cost per inference:" in text.stdout and "M MACs" in text.stdout
+
+
+def test_export_int8_for_a_toolchain_that_quantises_writes_the_calibration_set(ray_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lift.onnx"
+    result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--weights", "int8",
+                                 "--calibration-samples", "3", "--channels", "8", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["int8_route"] == "toolchain-calibration"
+    calib = Path(data["calibration_dir"])
+    assert calib == tmp_path / "lift.onnx.calib"
+    lines = (calib / "dataset.txt").read_text().splitlines()
+    assert lines == ["features_000.npy", "features_001.npy", "features_002.npy"]
+    assert np.load(calib / "features_000.npy").shape == (4, 8, 8, 12)
+    assert np.load(calib / "features.npy").shape == (3, 4, 8, 8, 12)
+    # the user's own samples: (S, n_cam, C, H_f, W_f)
+    samples = tmp_path / "mine.npy"
+    np.save(samples, np.random.default_rng(0).random((2, 4, 8, 8, 12), dtype=np.float32))
+    again = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--weights", "int8",
+                                "--calibration", str(samples), "--channels", "8", "--out", str(out), "--quiet"])
+    assert again.exit_code == 0, again.output
+    assert (calib / "dataset.txt").read_text().splitlines() == ["features_000.npy", "features_001.npy"]
+
+
+def test_export_refused_by_a_target_is_one_line_exit_2_and_writes_nothing(frustum_store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lift.onnx"
+    result = runner.invoke(app, ["export-onnx", str(frustum_store), "--product", "ell", "--target", "rk3588", "--channels", "8", "--out", str(out)])
+    assert result.exit_code == 2
+    message = result.stderr.strip()
+    assert "\n" not in message and message.startswith("error: --target rk3588 cannot take --product ell")
+    assert "--mode ray" in message and "compiled.max_ratio" in message and "depth input" in message
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "rk3588", "--weights", "lut"], "--weights lut with --target rk3588"),
+        (["--target", "rv1106", "--weights", "float32"], "computes in int8 only"),
+        (["--target", "rk3588", "--batch", "2"], "batch.max 1"),
+        (["--target", "nope"], "--target must be one of"),
+        (["--weights", "float16"], "give a --target"),
+        (["--target", "onnxruntime", "--form", "spiral"], "--form must be one of"),
+        (["--target", "rk3588", "--weights", "int8", "--calibration", "/no/such.npy"], "--calibration /no/such.npy: not a readable .npy file"),
+    ],
+)
+def test_export_target_usage_errors(ray_store: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--channels", "8", "--out", str(tmp_path / "x.onnx"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert not (tmp_path / "x.onnx").exists()
+
+
+def test_a_calibration_file_of_the_wrong_shape_is_refused(ray_store: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.zeros((2, 3, 8, 8, 12), np.float32))
+    result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--weights", "int8", "--calibration", str(bad),
+                                 "--channels", "8", "--out", str(tmp_path / "x.onnx")])
+    assert result.exit_code == 2
+    assert "expected float (S, 4, 8, 8, 12)" in " ".join(result.stderr.split())
