@@ -82,7 +82,7 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
-        (["--quantize", "int4"], "error: --quantize must be one of none, int8, got 'int4'"),
+        (["--quantize", "int4"], "error: --quantize must be one of none, int8, fp16, mixed, got 'int4'"),
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
         (["--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["-j", "1025"], "error: --jobs must be an integer in [1, 1024], got 1025"),
