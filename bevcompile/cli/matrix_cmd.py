@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 import typer
 
 from ..errors import UsageError
@@ -178,7 +179,7 @@ def _print_summary(result: MatrixRunResult) -> None:
     if f.fp16_max_rel_error is not None:
         table.add_row("fp16 max error (rel. to row max)", f"{f.fp16_max_rel_error:.2e}")
     if f.n_fp16_rows is not None:
-        rows_with_entries = p.n_rows - f.n_empty_rows - (1 if p.region_cells is not None else 0)
+        rows_with_entries = int(np.count_nonzero(np.bincount(p.coo_row, minlength=p.n_rows)))
         share = f" ({100 * f.n_fp16_rows / rows_with_entries:.1f} % of rows with entries)" if rows_with_entries else ""
         table.add_row(f"mixed: fp16 rows ({o.fp16_rows})", f"{f.n_fp16_rows:,}{share}")
     table.add_row("build time", f"{result.build_seconds:.2f} s")

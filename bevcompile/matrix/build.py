@@ -1131,7 +1131,7 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
     return attrs
 
 
-FP16_ENCODE = "h = float16(w) (IEEE binary16, round to nearest even, subnormals kept); |w| > 65504 or non-finite is refused at build"
+FP16_ENCODE = "h = float16(w) (IEEE binary16, round to nearest even, subnormals kept); |w| >= 65520 (inf in float16) or non-finite is refused at build"
 FP16_DECODE = "w = float32(h) (exact)"
 ROW_SNR_RULE = (
     "predicted int8 SNR of row r = 10 log10(S(w) / S(e)), e = float32(q) * row_scale[r] - w (float64), "
@@ -1156,7 +1156,7 @@ def reduced_precision_attributes(products: MatrixProducts) -> dict[str, Any]:
     if rule is None:
         return {}
     n16 = int(products.fp16_rows.size) if products.fp16_rows is not None else 0
-    with_entries = int(products.n_rows - f.n_empty_rows - (1 if products.region_cells is not None else 0))
+    with_entries = int(np.count_nonzero(np.bincount(products.coo_row, minlength=products.n_rows)))
     return {"mixed": {
         "rule": rule.token,
         "rule_definition": rule.describe(),

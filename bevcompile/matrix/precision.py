@@ -17,7 +17,7 @@ compute EXACTLY what a store's fp16 / mixed product, a guarded graph or a class-
 Conventions (also in docs/matrix.md "Reduced precision" and docs/deploy.md):
 
 * fp16 encode ``h = float16(w)`` (IEEE binary16, round to nearest even, subnormals kept; a
-  ``|w| > 65504`` or non-finite value is refused, never stored as inf); decode ``float32(h)`` (exact).
+  ``|w| >= 65520`` (it would round to inf) or non-finite value is refused); decode ``float32(h)`` (exact).
 * mixed: row ``r`` decodes to ``float32(fp16 value)`` if ``r`` is in ``fp16_rows``, else to the
   int8 decode ``float32(q[r, j]) * row_scale[r]``. A deployed graph computes the two row groups
   separately and puts the rows back in order with one Gather (no scatter).
@@ -45,7 +45,9 @@ I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
 
 FP16_MAX = float(np.finfo(np.float16).max)
-"""65504: the largest finite float16; larger weights are refused (they would be stored as inf)."""
+"""65504: the largest finite float16."""
+FP16_OVERFLOW = 65520.0
+"""``|w| >= 65520`` rounds to inf in float16 (65504 + half its ulp of 32): such weights are refused."""
 FP16_RULES = ("beyond", "snr", "fraction")
 """Kinds of :class:`Fp16Rule` (``--fp16-rows KIND:VALUE``)."""
 ROW_SNR_FEATURE_MEAN = 0.5
@@ -62,18 +64,19 @@ def encode_fp16(weight: npt.ArrayLike, what: str = "weights") -> npt.NDArray[np.
     """``float16(w)`` (round to nearest even, subnormals kept).
 
     Convention: any shape float -> float16 of the same shape. :class:`UsageError` (one line,
-    naming ``what``) when a value is not finite or ``|w| > 65504`` (float16 would hold inf).
+    naming ``what``) when a value is not finite or ``|w| >= 65520`` (float16 would hold inf;
+    ``65504 <= |w| < 65520`` rounds to 65504).
     """
     w = np.asarray(weight)
     if w.size:
         finite = np.isfinite(w)
-        over = finite & (np.abs(w) > FP16_MAX)
+        over = finite & (np.abs(w) >= FP16_OVERFLOW)
         if not finite.all() or over.any():
             bad = ~finite | over
             first = np.unravel_index(int(np.argmax(bad)), w.shape)
             raise UsageError(
                 f"--quantize fp16/mixed: {int(np.count_nonzero(bad)):,} of the {what} are not finite or exceed float16's range "
-                f"(|w| <= {FP16_MAX:g}; first at {tuple(int(i) for i in first)}: {float(w[first])!r}); keep float32 or int8 for these values"
+                f"(|w| < {FP16_OVERFLOW:g}; first at {tuple(int(i) for i in first)}: {float(w[first])!r}); keep float32 or int8 for these values"
             )
     with np.errstate(over="ignore"):  # refused above; float16 conversion itself never sees an overflow here
         return w.astype(np.float16)
