@@ -100,9 +100,9 @@ def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: st
         "per-cell SNR = 10 log10(sum ref^2 / sum err^2) over the channels"
     )
     if pmap.forms:
-        for kind, title in (("bands", "SNR dB by distance (5th percentile of the cells)"), ("cameras", "SNR dB over the cells each camera feeds (5th percentile)")):
+        for kind, title in (("bands", "SNR dB by distance (5th percentile of the cells)"), ("cameras", "SNR dB over the cells each camera feeds")):
             header, rows = summaries_table(pmap, kind)
-            table = new_table(title, *header, right=tuple(header[1:]), no_wrap=("form",))
+            table = new_table(title, *header, right=tuple(header[1:]), no_wrap=(header[0],))
             for row in rows:
                 table.add_row(*(escape(cell) for cell in row))
             print_table(table)

@@ -604,15 +604,15 @@ def precision_map(
 
 
 def summaries_table(pmap: PrecisionMap, kind: str = "bands") -> tuple[list[str], list[list[str]]]:
-    """``(header, rows)`` of a compact table: one row per form, one column per band (or camera),
-    cells ``"SNR (p5)"`` in dB."""
-    columns = band_labels(pmap.bands_m) if kind == "bands" else [c.label for c in pmap.forms[0].cameras] if pmap.forms else []
-    header = ["form", *columns]
-    rows = []
-    for f in pmap.forms:
-        items = f.bands if kind == "bands" else f.cameras
-        rows.append([f.name, *(format_db(s.snr_db) + f" ({format_db(s.p05_db)})" if s.n_cells else "-" for s in items)])
-    return header, rows
+    """``(header, rows)`` of a compact table: ``"bands"`` one row per form, one column per band
+    (cells ``"SNR (p5)"`` in dB); ``"cameras"`` one row per camera, one column per form (its name
+    without ``matrix/``; cells ``"SNR"`` over the cells the camera feeds)."""
+    if kind == "bands":
+        rows = [[f.name, *(f"{format_db(s.snr_db)} ({format_db(s.p05_db)})" if s.n_cells else "-" for s in f.bands)] for f in pmap.forms]
+        return ["form", *band_labels(pmap.bands_m)], rows
+    cameras = [c.label for c in pmap.forms[0].cameras] if pmap.forms else []
+    rows = [[camera, *(format_db(f.cameras[i].snr_db) if f.cameras[i].n_cells else "-" for f in pmap.forms)] for i, camera in enumerate(cameras)]
+    return ["camera", *(f.name.removeprefix("matrix/") for f in pmap.forms)], rows
 
 
 def format_db(value: float) -> str:
