@@ -99,6 +99,7 @@ from .precision import (
     int8_row_snr_db,
     row_distances_m,
     select_fp16_rows,
+    tile_row_span,
 )
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, check_token, prior_dims
@@ -794,8 +795,12 @@ def value_products(
         bytes_per["ell_int8"] = int(ell_index.nbytes + ell_int8.nbytes + row_scale.nbytes)
     if tile_int8 is not None and tile_row_scale is not None and tile_cols is not None and tile_col_offsets is not None:
         bytes_per["tiles_int8"] = int(tile_int8.nbytes + tile_row_scale.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
-    fp16 = reduced_precision_products(options, coo_row, n_rows, ell_weight, ell_int8, row_scale, tile_weight, tile_col_offsets, row_distance)
-    bytes_per.update(reduced_precision_bytes(options, ell_index, row_scale, tile_cols, tile_col_offsets, tile_row_scale, tile_int8, fp16))
+    laid_out = {
+        "ell_index": ell_index, "ell_weight": ell_weight, "ell_weight_int8": ell_int8, "row_scale": row_scale, "tile_cols": tile_cols,
+        "tile_col_offsets": tile_col_offsets, "tile_weight": tile_weight, "tile_weight_int8": tile_int8, "tile_row_scale": tile_row_scale,
+    }
+    fp16, fp16_bytes = reduced_precision_products(options, coo_row, n_rows, laid_out, row_distance)
+    bytes_per.update(fp16_bytes)
     camera_mass = camera_mass_of(rig, options.mode, cells, coo_col, coo_val, expand)
     bytes_per["camera_mass"] = int(camera_mass.nbytes)
     return ValueProducts(
@@ -821,20 +826,28 @@ def reduced_precision_products(
     options: MatrixOptions,
     coo_row: npt.NDArray[np.int32],
     n_rows: int,
-    ell_weight: npt.NDArray[np.float32],
-    ell_int8: npt.NDArray[np.int8] | None,
-    row_scale: npt.NDArray[np.float32] | None,
-    tile_weight: npt.NDArray[np.float32] | None,
-    tile_col_offsets: npt.NDArray[np.int64] | None,
+    laid_out: Mapping[str, Any],
     row_distance: npt.NDArray[np.float64] | None,
-) -> dict[str, Any]:
-    """The :class:`ValueProducts` fields of ``--quantize fp16`` / ``mixed`` (empty otherwise).
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The :class:`ValueProducts` fields of ``--quantize fp16`` / ``mixed`` (empty otherwise) and
+    their ``product_bytes`` (:func:`reduced_precision_bytes`), from the products already laid out
+    (``laid_out``: ``ell_index``, ``ell_weight``, ``ell_weight_int8``, ``row_scale``, ``tile_cols``,
+    ``tile_col_offsets``, ``tile_weight``, ``tile_weight_int8``, ``tile_row_scale``; None when not built).
 
     fp16: ``ell_weight_fp16 = float16(ell_weight)`` (and ``tile_weight_fp16``). mixed: the rows
     :func:`~bevcompile.matrix.precision.select_fp16_rows` picks by the options' rule among the
     logical rows with entries (``fp16_rows``), their float16 ELL rows (``fp16_row_weight``) and
     tile rows (``fp16_row_tile_weight``). Errors: max ``|decode - w|`` relative to the row's max
     ``|w|`` and absolute, over the float16 values stored (ELL and tiles)."""
+    fields = _reduced_precision_fields(options, coo_row, n_rows, laid_out, row_distance)
+    return fields, reduced_precision_bytes(options, laid_out, fields)
+
+
+def _reduced_precision_fields(
+    options: MatrixOptions, coo_row: npt.NDArray[np.int32], n_rows: int, laid_out: Mapping[str, Any], row_distance: npt.NDArray[np.float64] | None
+) -> dict[str, Any]:
+    ell_weight, ell_int8, row_scale = laid_out["ell_weight"], laid_out["ell_weight_int8"], laid_out["row_scale"]
+    tile_weight, tile_col_offsets = laid_out["tile_weight"], laid_out["tile_col_offsets"]
     if options.quantize == "fp16":
         ell16 = encode_fp16(ell_weight, "ELL weights")
         rel, absolute = decoded_errors(ell_weight, ell16)
@@ -861,24 +874,13 @@ def reduced_precision_products(
         out["fp16_row_tile_weight"] = tile16 = fp16_row_tile_weight(tile_weight, tile_col_offsets, options.tile_rows, rows)
         offsets = fp16_row_tile_offsets(tile_col_offsets, options.tile_rows, rows)
         for i, r in enumerate(rows):  # each fp16 tile row against its float32 block row
-            t = int(r) // options.tile_rows
-            w = int(tile_col_offsets[t + 1] - tile_col_offsets[t])
-            start = options.tile_rows * int(tile_col_offsets[t]) + (int(r) - t * options.tile_rows) * w
-            rr, a = decoded_errors(tile_weight[start : start + w][None], tile16[offsets[i] : offsets[i + 1]][None])
+            span = tile_row_span(tile_col_offsets, options.tile_rows, r)
+            rr, a = decoded_errors(tile_weight[span][None], tile16[offsets[i] : offsets[i + 1]][None])
             rel, absolute = max(rel, rr), max(absolute, a)
     return {**out, "fp16_max_rel_error": rel, "fp16_max_abs_error": absolute}
 
 
-def reduced_precision_bytes(
-    options: MatrixOptions,
-    ell_index: npt.NDArray[np.int32],
-    row_scale: npt.NDArray[np.float32] | None,
-    tile_cols: npt.NDArray[np.int32] | None,
-    tile_col_offsets: npt.NDArray[np.int64] | None,
-    tile_row_scale: npt.NDArray[np.float32] | None,
-    tile_int8: npt.NDArray[np.int8] | None,
-    fp16: Mapping[str, Any],
-) -> dict[str, int]:
+def reduced_precision_bytes(options: MatrixOptions, laid_out: Mapping[str, Any], fp16: Mapping[str, Any]) -> dict[str, int]:
     """``product_bytes`` of the fp16 / mixed products: what a deployed graph holds.
 
     ``ell_fp16`` / ``tiles_fp16``: the indices (tile columns and offsets) + the float16 values.
@@ -886,6 +888,8 @@ def reduced_precision_bytes(
     int8 rows, the float16 values of the fp16 rows, and the int32 ``(rows_pad,)`` row-order index
     of the Gather that puts the two groups back in order; ``tiles_mixed`` likewise over the tile
     rows (``n_tiles * R``)."""
+    ell_index, row_scale, tile_cols = laid_out["ell_index"], laid_out["row_scale"], laid_out["tile_cols"]
+    tile_col_offsets, tile_row_scale, tile_int8 = laid_out["tile_col_offsets"], laid_out["tile_row_scale"], laid_out["tile_weight_int8"]
     out: dict[str, int] = {}
     tile_index = int(tile_cols.nbytes + tile_col_offsets.nbytes) if tile_cols is not None and tile_col_offsets is not None else 0
     if fp16.get("ell_weight_fp16") is not None:

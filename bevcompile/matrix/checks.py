@@ -47,6 +47,7 @@ from .precision import (
     mixed_tile_values,
     row_distances_m,
     select_fp16_rows,
+    tile_row_span,
 )
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, prior_of_store
@@ -683,10 +684,8 @@ def _check_mixed(
             if same16:
                 bounds = fp16_row_tile_offsets(offsets, r, rows)
                 for i, row in enumerate(rows):
-                    t = int(row) // r
-                    w = int(offsets[t + 1] - offsets[t])
-                    start = r * int(offsets[t]) + (int(row) - t * r) * w
-                    br, ba = decoded_errors(arrays["tile_weight"][start : start + w][None], tiles16[bounds[i] : bounds[i + 1]][None])
+                    span = tile_row_span(offsets, r, row)
+                    br, ba = decoded_errors(arrays["tile_weight"][span][None], tiles16[bounds[i] : bounds[i + 1]][None])
                     rel, absolute = max(rel, br), max(absolute, ba)
     _check_recorded(out, attrs, "mixed", "max_rel_error", rel if rows.size else 0.0)
     _check_recorded(out, attrs, "mixed", "max_abs_error", absolute if rows.size else 0.0)

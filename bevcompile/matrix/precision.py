@@ -252,6 +252,16 @@ def mixed_ell_values(ell_weight_int8: npt.ArrayLike, row_scale: npt.ArrayLike, f
     return out
 
 
+def tile_row_span(tile_col_offsets: npt.ArrayLike, tile_rows: int, row: int) -> slice:
+    """Where row ``row`` lies in the flat tile layout (``tile_weight`` and its int8 / fp16 forms):
+    tile ``t = row // R``, ``w = o[t+1] - o[t]``, ``R o[t] + (row - t R) w`` to ``... + w``."""
+    o = np.asarray(tile_col_offsets, dtype=np.int64)
+    t = int(row) // int(tile_rows)
+    w = int(o[t + 1] - o[t])
+    start = int(tile_rows) * int(o[t]) + (int(row) - t * int(tile_rows)) * w
+    return slice(start, start + w)
+
+
 def fp16_row_tile_offsets(tile_col_offsets: npt.ArrayLike, tile_rows: int, fp16_rows: npt.ArrayLike) -> I64:
     """Offsets of each fp16 row's tile block row in ``fp16_row_tile_weight``.
 
@@ -280,10 +290,7 @@ def fp16_row_tile_weight(tile_weight: npt.ArrayLike, tile_col_offsets: npt.Array
     offsets = fp16_row_tile_offsets(o, r_, rows)
     out = np.zeros(int(offsets[-1]), dtype=np.float32)
     for i, r in enumerate(rows):
-        t = int(r) // r_
-        w = int(o[t + 1] - o[t])
-        start = r_ * int(o[t]) + (int(r) - t * r_) * w
-        out[offsets[i] : offsets[i + 1]] = tw[start : start + w]
+        out[offsets[i] : offsets[i + 1]] = tw[tile_row_span(o, r_, r)]
     return encode_fp16(out, "tile weights")
 
 
@@ -312,10 +319,7 @@ def mixed_tile_values(
     offsets = fp16_row_tile_offsets(o, r_, rows)
     values = decode_fp16(fp16_row_tile_weight_)
     for i, r in enumerate(rows):
-        t = int(r) // r_
-        w = int(o[t + 1] - o[t])
-        start = r_ * int(o[t]) + (int(r) - t * r_) * w
-        out[start : start + w] = values[offsets[i] : offsets[i + 1]]
+        out[tile_row_span(o, r_, r)] = values[offsets[i] : offsets[i + 1]]
     return out
 
 
@@ -401,5 +405,6 @@ __all__ = [
     "row_distances_m",
     "sanitize",
     "select_fp16_rows",
+    "tile_row_span",
 ]
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,9 @@ from ..grid.reference import bilinear_sample_px
 from ..matrix.build import INT8_PRODUCTS, MatrixOptions
 from ..matrix.checks import apply_entries, lifted_columns
 from ..matrix.layout import tile_blocks
-from ..matrix.precision import decode_fp16, row_distances_m
+from ..matrix.precision import decode_fp16, fp16_row_tile_offsets, row_distances_m, tile_row_span
 from ..rig.config import RigConfig
+from ..rig.presets import plain_data
 from ..store.loader import LoadedStore, load
 from ..store.verify import DEFAULT_CHANNELS, make_features
 
@@ -289,8 +290,6 @@ def _tiles_int8(inputs: MapInputs) -> F64:
 
 
 def _tiles_mixed(inputs: MapInputs) -> F64:
-    from ..matrix.precision import fp16_row_tile_offsets
-
     m = _matrix(inputs)
     g = m.group
     r = int(m.options.tile_rows or 1)
@@ -301,10 +300,7 @@ def _tiles_mixed(inputs: MapInputs) -> F64:
     bounds = fp16_row_tile_offsets(offsets, r, rows)
     decoded = decode_fp16(g["fp16_row_tile_weight"])
     for i, row in enumerate(rows):
-        t = int(row) // r
-        w = int(offsets[t + 1] - offsets[t])
-        start = r * int(offsets[t]) + (int(row) - t * r) * w
-        values[start : start + w] = decoded[bounds[i] : bounds[i + 1]]
+        values[tile_row_span(offsets, r, row)] = decoded[bounds[i] : bounds[i + 1]]
         scale[row] = 1.0
     return _tile_output(inputs, values, scale)
 
@@ -322,20 +318,11 @@ def _gather_tables(inputs: MapInputs) -> dict[str, Any]:
     def make() -> dict[str, Any]:
         group = inputs.store["gather"]
         try:
-            return logical_gather_tables(inputs.rig, group.load_all(), _thaw(group.attrs))
+            return logical_gather_tables(inputs.rig, group.load_all(), plain_data(group.attrs))
         except ValueError as exc:
             raise StoreError(f"{inputs.store.path}: gather/ unusable ({exc}); run `bevcompile inspect`") from None
 
     return inputs.cached("gather", make)
-
-
-def _thaw(value: Any) -> Any:
-    """The loader's read-only attributes as plain JSON data (mappings -> dict, tuples -> list)."""
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_thaw(v) for v in value]
-    return value
 
 
 def _sampling(inputs: MapInputs) -> Any:

@@ -252,13 +252,7 @@ def render_store(
     without matplotlib.
     """
     Figure, FigureCanvasAgg = _matplotlib()
-    store = the_one_store(path, "render")
-    reader = open_store(store)
-    if "format" not in reader.root_attrs:
-        from ..store.inspection import not_a_store_root
-
-        not_a_store_root(store, "render")
-    rig = _read_rig(reader)
+    store, reader, rig = _open_render_store(path)
     if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < rig.n_levels:
         raise UsageError(f"--level {level} is not a feature level of this store (0 to {rig.n_levels - 1})")
     grid_name = level_group("grid", level)
@@ -329,6 +323,18 @@ def render_store(
 
     _save_png(fig, out_path)
     return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
+
+
+def _open_render_store(path: str | Path) -> tuple[Path, StoreReader, RigConfig]:
+    """``(store path, reader, stored rig)`` of the store ``render`` draws (one-line errors for a
+    path that is not exactly one store or whose config cannot be used)."""
+    store = the_one_store(path, "render")
+    reader = open_store(store)
+    if "format" not in reader.root_attrs:
+        from ..store.inspection import not_a_store_root
+
+        not_a_store_root(store, "render")
+    return store, reader, _read_rig(reader)
 
 
 def _png_output(out: str | Path | None, default: Path) -> Path:
@@ -436,13 +442,7 @@ def render_precision(
     from .precision import band_labels, format_db, precision_map
 
     Figure, FigureCanvasAgg = _matplotlib()
-    store = the_one_store(path, "render")
-    reader = open_store(store)
-    if "format" not in reader.root_attrs:
-        from ..store.inspection import not_a_store_root
-
-        not_a_store_root(store, "render")
-    rig = _read_rig(reader)
+    store, _reader, rig = _open_render_store(path)
     out_path = _png_output(out, store.parent / f"{rig.name}_precision.png")
     pmap = precision_map(store, seed=seed, channels=channels, bands=bands)
     if not pmap.forms:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -330,14 +331,18 @@ def test_class_lift_ignores_labels_outside_the_classes_and_checks_its_input(stor
 # --------------------------------------------------------------------------------------
 
 
-def _export(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, names: list[str]) -> tuple[object, object]:
+def _export(module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, names: list[str]) -> tuple[Any, Any]:
+    """The legacy export of ``module``: its graph scan (no forbidden op, static shapes: asserted)
+    and an onnxruntime session."""
     import onnx
     import onnxruntime as ort
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, args, str(path), dynamo=False, opset_version=17, do_constant_folding=False, input_names=names, output_names=["bev"])
-    return onnx.load(str(path)), ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    scan = scan_graph(onnx.load(str(path)))
+    assert not scan.forbidden and not scan.dynamic, (scan.forbidden, scan.dynamic)
+    return scan, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize(("name", "form"), [("frustum_mixed", "ell"), ("region_mixed", "tiles"), ("grid_fp16", "tiles")])
@@ -349,13 +354,11 @@ def test_class_lift_exports_without_one_hot(tmp_path: Path, stores: dict[str, Pa
     _, depth = _inputs(rig, n=1)
     frustum = lift.mode == "frustum"
     args = (labels, depth) if frustum else (labels,)
-    model, session = _export(lift, args, tmp_path / "class.onnx", ["labels", "depth"][: len(args)])
-    scan = scan_graph(model)
-    assert not scan.forbidden and not scan.dynamic, (scan.forbidden, scan.dynamic)
+    scan, session = _export(lift, args, tmp_path / "class.onnx", ["labels", "depth"][: len(args)])
     assert "OneHot" not in scan.op_histogram and scan.op_histogram.get("Equal", 0) >= 1
     assert set(scan.unexpected) <= {"Equal"}, scan.unexpected
     feeds = {"labels": labels.numpy()} | ({"depth": depth.numpy()} if frustum else {})
-    got = session.run(None, feeds)[0]  # type: ignore[attr-defined]
+    got = session.run(None, feeds)[0]
     assert np.max(np.abs(got - lift(*args).numpy())) <= 1e-6
 
 
@@ -370,16 +373,14 @@ def test_guarded_and_reduced_lifts_export_static_and_run_in_onnxruntime(tmp_path
     features, depth = _inputs(rig, n=1)
     frustum = module.mode == "frustum"
     args = (features, depth) if frustum else (features,)
-    model, session = _export(module, args, tmp_path / "lift.onnx", ["features", "depth"][: len(args)])
-    scan = scan_graph(model)
-    assert not scan.forbidden and not scan.dynamic, (scan.forbidden, scan.dynamic)
+    scan, session = _export(module, args, tmp_path / "lift.onnx", ["features", "depth"][: len(args)])
     assert set(scan.unexpected) <= {"Sub", "Equal", "Where"}, scan.unexpected
     assert scan.op_histogram["Where"] == len(args) and scan.op_histogram["Sub"] == len(args)
-    clean = session.run(None, {"features": features.numpy()} | ({"depth": depth.numpy()} if frustum else {}))[0]  # type: ignore[attr-defined]
+    clean = session.run(None, {"features": features.numpy()} | ({"depth": depth.numpy()} if frustum else {}))[0]
     assert np.max(np.abs(clean - module(*args).numpy())) <= 1e-6 * max(1.0, float(np.abs(clean).max()))
     dirty = features.clone()
     dirty[0, 0, :, 0, 0] = float("nan")
-    out = session.run(None, {"features": dirty.numpy()} | ({"depth": depth.numpy()} if frustum else {}))[0]  # type: ignore[attr-defined]
+    out = session.run(None, {"features": dirty.numpy()} | ({"depth": depth.numpy()} if frustum else {}))[0]
     others = ~_fed_by(store, 0).numpy()
     assert np.isfinite(out).all()
     assert np.array_equal(out[..., others], clean[..., others])
