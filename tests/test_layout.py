@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "grid": {"rig", "store", "errors", "conventions", "memory", "choices"},
     "matrix": {"grid", "rig", "store", "errors", "memory", "choices", "parallel"},
     "interop": {"grid", "matrix", "rig", "store", "errors", "conventions", "choices", "parallel", "memory"},
-    "report": {"store", "grid", "rig", "errors"},
+    "report": {"store", "grid", "matrix", "rig", "errors"},
     "deploy": {"store", "grid", "matrix", "errors", "memory"},
     "fleet": {"grid", "matrix", "interop", "report", "rig", "store", "errors", "choices"},
     "memory": {"errors"},

@@ -37,7 +37,15 @@ def absorb(
     ] = None,
     quantize: Annotated[
         str | None,
-        typer.Option("--quantize", metavar="int8|none", help="int8: also write the per-row int8 products of the learned values; default: as the store has.", show_default=False),
+        typer.Option(
+            "--quantize", metavar="int8|fp16|mixed|none",
+            help="int8 / fp16 / mixed: also write those products of the learned values (mixed needs --fp16-rows unless the store has a rule); default: as the store has.",
+            show_default=False,
+        ),
+    ] = None,
+    fp16_rows: Annotated[
+        str | None,
+        typer.Option("--fp16-rows", metavar="beyond:M|snr:DB|fraction:F", help="--quantize mixed: the rows kept in float16; default: the store's rule.", show_default=False),
     ] = None,
     tile_rows: Annotated[
         int | None,
@@ -64,6 +72,7 @@ def absorb(
             quantize=None if quantize_value == "none" else quantize_value,
             tile_rows=KEEP if tile_rows is None else tile_rows,
             progress=advance,
+            fp16_rows=KEEP if fp16_rows is None else fp16_rows,
         )
     if json_output:
         print_json(result.to_json())

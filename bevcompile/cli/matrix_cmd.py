@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 import typer
 
 from ..errors import UsageError
@@ -63,7 +64,23 @@ def matrix(
     ] = None,
     quantize: Annotated[
         str | None,
-        typer.Option("--quantize", metavar="int8|none", help="int8: also write symmetric per-row int8 ELL (and tiles) + row_scale.", show_default=False),
+        typer.Option(
+            "--quantize",
+            metavar="int8|fp16|mixed|none",
+            help="int8: also write symmetric per-row int8 ELL (and tiles) + row_scale; fp16: float16 ELL (and tiles); "
+            "mixed: the int8 product plus float16 values of the rows --fp16-rows selects.",
+            show_default=False,
+        ),
+    ] = None,
+    fp16_rows: Annotated[
+        str | None,
+        typer.Option(
+            "--fp16-rows",
+            metavar="beyond:M|snr:DB|fraction:F",
+            help="--quantize mixed: the rows kept in float16: cells farther than M metres, rows whose predicted int8 SNR is "
+            "below DB dB, or the fraction F of rows with the lowest predicted int8 SNR.",
+            show_default=False,
+        ),
     ] = None,
     compact_rows: Annotated[
         bool, typer.Option("--compact-rows", help="Keep only rows with entries; write row_ids (row -> BEV cell).")
@@ -100,7 +117,7 @@ def matrix(
     prior = DepthPrior() if uniform else read_depth_prior(depth_prior, rig)
     options = MatrixOptions.from_command(
         mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
-        compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token,
+        compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token, fp16_rows=fp16_rows,
     )
     label = "sampling BEV cells" if options.mode == "grid" else "pass 1/2: lifting frustum points"
     unit = "samples" if options.mode == "grid" else "points"
@@ -159,6 +176,12 @@ def _print_summary(result: MatrixRunResult) -> None:
         )
     if f.int8_max_rel_error is not None:
         table.add_row("int8 max error (rel. to row max)", f"{f.int8_max_rel_error:.2e}")
+    if f.fp16_max_rel_error is not None:
+        table.add_row("fp16 max error (rel. to row max)", f"{f.fp16_max_rel_error:.2e}")
+    if f.n_fp16_rows is not None:
+        rows_with_entries = int(np.count_nonzero(np.bincount(p.coo_row, minlength=p.n_rows)))
+        share = f" ({100 * f.n_fp16_rows / rows_with_entries:.1f} % of rows with entries)" if rows_with_entries else ""
+        table.add_row(f"mixed: fp16 rows ({o.fp16_rows})", f"{f.n_fp16_rows:,}{share}")
     table.add_row("build time", f"{result.build_seconds:.2f} s")
     table.add_row("threads (--jobs)", f"{p.extra.get('jobs', 1)}")
     table.add_row("peak memory (RSS)", human_bytes(result.peak_rss_bytes))

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import CheckFailed
+from ..report.precision import DEFAULT_BANDS_M
 from ..store.verify import DEFAULT_CHANNELS, VerifyReport, format_psnr, resolve_target, verify_store
 from ._app import cli_command
 from ._options import DEFAULT_OUT, FeatureChannelsOption, FeatureSeedOption, JsonOption, QuietOption
@@ -39,15 +40,32 @@ def verify(
     out: Annotated[
         Path, typer.Option("--out", "-o", help="Where to look for <out>/<name>.zarr when a config (or nothing) is given.")
     ] = DEFAULT_OUT,
+    precision: Annotated[
+        bool,
+        typer.Option(
+            "--map",
+            help="The precision map instead: per BEV cell, the error (SNR dB) of every deployed form (gather float/LUT, "
+            "ELL/tiles float/int8/fp16/mixed) against its float64 reference, summarised per distance band and camera; "
+            "informational (exit 0). `bevcompile render STORE --precision` draws it.",
+        ),
+    ] = False,
+    bands: Annotated[
+        str,
+        typer.Option("--bands", metavar="E1,E2,...", help="--map: distance band edges in metres (bands 0-E1, E1-E2, ..., beyond the last)."),
+    ] = ",".join(f"{e:g}" for e in DEFAULT_BANDS_M),
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
     """Compare every NPU form in the store with the float reference on seeded random features.
 
     Exit 0 when every product is within its threshold, 1 otherwise (or when the store is stale
-    for the given config), 2 when the store is missing or unreadable.
+    for the given config), 2 when the store is missing or unreadable. With --map: the per-cell
+    precision map of every deployed form (exit 0; 2 for a bad store or --bands).
     """
     store, rig = resolve_target(target, out)
+    if precision:
+        _precision_map(store, rig, seed=seed, channels=channels, bands=bands, json_output=json_output, quiet=quiet)
+        return
     with progress_bar(f"verifying {store.name}", None, enabled=not (quiet or json_output)) as advance:
         report = verify_store(store, seed=seed, channels=channels, expected_rig=rig, progress=advance)
     if json_output:
@@ -58,6 +76,38 @@ def verify(
     if not report.passed:
         why = f"{len(report.failures)} of {report.n_judged} judged rows failed" if report.rows else "nothing could be verified"
         raise CheckFailed(f"{store}: verify failed: {why}")
+
+
+def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: str, json_output: bool, quiet: bool) -> None:
+    """``verify --map``: the precision map's band and camera tables (or its JSON)."""
+    from ..report.precision import parse_bands, precision_map, summaries_table
+    from ..store.loader import load
+    from ..store.verify import check_feature_options, check_not_stale
+
+    edges = parse_bands(bands)
+    check_feature_options(seed, channels)
+    if rig is not None:
+        check_not_stale(store, rig, load(store).root_attrs.get("config_sha256"))
+    with progress_bar(f"mapping the precision of {store.name}", None, enabled=not (quiet or json_output)) as advance:
+        pmap = precision_map(store, seed=seed, channels=channels, bands=edges, progress=advance)
+    if json_output:
+        print_json(pmap.to_json())
+        return
+    if quiet:
+        return
+    stdout_console.print(
+        f"[bold]{escape(pmap.store)}[/bold]  rig [bold]{escape(pmap.name)}[/bold]  seed {pmap.seed}  channels {pmap.channels}  "
+        "per-cell SNR = 10 log10(sum ref^2 / sum err^2) over the channels"
+    )
+    if pmap.forms:
+        for kind, title in (("bands", "SNR dB by distance (5th percentile of the cells)"), ("cameras", "SNR dB over the cells each camera feeds")):
+            header, rows = summaries_table(pmap, kind)
+            table = new_table(title, *header, right=tuple(header[1:]), no_wrap=(header[0],))
+            for row in rows:
+                table.add_row(*(escape(cell) for cell in row))
+            print_table(table)
+    for note in pmap.notes:
+        stdout_console.print(f"note: {escape(note)}")
 
 
 def _short_threshold(row: Any) -> str:

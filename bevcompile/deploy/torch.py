@@ -57,8 +57,9 @@ MATRIX_ROWS = ("dense", "compact")
 or ``compact`` ``(N, C, n_kept)``, the kept (super-)cells in ``matrix/cells`` order."""
 GRID_WEIGHTS = ("float32", "lut")
 """``GridGather(weights=...)``: the float32 ``gather/weight`` or the ``gather/weight_u8`` + ``gather/lut`` codes."""
-MATRIX_WEIGHTS = ("float32", "int8")
-"""``MatrixLift(weights=...)``: the float32 ELL/tile weights or the ``--quantize int8`` values + row scales."""
+MATRIX_WEIGHTS = ("float32", "int8", "fp16", "mixed")
+"""``MatrixLift(weights=...)``: the float32 ELL/tile weights, the ``--quantize int8`` values + row
+scales, the ``--quantize fp16`` float16 values, or a ``--quantize mixed`` store's two row groups."""
 LUT_CORNER_U_CODE = tuple(LUT_CODE_ORDER.index(corner[2:]) for corner in CORNER_ORDER)
 """Column of ``weight_u8`` holding the u-side code of each corner in :data:`CORNER_ORDER`: ``(0, 1, 0, 1)``."""
 LUT_CORNER_V_CODE = tuple(LUT_CODE_ORDER.index(corner[:2]) for corner in CORNER_ORDER)
@@ -79,6 +80,54 @@ def _feature_shape(features: torch.Tensor, n_cam: int, feature_size: tuple[int, 
 def _buffer(array: np.ndarray, dtype: Any = None) -> torch.Tensor:
     """A torch tensor that owns a writable copy of ``array`` (store arrays are read-only)."""
     return torch.from_numpy(np.array(array, dtype=dtype, copy=True, order="C"))
+
+
+def sanitize(x: torch.Tensor) -> torch.Tensor:
+    """The guard (``guard=True``): ``where(x - x == 0, x, 0)``. Finite values pass bit for bit,
+    NaN and +-inf become 0 (``x - x`` is NaN exactly for them). Exported as Sub, Equal, Where
+    (no IsNaN / IsInf: ops every NPU profile has). The numpy reference is
+    :func:`bevcompile.matrix.precision.sanitize`."""
+    return torch.where((x - x) == 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+_WEIGHT_ARRAYS = {
+    ("ell", "int8"): (("ell_weight_int8", "row_scale"), "--quantize int8"),
+    ("tiles", "int8"): (("tile_weight_int8", "tile_row_scale"), "--quantize int8 --tile-rows R"),
+    ("ell", "fp16"): (("ell_weight_fp16",), "--quantize fp16"),
+    ("tiles", "fp16"): (("tile_weight_fp16",), "--quantize fp16 --tile-rows R"),
+    ("ell", "mixed"): (("ell_weight_int8", "row_scale", "fp16_rows", "fp16_row_weight"), "--quantize mixed --fp16-rows RULE"),
+    ("tiles", "mixed"): (("tile_weight_int8", "tile_row_scale", "fp16_rows", "fp16_row_tile_weight"), "--quantize mixed --fp16-rows RULE --tile-rows R"),
+}
+
+
+def _require_weight_arrays(path: Path, group: Any, form: str, weights: str) -> None:
+    """A one-line :class:`StoreError` naming the arrays and the build command ``weights=`` needs."""
+    if weights == "float32":
+        return
+    if weights == "int8" and ("ell_weight_int8" not in group or "row_scale" not in group):
+        raise StoreError(f"{path}: weights='int8' needs matrix/ell_weight_int8 + row_scale; rebuild the matrix with `bevcompile matrix --quantize int8`")
+    if form == "tiles" and "tile_weight" not in group:
+        return  # the tiles check says it
+    names, command = _WEIGHT_ARRAYS[(form, weights)]
+    if any(name not in group for name in names):
+        with_form = f" with form='{form}'" if form == "tiles" else ""
+        raise StoreError(f"{path}: weights='{weights}'{with_form} needs matrix/{' + '.join(names)}; rebuild the matrix with `bevcompile matrix {command}`")
+
+
+def _fp16_rows(path: Path, group: Any, n_rows: int) -> np.ndarray:
+    """``matrix/fp16_rows`` as int64, checked: strictly increasing in ``[0, n_rows)``."""
+    rows = np.asarray(group["fp16_rows"], dtype=np.int64)
+    if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= n_rows or np.any(np.diff(rows) <= 0))):
+        raise StoreError(f"{path}: matrix/fp16_rows is not strictly increasing in [0, {n_rows})")
+    return rows
+
+
+def _group_order(n_rows: int, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Row ``r``'s position in ``concat(rows first, rows second)``: int64 ``(n_rows,)``."""
+    order = np.empty(n_rows, dtype=np.int64)
+    order[first] = np.arange(first.size)
+    order[second] = first.size + np.arange(second.size)
+    return order
 
 
 # --------------------------------------------------------------------------------------
@@ -242,6 +291,10 @@ class GridGather(nn.Module):
     returns the kept cells, ``(N, C, n_heights, n_kept)`` or ``(N, C, n_kept)`` (``collapse_heights``),
     in ``grid/cells`` order.
 
+    ``guard=True``: the features are sanitised first (:func:`sanitize`: NaN and +-inf become 0;
+    Sub, Equal, Where in a graph), so a non-finite value of one camera reaches no cell that camera
+    does not sample (unguarded, a corner of weight 0 reading it gives ``0 * NaN = NaN``).
+
     Buffers (``persistent=True``): ``index`` int32 and ``weight`` float32 exactly as stored in
     ``gather/`` — ``(n_cam, n_heights, ny, nx, 4)`` (layout ``bev``) or ``(n_cells_padded, 4)``
     (layouts ``flat``/``flat_cache``/``flat_feature`` of ``grid --align N [--order cache|feature]``:
@@ -273,8 +326,12 @@ class GridGather(nn.Module):
         weights: str = "float32",
         level: int = 0,
         rows: str = "dense",
+        guard: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(guard, bool):
+            raise UsageError(f"guard must be True or False, got {guard!r}")
+        self.guard = guard
         if rows not in MATRIX_ROWS:
             raise UsageError(f"rows must be one of {', '.join(MATRIX_ROWS)}, got {rows!r}")
         if reduce not in REDUCTIONS:
@@ -351,6 +408,7 @@ class GridGather(nn.Module):
             + ("" if self.weights == "float32" else f", weights={self.weights}")
             + ("" if self.level == 0 else f", level={self.level}")
             + ("" if not self.n_kept else f", region={self.n_kept} kept cells, rows={self.rows}")
+            + (", guard" if self.guard else "")
         )
 
     def corner_weights(self) -> torch.Tensor:
@@ -368,6 +426,8 @@ class GridGather(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
+        if self.guard:
+            features = sanitize(features)
         n_h, ny, nx = self.bev_shape
         per_height = self.cells_per_height  # ny * nx; a region's n_kept (+ the zero cell for rows="dense")
         cells = n_h * per_height
@@ -449,6 +509,28 @@ class MatrixLift(nn.Module):
     per-entry dequantisation only in rounding order (one rounding of ``s * sum`` instead of one
     of ``q * s`` per entry), and it costs ``N * C * rows`` multiplies instead of
     ``N * C * rows * k_pad``.
+
+    ``weights="fp16"`` (``--quantize fp16``): ``ell_weight_fp16`` float16 ``(rows_pad, k_pad)``, or
+    the per-tile views ``tile{t}_block`` float16 of ``tile_weight_fp16`` (persistent, as for int8);
+    the graph Casts them to float32 (exact) and computes as the float form.
+
+    ``weights="mixed"`` (``--quantize mixed``): TWO row groups, no dynamic op. ELL: the int8 rows
+    (``int8_index`` int32 / ``ell_weight_int8`` int8 ``(n8, k_pad)``, ``row_scale`` float32
+    ``(n8,)``) and the fp16 rows of ``matrix/fp16_rows`` (``fp16_index`` int32 / ``fp16_row_weight``
+    float16 ``(n16, k_pad)``), each Gather + Mul + ReduceSum (int8: then Mul by its scales), Concat;
+    tiles: per tile the block of its int8 rows (``tile{t}_block`` int8) and of its fp16 rows
+    (``tile{t}_block16`` float16), two MatMuls on the same gathered columns, Concat, then ONE Mul
+    by ``tile_row_scale`` (the int8 rows' scales, 1 on the fp16 rows). The rows are put back in
+    order by the row mapping's Gather (``row_of_cell``: the composition of the groups' order with
+    the cell mapping, still one Gather). Numerically: :func:`bevcompile.matrix.precision.mixed_ell_values`
+    / ``mixed_tile_values`` up to float32 rounding order.
+
+    ``guard=True``: the inputs are sanitised first (:func:`sanitize`: NaN and +-inf become 0; Sub,
+    Equal, Where in a graph), features and depth. A non-finite value of one camera then changes
+    only the cells whose rows read that camera's columns with a non-zero weight; without the guard
+    a NaN also reaches every row that reads it with weight 0 (``0 * NaN = NaN``): ELL padding
+    slots (an empty row's padding reads column 0) and every row of a tile whose block has that
+    column.
     """
 
     ell_index: torch.Tensor
@@ -464,8 +546,15 @@ class MatrixLift(nn.Module):
     tile_feat_index: torch.Tensor
     row_of_cell: torch.Tensor
     cell_mask: torch.Tensor
+    ell_weight_fp16: torch.Tensor
+    tile_weight_fp16: torch.Tensor
+    int8_index: torch.Tensor
+    int8_feat_index: torch.Tensor
+    fp16_index: torch.Tensor
+    fp16_feat_index: torch.Tensor
+    fp16_row_weight: torch.Tensor
 
-    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32", rows: str = "dense") -> None:
+    def __init__(self, store: StoreLike, *, form: str = "ell", weights: str = "float32", rows: str = "dense", guard: bool = False) -> None:
         super().__init__()
         from ..store.loader import matrix_layout
 
@@ -476,18 +565,17 @@ class MatrixLift(nn.Module):
             raise UsageError(f"form must be one of {', '.join(MATRIX_FORMS)}, got {form!r}")
         if weights not in MATRIX_WEIGHTS:
             raise UsageError(f"weights must be one of {', '.join(MATRIX_WEIGHTS)}, got {weights!r}")
+        if not isinstance(guard, bool):
+            raise UsageError(f"guard must be True or False, got {guard!r}")
         loaded = load(store)
         layout = matrix_layout(loaded)
         group = loaded["matrix"]
         rig = loaded.rig
         int8 = weights == "int8"
-        if int8 and ("ell_weight_int8" not in group or "row_scale" not in group):
-            raise StoreError(
-                f"{loaded.path}: weights='int8' needs matrix/ell_weight_int8 + row_scale; "
-                "rebuild the matrix with `bevcompile matrix --quantize int8`"
-            )
+        _require_weight_arrays(loaded.path, group, form, weights)
         self.form = form
         self.weights = weights
+        self.guard = guard
         self.mode = layout.mode
         self.n_cam = rig.n_cam
         self.n_depth = rig.depth.n_bins
@@ -498,6 +586,8 @@ class MatrixLift(nn.Module):
         self.k_pad = layout.k_pad
         w_f, h_f = self.feature_size
         plane = h_f * w_f
+        self.n_fp16_rows = 0
+        order: np.ndarray | None = None  # mixed: row r of the lift is row order[r] of the concatenated groups
 
         def feat_of(cols: np.ndarray) -> np.ndarray:
             c = np.asarray(cols, dtype=np.int64)
@@ -505,59 +595,112 @@ class MatrixLift(nn.Module):
 
         if form == "ell":
             index = np.asarray(group["ell_index"])
-            self.register_buffer("ell_index", _buffer(index, np.int32), persistent=True)
-            if not int8:
-                self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
-            else:
+            if weights == "mixed":
+                fp16_rows = _fp16_rows(loaded.path, group, index.shape[0])
+                int8_rows = np.setdiff1d(np.arange(index.shape[0]), fp16_rows)
                 values, scale = np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"])
-                if values.dtype != np.int8 or values.shape != index.shape or scale.shape != (index.shape[0],):
-                    raise StoreError(
-                        f"{loaded.path}: matrix/ell_weight_int8 {values.dtype} {values.shape} and row_scale {scale.shape} "
-                        f"do not fit ell_index {index.shape}"
-                    )
-                self.register_buffer("ell_weight_int8", _buffer(values, np.int8), persistent=True)
-                self.register_buffer("row_scale", _buffer(scale, np.float32), persistent=True)
-            if self.mode == "frustum":
-                self.register_buffer("feat_index", _buffer(feat_of(index)), persistent=True)
+                weight16 = np.asarray(group["fp16_row_weight"])
+                if values.shape != index.shape or scale.shape != (index.shape[0],) or weight16.shape != (fp16_rows.size, index.shape[1]) or weight16.dtype != np.float16:
+                    raise StoreError(f"{loaded.path}: matrix/ell_weight_int8, row_scale and fp16_row_weight do not fit ell_index {index.shape} and fp16_rows")
+                self.n_fp16_rows = int(fp16_rows.size)
+                self.register_buffer("int8_index", _buffer(index[int8_rows], np.int32), persistent=True)
+                self.register_buffer("ell_weight_int8", _buffer(values[int8_rows], np.int8), persistent=True)
+                self.register_buffer("row_scale", _buffer(scale[int8_rows], np.float32), persistent=True)
+                self.register_buffer("fp16_index", _buffer(index[fp16_rows], np.int32), persistent=True)
+                self.register_buffer("fp16_row_weight", _buffer(weight16, np.float16), persistent=True)
+                if self.mode == "frustum":
+                    self.register_buffer("int8_feat_index", _buffer(feat_of(index[int8_rows])), persistent=True)
+                    self.register_buffer("fp16_feat_index", _buffer(feat_of(index[fp16_rows])), persistent=True)
+                order = _group_order(index.shape[0], int8_rows, fp16_rows)
+            else:
+                self.register_buffer("ell_index", _buffer(index, np.int32), persistent=True)
+                if weights == "float32":
+                    self.register_buffer("ell_weight", _buffer(group["ell_weight"], np.float32), persistent=True)
+                elif weights == "fp16":
+                    values16 = np.asarray(group["ell_weight_fp16"])
+                    if values16.dtype != np.float16 or values16.shape != index.shape:
+                        raise StoreError(f"{loaded.path}: matrix/ell_weight_fp16 {values16.dtype} {values16.shape} does not fit ell_index {index.shape}")
+                    self.register_buffer("ell_weight_fp16", _buffer(values16, np.float16), persistent=True)
+                else:
+                    values, scale = np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"])
+                    if values.dtype != np.int8 or values.shape != index.shape or scale.shape != (index.shape[0],):
+                        raise StoreError(
+                            f"{loaded.path}: matrix/ell_weight_int8 {values.dtype} {values.shape} and row_scale {scale.shape} "
+                            f"do not fit ell_index {index.shape}"
+                        )
+                    self.register_buffer("ell_weight_int8", _buffer(values, np.int8), persistent=True)
+                    self.register_buffer("row_scale", _buffer(scale, np.float32), persistent=True)
+                if self.mode == "frustum":
+                    self.register_buffer("feat_index", _buffer(feat_of(index)), persistent=True)
             out_rows = self.rows_pad
             self.tiles: list[tuple[int, int]] = []
+            self._tile_blocks_name: str | None = None
         else:
             if "tile_weight" not in group:
                 raise StoreError(f"{loaded.path}: matrix/ has no tiles; rebuild it with `bevcompile matrix --tile-rows R`")
             if layout.tile_rows is None:
                 raise StoreError(f"{loaded.path}: matrix/ build_options have no tile_rows")
-            if int8 and ("tile_weight_int8" not in group or "tile_row_scale" not in group):
-                raise StoreError(
-                    f"{loaded.path}: weights='int8' with form='tiles' needs matrix/tile_weight_int8 + tile_row_scale; "
-                    "rebuild the matrix with `bevcompile matrix --quantize int8 --tile-rows R`"
-                )
             offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
             cols = np.asarray(group["tile_cols"])
             self.tile_rows = layout.tile_rows
+            r = self.tile_rows
+            n_tiles = offsets.size - 1
             self.register_buffer("tile_cols", _buffer(cols, np.int32), persistent=True)
             self.register_buffer("tile_col_offsets", _buffer(offsets, np.int64), persistent=True)
-            if not int8:
+            self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(n_tiles)]
+            if weights == "float32":
                 self.register_buffer("tile_weight", _buffer(group["tile_weight"], np.float32), persistent=True)
-            else:
-                values, scale = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"])
-                n_tiles = offsets.size - 1
-                if values.dtype != np.int8 or values.shape != (self.tile_rows * int(offsets[-1]),) or scale.shape != (n_tiles * self.tile_rows,):
-                    raise StoreError(
-                        f"{loaded.path}: matrix/tile_weight_int8 {values.dtype} {values.shape} and tile_row_scale {scale.shape} "
-                        f"do not fit {n_tiles} tiles of {self.tile_rows} rows"
-                    )
+            elif weights in ("int8", "fp16"):
+                name = "tile_weight_int8" if int8 else "tile_weight_fp16"
+                dtype = np.int8 if int8 else np.float16
+                values = np.asarray(group[name])
+                if values.dtype != dtype or values.shape != (r * int(offsets[-1]),):
+                    raise StoreError(f"{loaded.path}: matrix/{name} {values.dtype} {values.shape} does not fit {n_tiles} tiles of {r} rows")
+                if int8:
+                    scale = np.asarray(group["tile_row_scale"])
+                    if scale.shape != (n_tiles * r,):
+                        raise StoreError(f"{loaded.path}: matrix/tile_row_scale {scale.shape} does not fit {n_tiles} tiles of {r} rows")
+                    self.register_buffer("tile_row_scale", _buffer(scale, np.float32), persistent=True)
                 # the flat array is not persistent: its per-tile views below are (no bytes twice in state_dict)
-                self.register_buffer("tile_weight_int8", _buffer(values, np.int8), persistent=False)
-                self.register_buffer("tile_row_scale", _buffer(scale, np.float32), persistent=True)
+                self.register_buffer(name, _buffer(values, dtype), persistent=False)
+            else:  # mixed: per tile, a block of its int8 rows and one of its fp16 rows (plain buffers, no views)
+                fp16_rows = _fp16_rows(loaded.path, group, n_tiles * r)
+                q, scale = np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"])
+                from ..matrix.precision import fp16_row_tile_offsets
+
+                bounds = fp16_row_tile_offsets(offsets, r, fp16_rows)
+                weight16 = np.asarray(group["fp16_row_tile_weight"])
+                if q.shape != (r * int(offsets[-1]),) or scale.shape != (n_tiles * r,) or weight16.shape != (int(bounds[-1]),) or weight16.dtype != np.float16:
+                    raise StoreError(f"{loaded.path}: matrix/tile_weight_int8, tile_row_scale and fp16_row_tile_weight do not fit {n_tiles} tiles of {r} rows")
+                self.n_fp16_rows = int(fp16_rows.size)
+                is16 = np.zeros(n_tiles * r, dtype=bool)
+                is16[fp16_rows] = True
+                position = np.searchsorted(fp16_rows, np.arange(n_tiles * r))  # index of a fp16 row in fp16_rows
+                concat_rows: list[np.ndarray] = []  # the tile rows in the order the parts are concatenated
+                scales: list[np.ndarray] = []
+                self.tile_parts: list[tuple[int, int, int]] = []  # (tile, int8 rows, fp16 rows)
+                for t, (a, b) in enumerate(self.tiles):
+                    local = np.arange(t * r, (t + 1) * r)
+                    rows8, rows16 = local[~is16[local]], local[is16[local]]
+                    block = q[r * a : r * b].reshape(r, b - a)
+                    self.register_buffer(f"tile{t}_block", _buffer(block[rows8 - t * r], np.int8), persistent=True)
+                    if rows16.size:
+                        blocks16 = [weight16[bounds[i] : bounds[i + 1]] for i in position[rows16]]
+                        self.register_buffer(f"tile{t}_block16", _buffer(np.stack(blocks16), np.float16), persistent=True)
+                    self.tile_parts.append((t, int(rows8.size), int(rows16.size)))
+                    concat_rows += [rows8, rows16]
+                    scales += [scale[rows8], np.ones(rows16.size, dtype=np.float32)]
+                # one Mul after the Concat: the int8 rows' scales, 1 on the fp16 rows (exact)
+                self.register_buffer("tile_row_scale", _buffer(np.concatenate(scales), np.float32), persistent=True)
+                order = np.argsort(np.concatenate(concat_rows), kind="stable")
             if self.mode == "frustum":
                 self.register_buffer("tile_feat_index", _buffer(feat_of(cols)), persistent=True)
-            self.tiles = [(int(offsets[t]), int(offsets[t + 1])) for t in range(offsets.size - 1)]
             # per-tile views of the stored buffers (shared memory, not in state_dict): each
             # becomes its own constant in an exported graph, so no Slice is left in it. The int8
-            # blocks are persistent instead: a non-persistent buffer is traced as a constant and
-            # the exporter folds its Cast, storing float32 blocks again; a persistent one becomes
-            # an int8 initializer.
-            self._tile_blocks_name = "tile_weight_int8" if int8 else "tile_weight"
+            # (fp16) blocks are persistent instead: a non-persistent buffer is traced as a constant
+            # and the exporter folds its Cast, storing float32 blocks again; a persistent one becomes
+            # an int8 (float16) initializer. Mixed: the blocks are plain buffers (only cols are views).
+            self._tile_blocks_name = {"float32": "tile_weight", "int8": "tile_weight_int8", "fp16": "tile_weight_fp16"}.get(weights)
             self._register_tile_views()
             out_rows = len(self.tiles) * self.tile_rows
         # rows -> BEV cells: reshape when the rows are the cells; else one Gather (+ Mul by a
@@ -565,11 +708,12 @@ class MatrixLift(nn.Module):
         n_cells = self.ny * self.nx
         self.row_mapping = "identity"
         self.n_compact = 0
+        row_index: np.ndarray | None = None
         if layout.expand is not None:  # bev.region: ONE Gather of the compact rows (the zero row included) to the dense map
             if layout.n_rows > out_rows:
                 raise StoreError(f"{loaded.path}: {layout.n_rows} matrix rows but the {form} form holds {out_rows}")
             self.n_compact = layout.n_rows - 1
-            self.register_buffer("row_of_cell", _buffer(layout.expand, np.int32), persistent=True)
+            row_index = np.asarray(layout.expand, dtype=np.int64)
             self.row_mapping = "compact" if rows == "compact" else "expand"
         elif rows == "compact":
             raise UsageError(f"{loaded.path}: rows='compact' needs a store built with a bev.region (matrix/expand); this one has BEV-cell rows")
@@ -580,20 +724,30 @@ class MatrixLift(nn.Module):
             has_row[layout.row_cells] = True
             if layout.row_cells.size > out_rows:
                 raise StoreError(f"{loaded.path}: {layout.row_cells.size} matrix rows but the {form} form holds {out_rows}")
-            self.register_buffer("row_of_cell", _buffer(row_of_cell, np.int32), persistent=True)
+            row_index = row_of_cell
             self.row_mapping = "gather"
             if not has_row.all():
                 self.register_buffer("cell_mask", _buffer(has_row, np.float32), persistent=True)
                 self.row_mapping = "gather+mask"
+        if order is not None:  # mixed: the row-order Gather is composed with the row mapping (still ONE Gather)
+            if self.row_mapping == "identity":
+                row_index, self.row_mapping = np.arange(n_cells), "gather"
+            elif self.row_mapping == "compact":
+                row_index, self.row_mapping = np.arange(self.n_compact), "compact_gather"
+            assert row_index is not None
+            row_index = order[row_index]
+        if row_index is not None:
+            self.register_buffer("row_of_cell", _buffer(row_index, np.int32), persistent=True)
 
     def _register_tile_views(self) -> None:
         """(Re-)register the per-tile views of the flat tile buffers (shared memory)."""
-        blocks = getattr(self, self._tile_blocks_name)
-        int8 = self._tile_blocks_name == "tile_weight_int8"
         r = self.tile_rows
+        name = self._tile_blocks_name
+        blocks = getattr(self, name) if name is not None else None
         for t, (a, b) in enumerate(self.tiles):
             self.register_buffer(f"tile{t}_cols", self.tile_cols[a:b], persistent=False)
-            self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=int8)
+            if blocks is not None:
+                self.register_buffer(f"tile{t}_block", blocks[r * a : r * b].view(r, b - a), persistent=name != "tile_weight")
             if self.mode == "frustum":
                 self.register_buffer(f"tile{t}_feat", self.tile_feat_index[a:b], persistent=False)
 
@@ -601,16 +755,17 @@ class MatrixLift(nn.Module):
         """After loading, the forward must read the loaded tables. ``load_state_dict(sd)`` copies
         into the existing tensors (the views see it), but ``assign=True`` (the usual way into a
         module built on the ``meta`` device) puts NEW tensors in place of the persistent buffers:
-        the float ``tile_weight`` (its views would keep the old storage) or, for int8, the
+        the float ``tile_weight`` (its views would keep the old storage) or, for int8 / fp16, the
         persistent ``tile{t}_block`` (the flat ``tile_weight_int8`` would be stale for a later
-        ``.to()``). So re-derive: int8 rebuilds the flat buffer from the loaded blocks; then
+        ``.to()``). So re-derive: int8 / fp16 rebuild the flat buffer from the loaded blocks; then
         every per-tile view is re-registered on the current flat buffers."""
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         if self.form == "tiles":
-            if self._tile_blocks_name == "tile_weight_int8":
+            name = self._tile_blocks_name
+            if name in ("tile_weight_int8", "tile_weight_fp16"):
                 blocks = [getattr(self, f"tile{t}_block").reshape(-1) for t in range(len(self.tiles))]
                 if blocks:  # the loaded blocks are the truth: one new flat buffer holding them
-                    self.tile_weight_int8 = torch.cat(blocks)
+                    setattr(self, name, torch.cat(blocks))
             self._register_tile_views()
 
     def _apply(self, fn: Any, recurse: bool = True) -> MatrixLift:
@@ -629,6 +784,8 @@ class MatrixLift(nn.Module):
             f"mode={self.mode}, form={self.form}, n_cam={self.n_cam}, feature={w_f}x{h_f}, "
             f"bev={self.ny}x{self.nx}, {shape}, rows={self.row_mapping}"
             + ("" if self.weights == "float32" else f", weights={self.weights}")
+            + (f", fp16 rows={self.n_fp16_rows}" if self.weights == "mixed" else "")
+            + (", guard" if self.guard else "")
         )
 
     def ell_values(self) -> torch.Tensor:
@@ -638,63 +795,173 @@ class MatrixLift(nn.Module):
 
     def forward(self, features: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
         n, n_cam, c, h_f, w_f = _feature_shape(features, self.n_cam, self.feature_size)
-        if self.mode != "frustum" and depth is not None:
-            raise UsageError(
-                f"this MatrixLift is in {self.mode} mode (a `bevcompile matrix --mode {self.mode}` store): it lifts the features alone "
-                "and takes no depth; call it as lift(features)"
-            )
+        depth_flat = self._depth_flat(depth, n, n_cam, h_f, w_f)
+        if self.guard:
+            features = sanitize(features)
         flat = features.transpose(1, 2).reshape(n, c, n_cam * h_f * w_f)
-        depth_flat: torch.Tensor | None = None
-        if self.mode == "frustum":
-            if depth is None or tuple(depth.shape) != (n, n_cam, self.n_depth, h_f, w_f):
-                got = None if depth is None else tuple(depth.shape)
-                raise UsageError(f"frustum mode needs depth (N, {n_cam}, {self.n_depth}, {h_f}, {w_f}), got {got}")
-            depth_flat = depth.reshape(n, n_cam * self.n_depth * h_f * w_f)
-        int8 = self.weights == "int8"
+        return self._lift(lambda index: flat.index_select(2, index), depth_flat, n, c, flat)
+
+    def _depth_flat(self, depth: torch.Tensor | None, n: int, n_cam: int, h_f: int, w_f: int) -> torch.Tensor | None:
+        """Frustum mode: ``depth`` ``(N, n_cam, D, H_f, W_f)`` flattened to ``(N, n_cam * D * H_f * W_f)``
+        (sanitised with ``guard``); grid / ray mode: None (a depth is a usage error)."""
+        if self.mode != "frustum":
+            if depth is not None:
+                raise UsageError(
+                    f"this {type(self).__name__} is in {self.mode} mode (a `bevcompile matrix --mode {self.mode}` store): it lifts the inputs alone "
+                    "and takes no depth; call it without depth"
+                )
+            return None
+        if depth is None or tuple(depth.shape) != (n, n_cam, self.n_depth, h_f, w_f):
+            got = None if depth is None else tuple(depth.shape)
+            raise UsageError(f"frustum mode needs depth (N, {n_cam}, {self.n_depth}, {h_f}, {w_f}), got {got}")
+        if self.guard:
+            depth = sanitize(depth)
+        return depth.reshape(n, n_cam * self.n_depth * h_f * w_f)
+
+    def _lift(self, columns: Any, depth_flat: torch.Tensor | None, n: int, c: int, like: torch.Tensor) -> torch.Tensor:
+        """``W @ X`` with ``columns(index)`` -> ``(N, C, len(index))`` the input columns of the
+        pixels ``index`` (the features' ``X``; :class:`ClassLift`: class indicators), times the
+        depth probability of each frustum column; then the row mapping. ``like``: dtype and device
+        of an empty result."""
         if self.form == "ell":
-            rows = self.rows_pad
-            entries = rows * self.k_pad
-            # int8: the integer values, exact in float32 (the module's float dtype: row_scale's); the row scale is applied after the K-sum
-            weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_values()
-            if depth_flat is None:
-                gathered = flat.index_select(2, self.ell_index.reshape(-1))  # (N, C, rows*K)
-                coeff = weight.reshape(1, 1, entries)
+            if self.weights == "mixed":
+                groups = [(self.int8_index, self.int8_feat_index if depth_flat is not None else None, self.ell_weight_int8.to(self.row_scale.dtype))]
+                if self.n_fp16_rows:
+                    groups.append((self.fp16_index, self.fp16_feat_index if depth_flat is not None else None, self.fp16_row_weight.to(self.row_scale.dtype)))
+                parts = [self._ell_rows(columns, depth_flat, n, c, index, feat, weight) for index, feat, weight in groups]
+                parts[0] = parts[0] * self.row_scale  # the int8 rows' scale, after their K-sum
+                out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
             else:
-                gathered = flat.index_select(2, self.feat_index.reshape(-1))
-                coeff = (depth_flat.index_select(1, self.ell_index.reshape(-1)) * weight.reshape(1, entries)).reshape(n, 1, entries)
-            out = (gathered * coeff).reshape(n, c, rows, self.k_pad).sum(dim=3)  # (N, C, rows_pad)
-            if int8:
-                out = out * self.row_scale  # one Mul per row: s[r] * sum_j q[r, j] X[col_j]
+                int8 = self.weights == "int8"
+                # int8: the integer values, exact in float32 (the module's float dtype: row_scale's); the row scale is applied after the K-sum
+                # fp16: Cast float16 -> float32 (exact)
+                weight = self.ell_weight_int8.to(self.row_scale.dtype) if int8 else self.ell_weight_fp16.float() if self.weights == "fp16" else self.ell_values()
+                out = self._ell_rows(columns, depth_flat, n, c, self.ell_index, self.feat_index if depth_flat is not None else None, weight)
+                if int8:
+                    out = out * self.row_scale  # one Mul per row: s[r] * sum_j q[r, j] X[col_j]
         else:
-            parts = []
-            for t, (a, b) in enumerate(self.tiles):
-                cols = getattr(self, f"tile{t}_cols")
-                block = getattr(self, f"tile{t}_block")  # (R, n_cols_t)
-                if depth_flat is None:
-                    x = flat.index_select(2, cols)  # (N, C, n_cols_t)
-                else:
-                    feat_cols = getattr(self, f"tile{t}_feat")
-                    x = flat.index_select(2, feat_cols) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
-                block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if int8 else block.transpose(0, 1)
-                if block_t.dtype != x.dtype:  # MatMul needs one dtype: promote as the ELL path's Mul does
+            out = self._tile_rows(columns, depth_flat, n, c, like)
+        return self._map_rows(out, n, c, like)
+
+    def _ell_rows(
+        self, columns: Any, depth_flat: torch.Tensor | None, n: int, c: int, index: torch.Tensor, feat_index: torch.Tensor | None, weight: torch.Tensor
+    ) -> torch.Tensor:
+        """One ELL row group: Gather of its K entries per row, Mul by the weights, ReduceSum over K
+        -> ``(N, C, rows)``; frustum: the feature columns of ``feat_index`` times the depth of ``index``."""
+        rows, k = index.shape
+        entries = rows * k
+        if depth_flat is None:
+            gathered = columns(index.reshape(-1))  # (N, C, rows*K)
+            coeff = weight.reshape(1, 1, entries)
+        else:
+            assert feat_index is not None
+            gathered = columns(feat_index.reshape(-1))
+            coeff = (depth_flat.index_select(1, index.reshape(-1)) * weight.reshape(1, entries)).reshape(n, 1, entries)
+        return (gathered * coeff).reshape(n, c, rows, k).sum(dim=3)  # (N, C, rows)
+
+    def _tile_rows(self, columns: Any, depth_flat: torch.Tensor | None, n: int, c: int, like: torch.Tensor) -> torch.Tensor:
+        """Every tile: Gather of its columns, MatMul with its block(s), Concat -> ``(N, C, rows)``
+        (mixed: the int8 and fp16 row blocks of each tile, in :attr:`tile_parts` order)."""
+        parts = []
+        for t, (a, b) in enumerate(self.tiles):
+            cols = getattr(self, f"tile{t}_cols")
+            if depth_flat is None:
+                x = columns(cols)  # (N, C, n_cols_t)
+            else:
+                x = columns(getattr(self, f"tile{t}_feat")) * depth_flat.index_select(1, cols).reshape(n, 1, b - a)
+            blocks = [getattr(self, f"tile{t}_block")]
+            if self.weights == "mixed" and self.tile_parts[t][2]:
+                blocks.append(getattr(self, f"tile{t}_block16"))
+            for block in blocks:
+                block_t = block.transpose(0, 1).to(self.tile_row_scale.dtype) if self.weights in ("int8", "mixed") else block.transpose(0, 1)
+                if block_t.dtype != x.dtype:  # MatMul needs one dtype: promote as the ELL path's Mul does (float16: Cast up)
                     common = torch.promote_types(x.dtype, block_t.dtype)  # (a Python-level check: the
                     x, block_t = x.to(common), block_t.to(common)  # float32 export traces no Cast)
-                parts.append(torch.matmul(x, block_t))  # (N, C, R)
-            if not parts:  # an empty matrix stored with --compact-rows: no rows, no tiles
-                parts.append(flat.new_zeros((n, c, 0)))
-            out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
-            if int8:
-                out = out * self.tile_row_scale  # one Mul per row of every tile (N, C, n_tiles * R)
+                parts.append(torch.matmul(x, block_t))  # (N, C, rows of the block)
+        if not parts:  # an empty matrix stored with --compact-rows: no rows, no tiles
+            parts.append(like.new_zeros((n, c, 0)))
+        out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
+        if self.weights in ("int8", "mixed"):
+            out = out * self.tile_row_scale  # one Mul per row of every tile (mixed: 1 on the fp16 rows)
+        return out
+
+    def _map_rows(self, out: torch.Tensor, n: int, c: int, like: torch.Tensor) -> torch.Tensor:
+        """Rows -> the ``(N, C, ny, nx)`` map (or a region's ``(N, C, n_kept)`` compact rows)."""
         if self.row_mapping == "identity":
             return out.reshape(n, c, self.ny, self.nx)
         if self.row_mapping == "compact":  # the kept (super-)cells, in matrix/cells order: (N, C, n_kept)
             return out[:, :, : self.n_compact]
+        if self.row_mapping == "compact_gather":
+            return out.index_select(2, self.row_of_cell)
         if out.shape[2] == 0:  # an empty compacted matrix: no row, every cell 0
-            return flat.new_zeros((n, c, self.ny, self.nx))
+            return like.new_zeros((n, c, self.ny, self.nx))
         out = out.index_select(2, self.row_of_cell)
         if self.row_mapping == "gather+mask":
             out = out * self.cell_mask
         return out.reshape(n, c, self.ny, self.nx)
+
+
+class ClassLift(MatrixLift):
+    """Per-class BEV scores from an integer class map per camera, with NO OneHot.
+
+    ``ClassLift(store, n_classes, form="ell"|"tiles", weights=..., rows=..., guard=...)`` on a
+    ``matrix/`` store of any mode; ``forward(labels[, depth])``:
+        labels ``(N, n_cam, H_f, W_f)`` integer (int64 or int32: semantic classes of the feature
+        pixels, map classes ...); depth ``(N, n_cam, D, H_f, W_f)`` in frustum mode only.
+        returns ``(N, n_classes, ny, nx)`` (``rows="compact"``: ``(N, n_classes, n_kept)``).
+
+    ``out[n, k, r] = sum_j W[r, col_j] * [labels[n, cam, v, u] == k] (* depth[n, col_j])``: exactly
+    :class:`MatrixLift` on the features ``one_hot(labels)`` moved to the channel axis
+    (``(N, n_cam, n_classes, H_f, W_f)``), the class-to-BEV mapping folded into the lift: per entry
+    (ELL) or per tile column (tiles) the module gathers the LABEL of the column's pixel (Gather on
+    the int64 map) and compares it with the class ids ``0 .. n_classes - 1`` (Equal, broadcast:
+    ``(N, 1, n) == (1, n_classes, 1)``), Casts the indicator to float and continues as
+    :class:`MatrixLift` does (Mul + ReduceSum over K, or MatMul with the tile block; the same row
+    groups and row mapping for int8 / fp16 / mixed). Graph ops: Cast, Reshape, Gather, Equal, Mul,
+    ReduceSum (ELL) / MatMul + Concat (tiles), Gather of the row mapping; never OneHot, ScatterND
+    or GridSample. A label outside ``[0, n_classes)`` (an ignore label 255, -1) matches no class
+    and contributes nothing — ``one_hot`` of it is taken as the zero vector. The float form equals
+    ``MatrixLift(store)(one_hot(labels))`` bit for bit (the same products and sums: ``w * 1`` and
+    ``w * 0``); peak extra memory ``N * n_classes * rows_pad * k_pad`` floats (ELL).
+    """
+
+    classes: torch.Tensor
+
+    def __init__(
+        self, store: StoreLike, n_classes: int, *, form: str = "ell", weights: str = "float32", rows: str = "dense", guard: bool = False
+    ) -> None:
+        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 1:
+            raise UsageError(f"n_classes must be an integer >= 1, got {n_classes!r}")
+        super().__init__(store, form=form, weights=weights, rows=rows, guard=guard)
+        self.n_classes = n_classes
+        self.register_buffer("classes", torch.arange(n_classes, dtype=torch.int64).reshape(1, n_classes, 1), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, n_classes={self.n_classes}"
+
+    def forward(self, labels: torch.Tensor, depth: torch.Tensor | None = None) -> torch.Tensor:
+        w_f, h_f = self.feature_size
+        shape = tuple(labels.shape)
+        if len(shape) != 4 or (shape[1], shape[2], shape[3]) != (self.n_cam, h_f, w_f) or labels.dtype not in (torch.int64, torch.int32):
+            raise UsageError(f"labels {labels.dtype} {shape} do not fit the store: expected integer (N, {self.n_cam}, {h_f}, {w_f})")
+        n = shape[0]
+        depth_flat = self._depth_flat(depth, n, self.n_cam, h_f, w_f)
+        flat = labels.reshape(n, self.n_cam * h_f * w_f).long()
+        dtype = self._float_dtype()
+
+        def columns(index: torch.Tensor) -> torch.Tensor:  # (N, n_classes, len(index)) class indicators
+            return (flat.index_select(1, index).unsqueeze(1) == self.classes).to(dtype)
+
+        like = torch.zeros((), dtype=dtype, device=labels.device)
+        return self._lift(columns, depth_flat, n, self.n_classes, like)
+
+    def _float_dtype(self) -> torch.dtype:
+        """The dtype the lift computes in: the float weights' (or the scales'), float32 for fp16."""
+        for name in ("ell_weight", "tile_weight", "row_scale", "tile_row_scale"):
+            buffer = getattr(self, name, None)
+            if isinstance(buffer, torch.Tensor):
+                return buffer.dtype
+        return torch.float32
 
 
 CONSTRAINTS = ("none", "nonnegative")
@@ -800,8 +1067,10 @@ __all__ = [
     "GRID_WEIGHTS",
     "MATRIX_FORMS",
     "MATRIX_WEIGHTS",
+    "ClassLift",
     "GridGather",
     "LearnableLift",
     "MatrixLift",
     "bilinear_tables_from_norm",
+    "sanitize",
 ]

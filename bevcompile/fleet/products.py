@@ -68,6 +68,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
         Option("compact-rows", "bool", False),
         Option("rounding", "str", "floor"),
         Option("depth-prior", "str", UNIFORM),
+        Option("fp16-rows", "str?", None),
     ),
     "export-interop": (
         Option("to", "list", ()),
@@ -192,7 +193,7 @@ def parse_product(ctx: _Ctx, name: str, data: Any, field_path: str, base: Path |
             matrix = MatrixOptions.from_command(
                 mode=values["mode"], topk=values["topk"], align=values["align"], splat=values["splat"], normalize=values["normalize"],
                 tile_rows=values["tile-rows"], quantize=values["quantize"], compact_rows=values["compact-rows"], rounding=values["rounding"],
-                depth_prior=token,
+                depth_prior=token, fp16_rows=values["fp16-rows"],
             )
             return Product(name, given, matrix=matrix, resolved=matrix.to_dict(), depth_prior_file=prior_file)
         if "to" not in given:

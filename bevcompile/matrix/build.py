@@ -90,6 +90,17 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
+from .precision import (
+    Fp16Rule,
+    decoded_errors,
+    encode_fp16,
+    fp16_row_tile_offsets,
+    fp16_row_tile_weight,
+    int8_row_snr_db,
+    row_distances_m,
+    select_fp16_rows,
+    tile_row_span,
+)
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, check_token, prior_dims
 from .ray import ray_entries
@@ -135,7 +146,9 @@ DEPTH_MODES = ("frustum", "ray")
 SPLATS = ("nearest", "bilinear")
 NORMALIZES = ("sum", "mean")
 ROUNDINGS = ("floor", "trunc")
-QUANTIZE = (None, "int8")
+QUANTIZE = (None, "int8", "fp16", "mixed")
+INT8_PRODUCTS = ("int8", "mixed")
+"""``--quantize`` values whose store holds the per-row int8 product (mixed: int8 + the fp16 rows)."""
 MAX_INDEX = np.iinfo(np.int32).max
 MAX_MATRIX_ALIGN = 65536
 
@@ -166,6 +179,9 @@ class MatrixOptions:
     rounding: str = "floor"
     depth_prior: str = UNIFORM
     """``mode="ray"`` only: ``"uniform"`` or ``"sha256:<hex>"`` of the stored ``matrix/depth_prior``."""
+    fp16_rows: str | None = None
+    """``quantize="mixed"`` only: the :class:`~bevcompile.matrix.precision.Fp16Rule` token
+    (``"beyond:35.0"``, ``"snr:60.0"``, ``"fraction:0.1"``) of the rows kept in float16."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -191,13 +207,25 @@ class MatrixOptions:
             raise UsageError(f"--depth-prior applies to --mode ray only (--mode {self.mode})")
         if not isinstance(self.compact_rows, bool):
             raise UsageError(f"compact_rows must be a boolean, got {self.compact_rows!r}")
+        if self.quantize == "mixed":
+            if self.fp16_rows is None:
+                raise UsageError("--quantize mixed needs --fp16-rows beyond:METRES, snr:DB or fraction:F (which rows keep float16 values)")
+            Fp16Rule.parse(self.fp16_rows)
+        elif self.fp16_rows is not None:
+            raise UsageError(f"--fp16-rows applies to --quantize mixed only (--quantize {self.quantize or 'none'})")
         return self
+
+    def fp16_rule(self) -> Fp16Rule | None:
+        """The parsed ``fp16_rows`` rule (None unless ``quantize="mixed"``)."""
+        return Fp16Rule.parse(self.fp16_rows) if self.quantize == "mixed" and self.fp16_rows is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """``build_options`` (``depth_prior`` only in ray mode: the other modes' options are unchanged)."""
         out = asdict(self)
         if self.mode != "ray":
             del out["depth_prior"]
+        if self.quantize != "mixed":  # the other products' options are unchanged (same store bytes)
+            del out["fp16_rows"]
         return out
 
     @classmethod
@@ -214,9 +242,11 @@ class MatrixOptions:
         compact_rows: bool = False,
         rounding: str = "floor",
         depth_prior: str = UNIFORM,
+        fp16_rows: str | None = None,
     ) -> MatrixOptions:
         """Validated options from the values of ``bevcompile matrix`` as a user gives them
-        (enumerated values in any case; ``quantize`` ``none`` = no int8): what the CLI and a fleet
+        (enumerated values in any case; ``quantize`` ``none`` = no int8; ``fp16_rows`` a rule as
+        ``--fp16-rows`` takes it, stored as its canonical token): what the CLI and a fleet
         manifest's ``matrix:`` product both build with. :class:`UsageError` for a bad value."""
         quantize_value = canonical_choice(quantize, (*QUANTIZE, "none"))  # validate refuses the rest
         return cls(
@@ -230,6 +260,7 @@ class MatrixOptions:
             compact_rows=compact_rows,
             rounding=canonical_choice(rounding, ROUNDINGS),
             depth_prior=depth_prior,
+            fp16_rows=None if fp16_rows is None else Fp16Rule.parse(fp16_rows).token,
         ).validate()
 
     @classmethod
@@ -270,6 +301,9 @@ class MatrixFigures:
     product_bytes: dict[str, int]
     build_seconds: float = 0.0
     peak_rss_bytes: int = 0
+    fp16_max_rel_error: float | None = None  # fp16 / mixed (its fp16 rows): max |decode - w| / max|row|
+    fp16_max_abs_error: float | None = None
+    n_fp16_rows: int | None = None  # mixed: rows kept in float16
 
 
 @dataclass(frozen=True)
@@ -306,6 +340,11 @@ class MatrixProducts:
     depth_prior: DepthPrior | None = None  # ray mode: the prior (its raw array is stored unless uniform)
     region_cells: npt.NDArray[np.int32] | None = None  # bev.region: (n_kept, 3) (iy, ix, size), stored as matrix/cells
     expand: npt.NDArray[np.int32] | None = None  # bev.region: (ny * nx,) compact row of each fine cell (n_kept: the zero row)
+    ell_weight_fp16: npt.NDArray[np.float16] | None = None  # --quantize fp16: (rows_pad, k_pad)
+    tile_weight_fp16: npt.NDArray[np.float16] | None = None  # --quantize fp16 with tiles: (R * T,)
+    fp16_rows: npt.NDArray[np.int32] | None = None  # --quantize mixed: (n16,) rows kept in float16
+    fp16_row_weight: npt.NDArray[np.float16] | None = None  # --quantize mixed: (n16, k_pad)
+    fp16_row_tile_weight: npt.NDArray[np.float16] | None = None  # --quantize mixed with tiles
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The group's arrays by name (optional products only when built)."""
@@ -328,6 +367,11 @@ class MatrixProducts:
             "tile_weight_int8": self.tile_weight_int8,
             "cells": self.region_cells,
             "expand": self.expand,
+            "ell_weight_fp16": self.ell_weight_fp16,
+            "tile_weight_fp16": self.tile_weight_fp16,
+            "fp16_rows": self.fp16_rows,
+            "fp16_row_weight": self.fp16_row_weight,
+            "fp16_row_tile_weight": self.fp16_row_tile_weight,
         }
         out.update({name: arr for name, arr in optional.items() if arr is not None})
         if self.depth_prior is not None and self.depth_prior.raw is not None:
@@ -582,7 +626,8 @@ def assemble_products(
     coo_row = rows.astype(np.int32)
     coo_col = kept.col.astype(np.int32)
     values = value_products(
-        rig, options, coo_row, coo_col, coo_val, kept.row, n_rows, rows_pad, k_pad, expand=None if table is None else table.expand
+        rig, options, coo_row, coo_col, coo_val, kept.row, n_rows, rows_pad, k_pad, expand=None if table is None else table.expand,
+        row_distance=row_distances_m(rig, n_rows, row_ids, None if table is None else table.cells) if options.quantize == "mixed" else None,
     )
     if table is not None:
         values.product_bytes["cells"] = int(table.cells.nbytes)
@@ -609,6 +654,9 @@ def assemble_products(
         product_bytes=values.product_bytes,
         build_seconds=time.perf_counter() - t0,
         peak_rss_bytes=peak_rss_bytes(),
+        fp16_max_rel_error=values.fp16_max_rel_error,
+        fp16_max_abs_error=values.fp16_max_abs_error,
+        n_fp16_rows=None if values.fp16_rows is None else int(values.fp16_rows.size),
     )
     return MatrixProducts(
         options=options,
@@ -655,12 +703,20 @@ class ValueProducts:
     int8_max_rel_error: float | None
     int8_max_abs_error: float | None
     product_bytes: dict[str, int]
+    ell_weight_fp16: npt.NDArray[np.float16] | None = None
+    tile_weight_fp16: npt.NDArray[np.float16] | None = None
+    fp16_rows: npt.NDArray[np.int32] | None = None
+    fp16_row_weight: npt.NDArray[np.float16] | None = None
+    fp16_row_tile_weight: npt.NDArray[np.float16] | None = None
+    fp16_max_rel_error: float | None = None
+    fp16_max_abs_error: float | None = None
 
     def fields(self) -> dict[str, Any]:
         """The :class:`MatrixProducts` fields these arrays fill."""
         names = (
             "ell_index", "ell_weight", "camera_mass", "n_tiles", "tile_cols", "tile_col_offsets", "tile_weight",
             "row_scale", "ell_weight_int8", "tile_row_scale", "tile_weight_int8",
+            "ell_weight_fp16", "tile_weight_fp16", "fp16_rows", "fp16_row_weight", "fp16_row_tile_weight",
         )
         return {name: getattr(self, name) for name in names}
 
@@ -702,9 +758,12 @@ def value_products(
     k_pad: int,
     *,
     expand: npt.NDArray[np.int32] | None = None,
+    row_distance: npt.NDArray[np.float64] | None = None,
 ) -> ValueProducts:
-    """ELL, tiles, int8 and ``camera_mass`` of the COO entries ``(coo_row, coo_col, coo_val)``
-    (sorted by (row, col); ``cells`` the BEV cell of each entry) in the layouts ``options`` ask for."""
+    """ELL, tiles, int8 / fp16 / mixed and ``camera_mass`` of the COO entries ``(coo_row, coo_col,
+    coo_val)`` (sorted by (row, col); ``cells`` the BEV cell of each entry) in the layouts
+    ``options`` ask for. ``row_distance`` ``(n_rows,)``: each row's distance
+    (:func:`~bevcompile.matrix.precision.row_distances_m`), needed by ``quantize="mixed"``."""
     n_cols = n_columns(rig, options.mode)
     align = options.align
     ell_index, ell_weight = ell_layout(coo_row, coo_col, coo_val, rows_pad, k_pad)
@@ -717,7 +776,7 @@ def value_products(
         n_tiles = int(tile_col_offsets.size - 1)
     row_scale = ell_int8 = tile_row_scale = tile_int8 = None
     int8_rel = int8_abs = None
-    if options.quantize == "int8":
+    if options.quantize in INT8_PRODUCTS:
         ell_int8, row_scale = quantize_rows_int8(ell_weight)
         int8_rel, int8_abs = int8_errors(ell_weight, ell_int8, row_scale)
         if tile_weight is not None and tile_col_offsets is not None and options.tile_rows is not None:
@@ -736,6 +795,12 @@ def value_products(
         bytes_per["ell_int8"] = int(ell_index.nbytes + ell_int8.nbytes + row_scale.nbytes)
     if tile_int8 is not None and tile_row_scale is not None and tile_cols is not None and tile_col_offsets is not None:
         bytes_per["tiles_int8"] = int(tile_int8.nbytes + tile_row_scale.nbytes + tile_cols.nbytes + tile_col_offsets.nbytes)
+    laid_out = {
+        "ell_index": ell_index, "ell_weight": ell_weight, "ell_weight_int8": ell_int8, "row_scale": row_scale, "tile_cols": tile_cols,
+        "tile_col_offsets": tile_col_offsets, "tile_weight": tile_weight, "tile_weight_int8": tile_int8, "tile_row_scale": tile_row_scale,
+    }
+    fp16, fp16_bytes = reduced_precision_products(options, coo_row, n_rows, laid_out, row_distance)
+    bytes_per.update(fp16_bytes)
     camera_mass = camera_mass_of(rig, options.mode, cells, coo_col, coo_val, expand)
     bytes_per["camera_mass"] = int(camera_mass.nbytes)
     return ValueProducts(
@@ -753,7 +818,99 @@ def value_products(
         int8_max_rel_error=int8_rel,
         int8_max_abs_error=int8_abs,
         product_bytes=bytes_per,
+        **fp16,
     )
+
+
+def reduced_precision_products(
+    options: MatrixOptions,
+    coo_row: npt.NDArray[np.int32],
+    n_rows: int,
+    laid_out: Mapping[str, Any],
+    row_distance: npt.NDArray[np.float64] | None,
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The :class:`ValueProducts` fields of ``--quantize fp16`` / ``mixed`` (empty otherwise) and
+    their ``product_bytes`` (:func:`reduced_precision_bytes`), from the products already laid out
+    (``laid_out``: ``ell_index``, ``ell_weight``, ``ell_weight_int8``, ``row_scale``, ``tile_cols``,
+    ``tile_col_offsets``, ``tile_weight``, ``tile_weight_int8``, ``tile_row_scale``; None when not built).
+
+    fp16: ``ell_weight_fp16 = float16(ell_weight)`` (and ``tile_weight_fp16``). mixed: the rows
+    :func:`~bevcompile.matrix.precision.select_fp16_rows` picks by the options' rule among the
+    logical rows with entries (``fp16_rows``), their float16 ELL rows (``fp16_row_weight``) and
+    tile rows (``fp16_row_tile_weight``). Errors: max ``|decode - w|`` relative to the row's max
+    ``|w|`` and absolute, over the float16 values stored (ELL and tiles)."""
+    fields = _reduced_precision_fields(options, coo_row, n_rows, laid_out, row_distance)
+    return fields, reduced_precision_bytes(options, laid_out, fields)
+
+
+def _reduced_precision_fields(
+    options: MatrixOptions, coo_row: npt.NDArray[np.int32], n_rows: int, laid_out: Mapping[str, Any], row_distance: npt.NDArray[np.float64] | None
+) -> dict[str, Any]:
+    ell_weight, ell_int8, row_scale = laid_out["ell_weight"], laid_out["ell_weight_int8"], laid_out["row_scale"]
+    tile_weight, tile_col_offsets = laid_out["tile_weight"], laid_out["tile_col_offsets"]
+    if options.quantize == "fp16":
+        ell16 = encode_fp16(ell_weight, "ELL weights")
+        rel, absolute = decoded_errors(ell_weight, ell16)
+        tile16 = None
+        if tile_weight is not None and tile_col_offsets is not None and options.tile_rows is not None:
+            tile16 = encode_fp16(tile_weight, "tile weights")
+            for block, block16 in zip(tile_blocks(tile_weight, tile_col_offsets, options.tile_rows), tile_blocks(tile16, tile_col_offsets, options.tile_rows), strict=True):
+                r, a = decoded_errors(block, block16)
+                rel, absolute = max(rel, r), max(absolute, a)
+        return {"ell_weight_fp16": ell16, "tile_weight_fp16": tile16, "fp16_max_rel_error": rel, "fp16_max_abs_error": absolute}
+    rule = options.fp16_rule()
+    if rule is None:
+        return {}
+    assert ell_int8 is not None and row_scale is not None
+    if row_distance is None:
+        raise ValueError("--quantize mixed needs each row's distance (value_products(row_distance=...))")
+    has = np.bincount(np.asarray(coo_row, np.int64), minlength=n_rows)[:n_rows] > 0
+    snr = int8_row_snr_db(ell_weight[:n_rows], ell_int8[:n_rows], row_scale[:n_rows])
+    rows = select_fp16_rows(rule, snr, row_distance[:n_rows], has)
+    weight16 = encode_fp16(ell_weight[rows], "ELL weights of the fp16 rows")
+    rel, absolute = decoded_errors(ell_weight[rows], weight16)
+    out: dict[str, Any] = {"fp16_rows": rows, "fp16_row_weight": weight16}
+    if tile_weight is not None and tile_col_offsets is not None and options.tile_rows is not None:
+        out["fp16_row_tile_weight"] = tile16 = fp16_row_tile_weight(tile_weight, tile_col_offsets, options.tile_rows, rows)
+        offsets = fp16_row_tile_offsets(tile_col_offsets, options.tile_rows, rows)
+        for i, r in enumerate(rows):  # each fp16 tile row against its float32 block row
+            span = tile_row_span(tile_col_offsets, options.tile_rows, r)
+            rr, a = decoded_errors(tile_weight[span][None], tile16[offsets[i] : offsets[i + 1]][None])
+            rel, absolute = max(rel, rr), max(absolute, a)
+    return {**out, "fp16_max_rel_error": rel, "fp16_max_abs_error": absolute}
+
+
+def reduced_precision_bytes(options: MatrixOptions, laid_out: Mapping[str, Any], fp16: Mapping[str, Any]) -> dict[str, int]:
+    """``product_bytes`` of the fp16 / mixed products: what a deployed graph holds.
+
+    ``ell_fp16`` / ``tiles_fp16``: the indices (tile columns and offsets) + the float16 values.
+    ``ell_mixed``: ``ell_index`` (both row groups), the int8 values and float32 scales of the
+    int8 rows, the float16 values of the fp16 rows, and the int32 ``(rows_pad,)`` row-order index
+    of the Gather that puts the two groups back in order; ``tiles_mixed`` likewise over the tile
+    rows (``n_tiles * R``)."""
+    ell_index, row_scale, tile_cols = laid_out["ell_index"], laid_out["row_scale"], laid_out["tile_cols"]
+    tile_col_offsets, tile_row_scale, tile_int8 = laid_out["tile_col_offsets"], laid_out["tile_row_scale"], laid_out["tile_weight_int8"]
+    out: dict[str, int] = {}
+    tile_index = int(tile_cols.nbytes + tile_col_offsets.nbytes) if tile_cols is not None and tile_col_offsets is not None else 0
+    if fp16.get("ell_weight_fp16") is not None:
+        out["ell_fp16"] = int(ell_index.nbytes + fp16["ell_weight_fp16"].nbytes)
+        if fp16.get("tile_weight_fp16") is not None:
+            out["tiles_fp16"] = tile_index + int(fp16["tile_weight_fp16"].nbytes)
+    rows = fp16.get("fp16_rows")
+    if rows is not None and row_scale is not None:
+        rows_pad, k_pad = ell_index.shape
+        n16 = int(rows.size)
+        out["ell_mixed"] = int(ell_index.nbytes) + (rows_pad - n16) * (k_pad + 4) + int(fp16["fp16_row_weight"].nbytes) + rows_pad * 4
+        if tile_int8 is not None and tile_row_scale is not None and tile_col_offsets is not None and options.tile_rows is not None:
+            r = options.tile_rows
+            widths = np.repeat(np.diff(tile_col_offsets), r)  # every tile row's width
+            int8_rows = np.ones(widths.size, dtype=bool)
+            int8_rows[rows] = False
+            out["tiles_mixed"] = (
+                tile_index + int(widths[int8_rows].sum()) + 4 * int(np.count_nonzero(int8_rows))
+                + int(fp16["fp16_row_tile_weight"].nbytes) + 4 * int(widths.size)
+            )
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -936,7 +1093,7 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
             "dense_bytes": f.dense_bytes,
             "bytes_vs_dense": (f.tile_bytes / f.dense_bytes) if f.tile_bytes is not None and f.dense_bytes else None,
         }
-    if o.quantize == "int8":
+    if o.quantize in INT8_PRODUCTS:
         attrs["int8"] = {
             "arrays": "ell_weight_int8 int8 + row_scale float32 (rows_pad,)"
             + ("; tile_weight_int8 int8 + tile_row_scale float32 (n_tiles * R,)" if o.tile_rows is not None else ""),
@@ -949,6 +1106,7 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
             "max_rel_error_definition": "max over entries of |decode - w| / max_j |w[r, j]| (ELL and tiles)",
             "max_abs_error": f.int8_max_abs_error,
         }
+    attrs.update(reduced_precision_attributes(products))
     if o.compact_rows:
         attrs["row_ids"] = {"dtype": "int32", "shape": [products.n_rows], "definition": "row_ids[r] = iy * nx + ix of row r"}
     if products.region_cells is not None:
@@ -975,6 +1133,60 @@ def matrix_attributes(products: MatrixProducts, rig: RigConfig) -> dict[str, Any
         attrs["heights"] = list(rig.bev.heights)
         attrs["sampling"] = "float64 grid of bevcompile.grid.compute_sampling_grid (the grid/ geometry), valid cells only"
     return attrs
+
+
+FP16_ENCODE = "h = float16(w) (IEEE binary16, round to nearest even, subnormals kept); |w| >= 65520 (inf in float16) or non-finite is refused at build"
+FP16_DECODE = "w = float32(h) (exact)"
+ROW_SNR_RULE = (
+    "predicted int8 SNR of row r = 10 log10(S(w) / S(e)), e = float32(q) * row_scale[r] - w (float64), "
+    "S(v) = ||v||^2 / 12 + (sum v)^2 / 4 (i.i.d. inputs uniform on [0, 1)); +inf when e = 0"
+)
+
+
+def reduced_precision_attributes(products: MatrixProducts) -> dict[str, Any]:
+    """The ``fp16`` or ``mixed`` attribute of a ``--quantize fp16 | mixed`` group (empty otherwise)."""
+    o, f = products.options, products.figures
+    tiles = o.tile_rows is not None
+    if o.quantize == "fp16":
+        return {"fp16": {
+            "arrays": "ell_weight_fp16 float16 (rows_pad, k_pad)" + ("; tile_weight_fp16 float16 (R * T,), the tiles' layout" if tiles else ""),
+            "encode": FP16_ENCODE,
+            "decode": FP16_DECODE,
+            "max_rel_error": f.fp16_max_rel_error,
+            "max_rel_error_definition": "max over values of |decode - w| / max_j |w[r, j]| (ELL and tiles)",
+            "max_abs_error": f.fp16_max_abs_error,
+        }}
+    rule = o.fp16_rule()
+    if rule is None:
+        return {}
+    n16 = int(products.fp16_rows.size) if products.fp16_rows is not None else 0
+    with_entries = int(np.count_nonzero(np.bincount(products.coo_row, minlength=products.n_rows)))
+    return {"mixed": {
+        "rule": rule.token,
+        "rule_definition": rule.describe(),
+        "row_snr_definition": ROW_SNR_RULE,
+        "distance_definition": "hypot(x, y) of the row's (super-)cell centre in BEV-frame metres (the origin of bev.frame)",
+        "n_fp16_rows": n16,
+        "n_rows_with_entries": with_entries,
+        "fp16_fraction_of_rows_with_entries": (n16 / with_entries) if with_entries else 0.0,
+        "arrays": (
+            "the int8 product of every row (ell_weight_int8, row_scale" + (", tile_weight_int8, tile_row_scale" if tiles else "")
+            + ", exactly as --quantize int8); fp16_rows int32 (n16,) strictly increasing rows with entries; "
+            "fp16_row_weight float16 (n16, k_pad) = float16(ell_weight[fp16_rows])"
+            + ("; fp16_row_tile_weight float16: for each fp16 row r in order, row r - t R of tile t = r // R's block "
+               "(width o[t+1] - o[t]), float16, concatenated" if tiles else "")
+        ),
+        "encode": FP16_ENCODE + " for the fp16 rows; the int8 rule of attribute int8 for every row",
+        "decode": "row r in fp16_rows: float32(h); any other row: float32(q[r, j]) * row_scale[r]",
+        "deploy": (
+            "two row groups: the int8 rows (Gather, Mul, ReduceSum of the int8 values, then Mul by their row_scale) and the "
+            "fp16 rows (the same with Cast float16 -> float32 values, no scale), Concat, then ONE Gather of the row order "
+            "(row r reads its position in the concatenation); no scatter, static shapes"
+        ),
+        "max_rel_error": f.fp16_max_rel_error,
+        "max_abs_error": f.fp16_max_abs_error,
+        "max_error_definition": "over the fp16 rows' float16 values (ELL and tiles): |decode - w| relative to max_j |w[r, j]|, and absolute",
+    }}
 
 
 def _weight_rule(o: MatrixOptions) -> str:
@@ -1032,6 +1244,11 @@ MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
     "tile_row_scale": ("tile_row",),
     "cells": ("kept_cell", "cell_field"),
     "expand": ("cell",),
+    "ell_weight_fp16": ("row_pad", "k_pad"),
+    "tile_weight_fp16": ("tile_value",),
+    "fp16_rows": ("fp16_row",),
+    "fp16_row_weight": ("fp16_row", "k_pad"),
+    "fp16_row_tile_weight": ("fp16_tile_value",),
 }
 """``matrix/`` axes: ``row_pad`` the padded rows of ELL (and of the tiles), ``row`` the logical
 (compacted) rows ``row_ids`` maps, ``tile_edge`` the ``n_tiles + 1`` offsets into ``tile_col``."""
@@ -1066,6 +1283,8 @@ class MatrixRunResult:
             "kept_weight_fraction": {"total": f.kept_weight_fraction_total, "worst_row": f.kept_weight_fraction_worst_row},
             "points": {"total": f.n_points, "valid": f.n_points_valid, "in_range": f.n_points_in_range, "candidates_sorted": f.n_candidates},
             "int8_max_rel_error": f.int8_max_rel_error,
+            "fp16_max_rel_error": f.fp16_max_rel_error,
+            "n_fp16_rows": f.n_fp16_rows,
             "tile_bytes": f.tile_bytes,
             "dense_bytes": f.dense_bytes,
             "product_bytes": dict(f.product_bytes),

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..rig.config import RigConfig
 from ..rig.region import RegionTable, expand_of_cells, region_table
 from ..store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, compare, same_recorded
@@ -22,6 +23,7 @@ from ..store.zarr_io import array_sha256
 from .build import (
     DEPTH_MODES,
     INT8_MAX,
+    INT8_PRODUCTS,
     VALUES_ATTR,
     VALUES_LEARNED,
     MatrixOptions,
@@ -35,6 +37,18 @@ from .build import (
     tile_blocks,
 )
 from .learned import INIT_ARRAY, LearnedRecord, coo_slots, learned_products, value_change
+from .precision import (
+    decode_fp16,
+    decoded_errors,
+    fp16_row_tile_offsets,
+    fp16_row_tile_weight,
+    int8_row_snr_db,
+    mixed_ell_values,
+    mixed_tile_values,
+    row_distances_m,
+    select_fp16_rows,
+    tile_row_span,
+)
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, prior_of_store
 from .reference import bev_pool, grid_pool, reference_matrix, region_reference_matrix
@@ -66,6 +80,12 @@ BASE_ARRAYS = {
 TILE_ARRAYS = {"tile_cols": np.int32, "tile_col_offsets": np.int64, "tile_weight": np.float32}
 INT8_ARRAYS = {"ell_weight_int8": np.int8, "row_scale": np.float32}
 TILE_INT8_ARRAYS = {"tile_weight_int8": np.int8, "tile_row_scale": np.float32}
+FP16_ARRAYS = {"ell_weight_fp16": np.float16}
+TILE_FP16_ARRAYS = {"tile_weight_fp16": np.float16}
+MIXED_ARRAYS = {"fp16_rows": np.int32, "fp16_row_weight": np.float16}
+TILE_MIXED_ARRAYS = {"fp16_row_tile_weight": np.float16}
+FP16_MIN_PSNR_DB = 60.0
+"""verify: fp16 products pass at PSNR >= 60 dB (peak = the reference's range; measured ~80 dB on nuScenes)."""
 
 
 REGION_ARRAYS = {"cells": np.int32, "expand": np.int32}
@@ -85,10 +105,18 @@ def expected_arrays(options: MatrixOptions, learned: bool = False, region: bool 
         out["row_ids"] = np.int32
     if options.tile_rows is not None:
         out.update(TILE_ARRAYS)
-    if options.quantize == "int8":
+    if options.quantize in INT8_PRODUCTS:
         out.update(INT8_ARRAYS)
         if options.tile_rows is not None:
             out.update(TILE_INT8_ARRAYS)
+    if options.quantize == "fp16":
+        out.update(FP16_ARRAYS)
+        if options.tile_rows is not None:
+            out.update(TILE_FP16_ARRAYS)
+    if options.quantize == "mixed":
+        out.update(MIXED_ARRAYS)
+        if options.tile_rows is not None:
+            out.update(TILE_MIXED_ARRAYS)
     return out
 
 
@@ -139,7 +167,7 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         if arr is None:
             out.add("contract", name, False, "array missing or unreadable (see the store's read and metadata checks)")
             continue
-        ndim = 2 if name.startswith("ell_") or name in (INIT_ARRAY, "cells") else 3 if name == "camera_mass" else 1
+        ndim = 2 if name.startswith("ell_") or name in (INIT_ARRAY, "cells", "fp16_row_weight") else 3 if name == "camera_mass" else 1
         if name == PRIOR_ARRAY:  # (D,), (n_cam, D) or (n_cam, D, H_f, W_f); its values: the depth_prior check
             ndim = arr.ndim if arr.ndim in (1, 2, 4) else 1
         if arr.dtype != np.dtype(dtype) or arr.ndim != ndim:
@@ -268,9 +296,13 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
     tiles_ok: bool | None = None  # None: no tiles, or tile arrays missing (the contract check says so)
     if options.tile_rows is not None and all(n in ok_arrays for n in TILE_ARRAYS):
         tiles_ok = _check_tiles(out, ok_arrays, options, row, col, val, n_rows, n_cols, attrs)
-    # int8
-    if options.quantize == "int8":
+    # int8, fp16, mixed
+    if options.quantize in INT8_PRODUCTS:
         _check_int8(out, ok_arrays, options, attrs, tiles_ok)
+    if options.quantize == "fp16":
+        _check_fp16(out, ok_arrays, options, attrs, tiles_ok)
+    if options.quantize == "mixed":
+        _check_mixed(out, ok_arrays, options, attrs, tiles_ok, rig, n_rows, nnz_row, None if table is None else table.cells)
     if learned:
         _check_learned_attrs(out, attrs, ok_arrays, init_val, val)
     # camera mass
@@ -550,6 +582,117 @@ def _check_int8(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixO
         out.add("int8_recorded_error", "", close, f"recorded int8.max_rel_error {float(recorded):.6g} vs recomputed {worst:.6g}")
     else:
         out.add("int8_recorded_error", "", False, f"int8.max_rel_error missing or not a number: {recorded!r}")
+
+
+def _check_recorded(out: _Checks, attrs: Mapping[str, Any], block: str, key: str, want: float) -> None:
+    """``attrs[block][key]`` equals the recomputed error figure ``want``."""
+    info = attrs.get(block)
+    got = info.get(key) if isinstance(info, Mapping) else None
+    if isinstance(got, int | float) and not isinstance(got, bool):
+        close = math.isclose(float(got), want, rel_tol=1e-9, abs_tol=1e-15)
+        out.add(f"{block}_recorded_error", "", close, f"recorded {block}.{key} {float(got):.6g} vs recomputed {want:.6g}")
+    else:
+        out.add(f"{block}_recorded_error", "", False, f"{block}.{key} missing or not a number: {got!r}")
+
+
+def _fp16_values(out: _Checks, check: str, name: str, stored: np.ndarray, weight: np.ndarray) -> bool:
+    """``stored`` equals ``float16(weight)`` exactly and is finite."""
+    if stored.shape != weight.shape:
+        out.add(check, name, False, f"{name} {stored.shape} vs the float32 values {weight.shape}")
+        return False
+    finite = bool(np.all(np.isfinite(stored)))
+    with np.errstate(over="ignore"):
+        want = np.asarray(weight).astype(np.float16)
+    same = finite and bool(np.array_equal(stored, want))
+    n_diff = int(np.count_nonzero(stored != want))
+    out.add(check, name, same, f"{name} = float16(w) exactly, all finite" if same else f"{n_diff} value(s) differ from float16(w) or are not finite")
+    return same
+
+
+def _check_fp16(out: _Checks, arrays: Mapping[str, np.ndarray], options: MatrixOptions, attrs: Mapping[str, Any], tiles_ok: bool | None) -> None:
+    """``--quantize fp16``: the float16 values are ``float16`` of the float32 ones (ELL, tiles);
+    the recorded errors equal the recomputation."""
+    rel = absolute = 0.0
+    if "ell_weight_fp16" in arrays and "ell_weight" in arrays and _fp16_values(out, "fp16_values", "ell_weight_fp16", arrays["ell_weight_fp16"], arrays["ell_weight"]):
+        rel, absolute = decoded_errors(arrays["ell_weight"], arrays["ell_weight_fp16"])
+    if options.tile_rows is not None and "tile_weight_fp16" in arrays and "tile_weight" in arrays:
+        if tiles_ok is False:
+            out.add("fp16_values", "tile_weight_fp16", False, "not checked: the tile layout is invalid (see tiles_layout)")
+        else:
+            weight, stored = arrays["tile_weight"], arrays["tile_weight_fp16"]
+            if _fp16_values(out, "fp16_values", "tile_weight_fp16", stored, weight):
+                offsets, r = arrays["tile_col_offsets"], options.tile_rows
+                for block, block16 in zip(tile_blocks(weight, offsets, r), tile_blocks(stored, offsets, r), strict=True):
+                    br, ba = decoded_errors(block, block16)
+                    rel, absolute = max(rel, br), max(absolute, ba)
+    _check_recorded(out, attrs, "fp16", "max_rel_error", rel)
+    _check_recorded(out, attrs, "fp16", "max_abs_error", absolute)
+
+
+def _check_mixed(
+    out: _Checks,
+    arrays: Mapping[str, np.ndarray],
+    options: MatrixOptions,
+    attrs: Mapping[str, Any],
+    tiles_ok: bool | None,
+    rig: RigConfig,
+    n_rows: int,
+    nnz_row: I64,
+    region_cells: np.ndarray | None,
+) -> None:
+    """``--quantize mixed``: ``fp16_rows`` is the rule's selection recomputed from the float32
+    ELL values and the int8 product (rows with entries only); the float16 rows are ``float16``
+    of the float32 ones (ELL, tiles); the ``mixed`` attribute records the rule and figures."""
+    rule = options.fp16_rule()
+    needed = ("fp16_rows", "fp16_row_weight", "ell_weight", "ell_weight_int8", "row_scale")
+    if rule is None or not all(n in arrays for n in needed):
+        return  # the contract check names the missing array
+    rows = arrays["fp16_rows"].astype(np.int64)
+    weight = arrays["ell_weight"]
+    q, scale = arrays["ell_weight_int8"], arrays["row_scale"]
+    if q.shape != weight.shape or scale.shape != (weight.shape[0],) or weight.shape[0] < n_rows:
+        out.add("mixed_rows", "fp16_rows", False, "not checked: the int8 product does not fit the ELL (see int8_shape)")
+        return
+    has = nnz_row[:n_rows] > 0
+    row_ids = arrays.get("row_ids") if options.compact_rows else None
+    distance = row_distances_m(rig, n_rows, row_ids, region_cells)
+    want = select_fp16_rows(rule, int8_row_snr_db(weight[:n_rows], q[:n_rows], scale[:n_rows]), distance, has)
+    same = bool(rows.shape == want.shape and np.array_equal(rows, want))
+    out.add(
+        "mixed_rows", "fp16_rows", same,
+        f"{rows.size:,} fp16 rows = the rule {rule.token} recomputed ({int(np.count_nonzero(has)):,} rows with entries)"
+        if same else f"{rows.size:,} stored rows vs {want.size:,} the rule {rule.token} selects (or they differ)",
+    )
+    if not same:
+        return
+    stored = arrays["fp16_row_weight"]
+    rel = absolute = 0.0
+    if _fp16_values(out, "mixed_values", "fp16_row_weight", stored, weight[rows]):
+        rel, absolute = decoded_errors(weight[rows], stored)
+    if options.tile_rows is not None and "fp16_row_tile_weight" in arrays and "tile_weight" in arrays:
+        if tiles_ok is False:
+            out.add("mixed_values", "fp16_row_tile_weight", False, "not checked: the tile layout is invalid (see tiles_layout)")
+        else:
+            offsets, r = arrays["tile_col_offsets"], options.tile_rows
+            tiles16 = arrays["fp16_row_tile_weight"]
+            try:
+                want16: np.ndarray | None = fp16_row_tile_weight(arrays["tile_weight"], offsets, r, rows)
+            except (UsageError, IndexError, ValueError):
+                want16 = None
+            same16 = want16 is not None and tiles16.shape == want16.shape and bool(np.array_equal(tiles16, want16))
+            out.add("mixed_values", "fp16_row_tile_weight", same16, "each fp16 row's tile block row = float16 of the float32 block row" if same16 else "differs from float16 of the fp16 rows' tile block rows")
+            if same16:
+                bounds = fp16_row_tile_offsets(offsets, r, rows)
+                for i, row in enumerate(rows):
+                    span = tile_row_span(offsets, r, row)
+                    br, ba = decoded_errors(arrays["tile_weight"][span][None], tiles16[bounds[i] : bounds[i + 1]][None])
+                    rel, absolute = max(rel, br), max(absolute, ba)
+    _check_recorded(out, attrs, "mixed", "max_rel_error", rel if rows.size else 0.0)
+    _check_recorded(out, attrs, "mixed", "max_abs_error", absolute if rows.size else 0.0)
+    info = attrs.get("mixed") if isinstance(attrs.get("mixed"), Mapping) else {}
+    for key, value in (("rule", rule.token), ("n_fp16_rows", int(rows.size)), ("n_rows_with_entries", int(np.count_nonzero(has)))):
+        got_value = info.get(key) if isinstance(info, Mapping) else None
+        out.add("attrs", "", same_recorded(got_value, value), f"mixed.{key} {got_value!r} vs recomputed {value!r}")
 
 
 # --------------------------------------------------------------------------------------
@@ -881,26 +1024,62 @@ def _verify_forms(
     lifted_ell = lifted_columns(rig, mode, ell_index.ravel(), ctx.features, depth)
     ell_out = apply_entries(ell_rows, ell_weight.ravel(), lifted_ell, ell_index.shape[0])
     add("matrix/ell", "all", to_cells(ell_out[:n_rows]), ref_all, float_rule, float_ok, f"ELL {ell_index.shape[0]}x{ell_index.shape[1]}")
-    if options.quantize == "int8":
-        deq = dequantize_rows_int8(arrays["ell_weight_int8"], arrays["row_scale"])
-        out_q = apply_entries(ell_rows, deq.ravel(), lifted_ell, ell_index.shape[0])
-        add("matrix/ell_int8", "all", to_cells(out_q[:n_rows]), ref_all, f"PSNR >= {INT8_MIN_PSNR_DB:g} dB (peak = reference range)", int8_ok)
+    int8_rule = f"PSNR >= {INT8_MIN_PSNR_DB:g} dB (peak = reference range)"
+    fp16_rule = f"PSNR >= {FP16_MIN_PSNR_DB:g} dB (peak = reference range)"
+    fp16_ok = lambda _max_abs, psnr: psnr >= FP16_MIN_PSNR_DB  # noqa: E731
+    for product, values, rule, _weights in _reduced_ell_forms(options, arrays):
+        out_q = apply_entries(ell_rows, values.ravel(), lifted_ell, ell_index.shape[0])
+        add(product, "all", to_cells(out_q[:n_rows]), ref_all, int8_rule if rule == "int8" else fp16_rule, int8_ok if rule == "int8" else fp16_ok)
     if options.tile_rows is not None:
         r = options.tile_rows
         offsets = arrays["tile_col_offsets"]
         tcols = arrays["tile_cols"]
-        forms: list[tuple[str, np.ndarray, np.ndarray | None]] = [("matrix/tiles", arrays["tile_weight"], None)]
-        if options.quantize == "int8":
-            forms.append(("matrix/tiles_int8", arrays["tile_weight_int8"], arrays["tile_row_scale"]))
-        for product, weights, scale in forms:
+        forms: list[tuple[str, np.ndarray, str | None]] = [("matrix/tiles", arrays["tile_weight"], None)]
+        forms.extend((name, values, rule) for name, values, rule, _ in _reduced_tile_forms(options, arrays))
+        for product, weights, kind in forms:
             out_t = np.zeros(((offsets.size - 1) * r, n_ch))
             for t, block in enumerate(tile_blocks(weights, offsets, r)):
-                b = block if scale is None else dequantize_rows_int8(block, scale[t * r : (t + 1) * r])
                 x = lifted_columns(rig, mode, tcols[offsets[t] : offsets[t + 1]], ctx.features, depth)
-                out_t[t * r : (t + 1) * r] = b.astype(np.float64) @ x
-            rule = float_rule if scale is None else f"PSNR >= {INT8_MIN_PSNR_DB:g} dB (peak = reference range)"
-            add(product, "all", to_cells(out_t[:n_rows]), ref_all, rule, float_ok if scale is None else int8_ok, f"{offsets.size - 1} tiles of {r} rows")
+                out_t[t * r : (t + 1) * r] = block.astype(np.float64) @ x
+            rule, ok = (float_rule, float_ok) if kind is None else (int8_rule, int8_ok) if kind == "int8" else (fp16_rule, fp16_ok)
+            add(product, "all", to_cells(out_t[:n_rows]), ref_all, rule, ok, f"{offsets.size - 1} tiles of {r} rows")
     return rows_out
+
+
+def _reduced_ell_forms(options: MatrixOptions, arrays: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, str, str]]:
+    """``(product, float32 (rows_pad, k_pad) decoded values, threshold kind "int8"|"fp16", weights)``
+    of the store's int8 / fp16 / mixed ELL products (the values each computes with)."""
+    out: list[tuple[str, np.ndarray, str, str]] = []
+    if options.quantize in INT8_PRODUCTS:
+        out.append(("matrix/ell_int8", dequantize_rows_int8(arrays["ell_weight_int8"], arrays["row_scale"]), "int8", "int8"))
+    if options.quantize == "fp16":
+        out.append(("matrix/ell_fp16", decode_fp16(arrays["ell_weight_fp16"]), "fp16", "fp16"))
+    if options.quantize == "mixed":
+        values = mixed_ell_values(arrays["ell_weight_int8"], arrays["row_scale"], arrays["fp16_rows"], arrays["fp16_row_weight"])
+        out.append(("matrix/ell_mixed", values, "int8", "mixed"))
+    return out
+
+
+def _reduced_tile_forms(options: MatrixOptions, arrays: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, str, str]]:
+    """Like :func:`_reduced_ell_forms` for the tiles: float32 ``(R * T,)`` decoded tile values."""
+    r = options.tile_rows
+    if r is None:
+        return []
+    offsets = arrays["tile_col_offsets"]
+    out: list[tuple[str, np.ndarray, str, str]] = []
+    if options.quantize in INT8_PRODUCTS:
+        q, scale = arrays["tile_weight_int8"], arrays["tile_row_scale"]
+        values = np.zeros(q.size, dtype=np.float32)
+        for t, block in enumerate(tile_blocks(q, offsets, r)):
+            a = int(offsets[t]) * r
+            values[a : a + block.size] = dequantize_rows_int8(block, scale[t * r : (t + 1) * r]).ravel()
+        out.append(("matrix/tiles_int8", values, "int8", "int8"))
+    if options.quantize == "fp16":
+        out.append(("matrix/tiles_fp16", decode_fp16(arrays["tile_weight_fp16"]), "fp16", "fp16"))
+    if options.quantize == "mixed":
+        values = mixed_tile_values(arrays["tile_weight_int8"], arrays["tile_row_scale"], offsets, r, arrays["fp16_rows"], arrays["fp16_row_tile_weight"])
+        out.append(("matrix/tiles_mixed", values, "int8", "mixed"))
+    return out
 
 
 # --------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from .build import (
     value_products,
 )
 from .checkpoint import Checkpoint, Tensor, read_checkpoint
+from .precision import Fp16Rule, row_distances_m
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import prior_of_store
 
@@ -145,7 +146,10 @@ def learned_products(rig: RigConfig, geometric: MatrixProducts, learned_ell: npt
     coo_val = np.ascontiguousarray(learned_ell[geometric.coo_row.astype(np.int64), coo_slots(geometric.coo_row)], dtype=np.float32)
     row_cells = geometric.row_ids.astype(np.int64) if geometric.row_ids is not None else np.arange(geometric.n_rows, dtype=np.int64)
     cells = row_cells[geometric.coo_row.astype(np.int64)]
-    values = value_products(rig, options, geometric.coo_row, geometric.coo_col, coo_val, cells, geometric.n_rows, *shape, expand=geometric.expand)
+    distance = row_distances_m(rig, geometric.n_rows, geometric.row_ids, geometric.region_cells) if options.quantize == "mixed" else None
+    values = value_products(
+        rig, options, geometric.coo_row, geometric.coo_col, coo_val, cells, geometric.n_rows, *shape, expand=geometric.expand, row_distance=distance
+    )
     if geometric.region_cells is not None and geometric.expand is not None:  # bev.region: the cell table and expand are topology
         values.product_bytes["cells"] = int(geometric.region_cells.nbytes)
         values.product_bytes["expand"] = int(geometric.expand.nbytes)
@@ -156,6 +160,9 @@ def learned_products(rig: RigConfig, geometric: MatrixProducts, learned_ell: npt
         geometric.figures,
         int8_max_rel_error=values.int8_max_rel_error,
         int8_max_abs_error=values.int8_max_abs_error,
+        fp16_max_rel_error=values.fp16_max_rel_error,
+        fp16_max_abs_error=values.fp16_max_abs_error,
+        n_fp16_rows=None if values.fp16_rows is None else int(values.fp16_rows.size),
         tile_bytes=values.product_bytes.get("tiles"),
         product_bytes=values.product_bytes,
     )
@@ -348,14 +355,21 @@ class AbsorbResult:
         }
 
 
-def absorb_options(stored: MatrixOptions, quantize: str | None = KEEP, tile_rows: int | str | None = KEEP) -> MatrixOptions:
-    """The stored build options with ``--quantize`` / ``--tile-rows`` changed (``KEEP``: as stored).
-    They only add or drop products laid out from the values; the topology options stay."""
+def absorb_options(
+    stored: MatrixOptions, quantize: str | None = KEEP, tile_rows: int | str | None = KEEP, fp16_rows: str | None = KEEP
+) -> MatrixOptions:
+    """The stored build options with ``--quantize`` / ``--tile-rows`` / ``--fp16-rows`` changed
+    (``KEEP``: as stored; a ``--quantize`` other than mixed drops the stored rule). They only add
+    or drop products laid out from the values; the topology options stay."""
     changes: dict[str, Any] = {}
     if quantize != KEEP:
         if quantize not in QUANTIZE:
-            raise UsageError(f"--quantize must be one of int8, none, got {quantize!r}")
+            raise UsageError(f"--quantize must be one of int8, fp16, mixed, none, got {quantize!r}")
         changes["quantize"] = quantize
+        if quantize != "mixed":
+            changes["fp16_rows"] = None
+    if fp16_rows != KEEP:
+        changes["fp16_rows"] = None if fp16_rows is None else Fp16Rule.parse(fp16_rows).token
     if tile_rows != KEEP:
         changes["tile_rows"] = tile_rows
     return replace(stored, **changes).validate()
@@ -399,6 +413,7 @@ def run_absorb(
     quantize: str | None = KEEP,
     tile_rows: int | str | None = KEEP,
     progress: Callable[[int], None] | None = None,
+    fp16_rows: str | None = KEEP,
 ) -> AbsorbResult:
     """Absorb the learned values of ``checkpoint`` into ``store``'s ``matrix/`` (see the module
     docstring). Every check runs before the write, which is atomic: a refusal leaves the store as
@@ -413,7 +428,7 @@ def run_absorb(
         stored_options = MatrixOptions.from_dict(group.attrs.get("build_options") or {})
     except (UsageError, TypeError) as exc:
         raise StoreError(f"{loaded.path}: matrix/ build_options unusable ({exc}); run `bevcompile inspect`") from None
-    options = absorb_options(stored_options, quantize, tile_rows)
+    options = absorb_options(stored_options, quantize, tile_rows, fp16_rows)
     previous = VALUES_LEARNED if is_learned(group.attrs) else "geometric"
     ell_index = group["ell_index"]
     ell_shape = (int(ell_index.shape[0]), int(ell_index.shape[1]))

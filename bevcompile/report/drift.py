@@ -236,7 +236,7 @@ def _topology(store: LoadedStore) -> tuple[Any, ...]:
 
 def _options_without_products(store: LoadedStore) -> Mapping[str, Any]:
     options = dict(store["matrix"].attrs.get("build_options") or {})
-    return {k: v for k, v in options.items() if k not in ("tile_rows", "quantize")}
+    return {k: v for k, v in options.items() if k not in ("tile_rows", "quantize", "fp16_rows")}
 
 
 def drift_stores(first: str | Path | LoadedStore, second: str | Path | LoadedStore | None = None, *, top: int = DEFAULT_TOP_CELLS) -> DriftReport:

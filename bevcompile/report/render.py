@@ -252,23 +252,11 @@ def render_store(
     without matplotlib.
     """
     Figure, FigureCanvasAgg = _matplotlib()
-    store = the_one_store(path, "render")
-    reader = open_store(store)
-    if "format" not in reader.root_attrs:
-        from ..store.inspection import not_a_store_root
-
-        not_a_store_root(store, "render")
-    rig = _read_rig(reader)
+    store, reader, rig = _open_render_store(path)
     if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < rig.n_levels:
         raise UsageError(f"--level {level} is not a feature level of this store (0 to {rig.n_levels - 1})")
     grid_name = level_group("grid", level)
-    out_path = Path(out) if out is not None else default_output(store, rig.name if level == 0 else f"{rig.name}_l{level}")
-    if str(out_path) != STDIO:
-        if out_path.is_dir():
-            raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
-        if out_path.suffix.lower() != ".png":
-            raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
-    output_file(out_path)  # its folder exists and is writable (none is created); '-' not a terminal
+    out_path = _png_output(out, default_output(store, rig.name if level == 0 else f"{rig.name}_l{level}"))
     if reader.has_group(grid_name):
         valid = reader.read(grid_name, "valid")
         expected = (rig.n_cam, len(rig.bev.heights), rig.bev.ny, rig.bev.nx)
@@ -333,6 +321,38 @@ def render_store(
     bev_to_display = np.array(ax.transData.get_affine().get_matrix(), dtype=np.float64)
     width_px, height_px = (round(float(v)) for v in fig.canvas.get_width_height())
 
+    _save_png(fig, out_path)
+    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
+
+
+def _open_render_store(path: str | Path) -> tuple[Path, StoreReader, RigConfig]:
+    """``(store path, reader, stored rig)`` of the store ``render`` draws (one-line errors for a
+    path that is not exactly one store or whose config cannot be used)."""
+    store = the_one_store(path, "render")
+    reader = open_store(store)
+    if "format" not in reader.root_attrs:
+        from ..store.inspection import not_a_store_root
+
+        not_a_store_root(store, "render")
+    return store, reader, _read_rig(reader)
+
+
+def _png_output(out: str | Path | None, default: Path) -> Path:
+    """The PNG path of ``--out`` (``default`` when None), checked: a ``.png`` file name (or ``-``),
+    its folder exists and is writable (none is created), ``-`` not a terminal."""
+    out_path = Path(out) if out is not None else default
+    if str(out_path) != STDIO:
+        if out_path.is_dir():
+            raise UsageError(f"--out {out_path}: is a directory, give a .png file name")
+        if out_path.suffix.lower() != ".png":
+            raise UsageError(f"--out {out_path}: the picture is a PNG, give a .png file name")
+    output_file(out_path)
+    return out_path
+
+
+def _save_png(fig: Any, out_path: Path) -> None:
+    """Write ``fig`` as a PNG without a timestamp (same figure, same bytes): atomically into
+    ``out_path``, or to standard output for ``-``."""
     if str(out_path) == STDIO:  # --out -: the PNG to standard output
         import io
         import sys
@@ -341,7 +361,7 @@ def render_store(
         fig.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
         sys.stdout.buffer.write(buffer.getvalue())
         sys.stdout.buffer.flush()
-        return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
+        return
     tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
@@ -351,7 +371,129 @@ def render_store(
     finally:
         if tmp.exists():
             tmp.unlink()
-    return RenderResult(out_path, width_px, height_px, coverage, tuple(colours), height_label, second, bev_to_display, source, view.up)
+
+
+# --------------------------------------------------------------------------------------
+# render --precision
+# --------------------------------------------------------------------------------------
+
+PRECISION_PANEL_IN = (4.6, 4.6)
+"""Inches per panel of the precision picture (at :data:`DPI`)."""
+PRECISION_MAX_COLUMNS = 4
+PRECISION_STEP_DB = 5.0
+PRECISION_MAX_STEPS = 12
+"""The precision picture's colour scale: one colour per 5 dB, at most 12 of them (60 dB) from the
+lowest form up; cells above the top edge take the top colour (float forms: ~140 dB; read it as
+'at least')."""
+NO_SIGNAL_RGB = (0.85, 0.85, 0.85)
+
+
+@dataclass(frozen=True)
+class PrecisionRenderResult:
+    """What ``render --precision`` drew: one panel per form, the shared dB scale, the map."""
+
+    path: Path
+    width_px: int
+    height_px: int
+    forms: tuple[str, ...]
+    scale_db: tuple[float, float]
+    precision: Any  # bevcompile.report.precision.PrecisionMap
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "width_px": self.width_px,
+            "height_px": self.height_px,
+            "forms": list(self.forms),
+            "scale_db": list(self.scale_db),
+            "precision": self.precision.to_json(),
+        }
+
+
+def precision_scale_db(snr_maps: list[np.ndarray]) -> tuple[float, float]:
+    """The shared colour range: from the 1st percentile of the lowest form down to a multiple of
+    :data:`PRECISION_STEP_DB`, to the 99th percentile of the highest up to one, at most
+    :data:`PRECISION_MAX_STEPS` steps (finite cell SNRs; higher and ``+inf`` cells are drawn in
+    the top colour)."""
+    finite = [m[np.isfinite(m)] for m in snr_maps]
+    finite = [v for v in finite if v.size]
+    if not finite:
+        return 0.0, PRECISION_STEP_DB
+    low = min(float(np.percentile(v, 1.0)) for v in finite)
+    high = max(float(np.percentile(v, 99.0)) for v in finite)
+    lo = PRECISION_STEP_DB * math.floor(low / PRECISION_STEP_DB)
+    hi = PRECISION_STEP_DB * math.ceil(high / PRECISION_STEP_DB)
+    return lo, min(max(hi, lo + PRECISION_STEP_DB), lo + PRECISION_MAX_STEPS * PRECISION_STEP_DB)
+
+
+def render_precision(
+    path: str | Path,
+    out: str | Path | None = None,
+    *,
+    seed: int = 0,
+    channels: int = 8,
+    bands: str | list[float] | tuple[float, ...] | None = None,
+) -> PrecisionRenderResult:
+    """Draw the precision map (:func:`bevcompile.report.precision.precision_map`) of the store at
+    ``path`` into ``out`` (default ``<store parent>/<name>_precision.png``): one panel per deployed
+    form, the per-cell SNR on one shared scale in 10 dB steps (light grey: no signal), the BEV seen
+    from above as ``render`` draws it, the distance bands as dashed rings; each panel's title gives
+    its SNR over all cells and per band."""
+    from .precision import band_labels, format_db, precision_map
+
+    Figure, FigureCanvasAgg = _matplotlib()
+    store, _reader, rig = _open_render_store(path)
+    out_path = _png_output(out, store.parent / f"{rig.name}_precision.png")
+    pmap = precision_map(store, seed=seed, channels=channels, bands=bands)
+    if not pmap.forms:
+        raise StoreError(f"{store}: no deployed form to draw (the store has neither matrix/ nor gather/); build them with `bevcompile grid` / `bevcompile matrix`")
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Circle
+
+    lo, hi = precision_scale_db([f.snr_db for f in pmap.forms])
+    boundaries = np.arange(lo, hi + PRECISION_STEP_DB / 2, PRECISION_STEP_DB)
+    from matplotlib import colormaps
+
+    cmap = ListedColormap(colormaps["viridis"](np.linspace(0.0, 1.0, boundaries.size - 1)))
+    norm = BoundaryNorm(boundaries, cmap.N)
+    n = len(pmap.forms)
+    cols = min(PRECISION_MAX_COLUMNS, n)
+    rows = -(-n // cols)
+    width_in = PRECISION_PANEL_IN[0] * cols + 1.3
+    height_in = PRECISION_PANEL_IN[1] * rows + 1.0
+    fig = Figure(figsize=(width_in, height_in), dpi=DPI)
+    FigureCanvasAgg(fig)
+    view = bev_view(rig)
+    labels = band_labels(pmap.bands_m)
+    image = None
+    for i, form in enumerate(pmap.forms):
+        r, c = divmod(i, cols)
+        left = (0.35 + c * PRECISION_PANEL_IN[0]) / width_in
+        bottom = (0.45 + (rows - 1 - r) * PRECISION_PANEL_IN[1]) / height_in
+        ax = fig.add_axes((left, bottom, (PRECISION_PANEL_IN[0] - 0.75) / width_in, (PRECISION_PANEL_IN[1] - 1.15) / height_in))
+        ax.imshow(np.broadcast_to(np.asarray(NO_SIGNAL_RGB), (2, 2, 3)), origin="lower", extent=_extent(rig, view), aspect="equal")
+        shown = np.ma.masked_invalid(np.clip(form.snr_db, lo, hi - PRECISION_STEP_DB / 2))  # +inf: the top colour
+        image = ax.imshow(_image(view, shown), origin="lower", extent=_extent(rig, view), interpolation="nearest", aspect="equal", cmap=cmap, norm=norm)
+        for edge in pmap.bands_m:
+            ax.add_patch(Circle((0.0, 0.0), edge, fill=False, edgecolor="white", linewidth=0.9, linestyle="--"))
+        ax.set_xlim(*_limits(_axis_spec(rig, view.across), view.right_sign))
+        ax.set_ylim(*_limits(_axis_spec(rig, view.up), view.up_sign))
+        ax.tick_params(labelsize=7)
+        per_band = " / ".join(format_db(b.snr_db) for b in form.bands)
+        ax.set_title(f"{form.name}: {format_db(form.overall.snr_db)} dB\nbands {per_band} dB", fontsize=8)
+    if image is not None:
+        cax = fig.add_axes(((width_in - 0.85) / width_in, 0.2, 0.15 / width_in, 0.6))
+        colorbar = fig.colorbar(image, cax=cax, ticks=boundaries)
+        colorbar.set_label(f"SNR per cell [dB] (10 log10 of reference / error energy; top colour: >= {hi - PRECISION_STEP_DB:g} dB)")
+    fig.suptitle(
+        f"{rig.name}: where each deployed form loses precision (seed {pmap.seed}, {pmap.channels} channels; "
+        f"bands {', '.join(labels)} as dashed rings; grey: no signal)",
+        fontsize=10,
+    )
+    fig.canvas.draw()
+    width_px, height_px = (round(float(v)) for v in fig.canvas.get_width_height())
+    _save_png(fig, out_path)
+    return PrecisionRenderResult(out_path, width_px, height_px, tuple(f.name for f in pmap.forms), (lo, hi), pmap)
 
 
 @dataclass(frozen=True)

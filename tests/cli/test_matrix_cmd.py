@@ -82,8 +82,12 @@ def test_quiet_prints_nothing_and_keeps_the_grid_group(tmp_path: Path) -> None:
         (["--splat", "cubic"], "error: --splat must be one of nearest, bilinear, got 'cubic'"),
         (["--normalize", "max"], "error: --normalize must be one of sum, mean, got 'max'"),
         (["--tile-rows", "0"], "error: --tile-rows must be an integer >= 1, got 0"),
-        (["--quantize", "int4"], "error: --quantize must be one of none, int8, got 'int4'"),
+        (["--quantize", "int4"], "error: --quantize must be one of none, int8, fp16, mixed, got 'int4'"),
         (["--rounding", "round"], "error: --rounding must be one of floor, trunc, got 'round'"),
+        (["--quantize", "mixed"], "error: --quantize mixed needs --fp16-rows beyond:METRES, snr:DB or fraction:F (which rows keep float16 values)"),
+        (["--quantize", "int8", "--fp16-rows", "beyond:30"], "error: --fp16-rows applies to --quantize mixed only (--quantize int8)"),
+        (["--quantize", "mixed", "--fp16-rows", "far:30"], "error: --fp16-rows kind must be one of beyond, snr, fraction, got 'far'"),
+        (["--quantize", "mixed", "--fp16-rows", "fraction:2"], "error: --fp16-rows fraction: the fraction must be in (0, 1], got 2"),
         (["--jobs", "0"], "error: --jobs must be an integer in [1, 1024], got 0"),
         (["-j", "1025"], "error: --jobs must be an integer in [1, 1024], got 1025"),
         (["--mode", "grid", "--rounding", "trunc"], "error: --rounding trunc applies to --mode frustum and ray only (grid-mode rows are BEV cells, nothing is rounded)"),
@@ -156,6 +160,25 @@ def test_one_wording_for_an_integer_option_out_of_range(tmp_path: Path, command:
     assert result.exit_code == 2
     bound = {"grid": 1 << 20, "matrix": 65536}[command]
     assert result.stderr == f"error: --align must be an integer in [1, {bound}], got 0\n"
+
+
+def test_fp16_and_mixed_summaries_then_inspect_strict(tmp_path: Path) -> None:
+    """``--quantize fp16`` and ``--quantize mixed --fp16-rows``: the summary names the fp16 error
+    and the fp16 rows; the JSON records them; ``inspect --strict`` and ``verify`` pass."""
+    from . import assert_strict_and_verify_pass
+
+    mixed = runner.invoke(app, ["matrix", "--out", str(tmp_path), "--topk", "24", "--tile-rows", "512", "--quantize", "mixed", "--fp16-rows", "beyond:35"])
+    assert mixed.exit_code == 0, mixed.output
+    words = _flat(mixed.stdout)
+    assert "fp16 max error (rel. to row max)" in words and "mixed: fp16 rows (beyond:35.0) 9,744 (61.8 % of rows with entries)" in words
+    assert "ell_mixed" in words and "tiles_mixed" in words
+    verify = assert_strict_and_verify_pass(tmp_path / "nuscenes.zarr")
+    assert "matrix/ell_mixed" in verify and "matrix/tiles_mixed" in verify
+    fp16 = runner.invoke(app, ["matrix", "--out", str(tmp_path), "--topk", "24", "--quantize", "FP16", "--json", "--quiet"])
+    data = json.loads(fp16.stdout)
+    assert fp16.exit_code == 0 and data["build_options"]["quantize"] == "fp16" and "fp16_rows" not in data["build_options"]
+    assert 0 < data["fp16_max_rel_error"] < 1e-3 and data["n_fp16_rows"] is None
+    assert data["product_bytes"]["ell_fp16"] == 16384 * 32 * (4 + 2)
 
 
 def test_summary_reports_tiles_int8_and_topk_figures(tmp_path: Path) -> None:

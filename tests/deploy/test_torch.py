@@ -510,7 +510,7 @@ def test_matrix_lift_int8_errors(tmp_path: Path, small: RigConfig) -> None:
     add_matrix_group(plain, small, MatrixOptions(mode="grid", topk=4, align=4, tile_rows=64))
     with pytest.raises(StoreError, match=r"weights='int8' needs matrix/ell_weight_int8.*`bevcompile matrix --quantize int8`"):
         MatrixLift(plain, weights="int8")
-    with pytest.raises(UsageError, match=r"weights must be one of float32, int8, got 'lut'"):
+    with pytest.raises(UsageError, match=r"weights must be one of float32, int8, fp16, mixed, got 'lut'"):
         MatrixLift(plain, weights="lut")
     no_tiles = build_grid_store(small, tmp_path / "no_tiles")
     add_matrix_group(no_tiles, small, MatrixOptions(mode="grid", topk=4, align=4, quantize="int8"))

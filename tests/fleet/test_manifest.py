@@ -121,6 +121,19 @@ def test_mistakes_are_one_line_errors_with_the_field_path(edit, field: str, mess
     assert message in info.value.message and "\n" not in str(info.value)
 
 
+def test_a_mixed_matrix_takes_its_fp16_rows_rule() -> None:
+    data = yaml.safe_load(yaml.safe_dump(BASE))
+    data["products"] = {"matrix": {"topk": 24, "quantize": "mixed", "fp16-rows": "beyond:35"}}
+    product = _parse(data).products[0]
+    assert product.matrix is not None and product.matrix.fp16_rows == "beyond:35.0"
+    assert product.resolved["fp16_rows"] == "beyond:35.0"
+    assert product.command() == ["matrix", "--topk", "24", "--quantize", "mixed", "--fp16-rows", "beyond:35"]
+    data["products"]["matrix"]["fp16-rows"] = "near:3"
+    with pytest.raises(ConfigError) as info:
+        _parse(data)
+    assert info.value.field == "products.matrix" and "--fp16-rows kind must be one of beyond, snr, fraction" in info.value.message
+
+
 def test_a_ray_matrix_depth_prior_is_a_file_relative_to_the_manifest_recorded_by_its_hash(tmp_path: Path) -> None:
     (tmp_path / "priors").mkdir()
     raw = np.linspace(2.0, 0.5, 8)

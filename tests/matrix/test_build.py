@@ -824,7 +824,7 @@ def test_options_from_the_command_values_any_case_and_none_quantize() -> None:
     assert options == MatrixOptions(mode="frustum", topk=24, splat="nearest", normalize="mean", quantize=None, rounding="trunc")
     assert MatrixOptions.from_command(quantize="INT8").quantize == "int8"
     assert MatrixOptions.from_command() == MatrixOptions()
-    with pytest.raises(UsageError, match="--quantize must be one of none, int8, got 'int4'"):
+    with pytest.raises(UsageError, match="--quantize must be one of none, int8, fp16, mixed, got 'int4'"):
         MatrixOptions.from_command(quantize="int4")
 
 

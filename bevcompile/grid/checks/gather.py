@@ -117,6 +117,13 @@ def _gather_rows(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mappin
     return out
 
 
+def logical_gather_tables(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored ``gather/`` tables in logical (row-major cell) order, contract-checked: keys
+    ``index`` int32, ``weight`` float32, ``codes`` uint8 (all ``(n_cam * n_h * ny * nx, 4)``) and
+    ``lut`` float32 ``(L,)``. ValueError (one line) for a table that breaks the contract."""
+    return _gather_rows(rig, arrays, attrs)
+
+
 @region_plugin("gather")
 def check_gather(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Contract, index range, padding/invalid zeros, in-map mass, exact corners, LUT error."""
