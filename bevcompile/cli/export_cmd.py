@@ -37,8 +37,10 @@ def export_onnx_command(
         str | None,
         typer.Option(
             "--weights",
-            metavar="float32|float16|lut|int8|int8-qdq",
+            metavar="float32|float16|fp16|mixed|lut|int8|int8-qdq",
             help="float32 (default; float16 for a target that computes in float16 only); float16 (a --target's graph: float16 initializers + Cast); "
+            "fp16 (ell/tiles: the store's --quantize fp16 values, the same as float16); mixed (ell/tiles: matrix --quantize mixed, "
+            "int8 rows and fp16 rows in two row groups); "
             "lut (--target generic, gather: gather/weight_u8 + lut, dequantised in the graph); "
             "int8 (ell/tiles: matrix --quantize int8 values + row scales, dequantised in the graph by Cast + Mul; "
             "for an RKNN/LiteRT target: the float graph + the calibration set its quantiser reads); "
@@ -78,6 +80,17 @@ def export_onnx_command(
     calibration_samples: Annotated[
         int, typer.Option("--calibration-samples", help="Seeded calibration samples without --calibration, 1 to 1024.")
     ] = 8,
+    guard: Annotated[
+        bool,
+        typer.Option("--guard", help="Sanitise the inputs in the graph (NaN and +-inf become 0: Sub, Equal, Where) so a bad camera changes only the cells it feeds."),
+    ] = False,
+    classes: Annotated[
+        int | None,
+        typer.Option(
+            "--classes", help="ell/tiles: lift an integer class map (N, n_cam, H_f, W_f) into (N, CLASSES, ny, nx) per-class scores, without OneHot "
+            "(the torch module ClassLift; --target generic).", show_default=False,
+        ),
+    ] = None,
     rows: Annotated[
         str,
         typer.Option(
@@ -118,7 +131,10 @@ def export_onnx_command(
         target=target if target.endswith(".toml") or "/" in target else target.lower(), form=canonical_choice(form, FORMS),
         layout=canonical_choice(layout, LAYOUTS), tile_rows=tile_rows,
         calibration=tuple(str(p) for p in calibration or ()), calibration_samples=calibration_samples,
+        guard=guard, classes=classes or 0,
     )
+    if classes is not None and classes < 1:
+        raise UsageError(f"--classes must be in [1, 4096], got {classes}")
     options.validate()
     if reduce is not None and options.product != "gather":
         raise UsageError(f"--reduce applies to --product gather only, got --product {product}")

@@ -125,7 +125,9 @@ def _references(store: Any, options: ox.ExportOptions, lift: LiftMatrix, inputs:
     float_ref = ox.reference_matrix_lift(store, features, depth, options.rows)
     if options.weights in ("int8", "int8-qdq"):
         same = ox.reference_matrix_lift_int8(store, features, depth, options.product, options.rows)
-    elif options.weights == "float16":
+    elif options.weights == "mixed":
+        same = ox.reference_matrix_lift_mixed(store, features, depth, options.product, options.rows)
+    elif options.weights in ("float16", "fp16"):
         same = ox.reference_matrix_lift(store, features, depth, options.rows, weights="float16")
     else:
         same = float_ref
@@ -169,9 +171,10 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
         raise UsageError(
             f"--target {profile.name} computes in int8 only ({profile.int8_source}): export --weights int8 (the float graph + the calibration set its toolchain quantises)"
         )
-    lift = product_lift(store, options.product, reduce=options.reduce, rows=options.rows, precision="int8" if int8 else options.weights)
+    precision = "int8" if int8 else {"fp16": "float16"}.get(options.weights, options.weights)
+    lift = product_lift(store, options.product, reduce=options.reduce, rows=options.rows, precision=precision)
     toolchain_quantises = route == "toolchain-calibration"
-    graph_weights = "float32" if toolchain_quantises else options.weights
+    graph_weights = "float32" if toolchain_quantises else {"fp16": "float16"}.get(options.weights, options.weights)
     full_qdq = route == "qdq" and options.weights == "int8-qdq"
     if toolchain_quantises:  # the float graph carries the dequantised int8 values
         lift = replace_lift_float(lift)
@@ -180,7 +183,7 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     t0 = time.perf_counter()
     candidate, refused = plan_for_target(
         profile, lift, channels=options.channels, batch=options.batch, opset=options.opset, weights=graph_weights,
-        qdq_activations=full_qdq, form=options.form, layout=options.layout, tile_rows=options.tile_rows, product=options.product,
+        qdq_activations=full_qdq, form=options.form, layout=options.layout, tile_rows=options.tile_rows, product=options.product, guard=options.guard,
     )
     plan = candidate.plan
     assert plan is not None
@@ -314,6 +317,7 @@ def _metadata(store: Any, options: ox.ExportOptions, profile: TargetProfile, for
         "bevcompile.form": form,
         "bevcompile.input_rank": str(profile.input_rank),
         "bevcompile.int8_route": route or "",
+        "bevcompile.guard": "true" if options.guard else "false",
     }
 
 

@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import UsageError
 from .lift import LiftMatrix
 
-WEIGHTS = ("float32", "float16", "int8", "int8-qdq")
+WEIGHTS = ("float32", "float16", "int8", "int8-qdq", "mixed")
 MAX_BUCKETS = 4
 """Row buckets of the channel-last gather (rows grouped by entry count): more buckets gather less
 padding but add a Gather/Mul/ReduceSum each."""
@@ -84,6 +84,7 @@ class Plan:
     patch: tuple[int, int] | None = None
     tile_rows: int | None = None
     buckets: int = MAX_BUCKETS
+    guard: bool = False
     notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
@@ -100,6 +101,7 @@ class Plan:
             "max_gather_axis": self.max_axis,
             "patch": None if self.patch is None else list(self.patch),
             "tile_rows": self.tile_rows,
+            "guard": self.guard,
             "notes": list(self.notes),
         }
 
@@ -327,11 +329,23 @@ def output_shape(lift: LiftMatrix, plan: Plan) -> list[int]:
     return [n, c, planes * h, w]
 
 
+def _input(wr: Writer, name: str, plan: Plan) -> str:
+    """A graph input, quantised (full QDQ) and, with ``plan.guard``, sanitised:
+    ``Where(Equal(Sub(x, x), 0), x, 0)`` — finite values pass bit for bit, NaN and +-inf become 0
+    (:func:`bevcompile.matrix.precision.sanitize`, the torch modules' ``guard=True``)."""
+    x = wr.act(name)
+    if not plan.guard:
+        return x
+    zero = wr.scalar(0.0, np.float32)
+    finite = wr.node("Equal", [wr.node("Sub", [x, x], f"{name}_minus_itself"), zero], f"{name}_finite")
+    return wr.node("Where", [finite, x, zero], f"{name}_guarded")
+
+
 def _flat_features(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     """``features`` as ``(N, P, C)`` (channel-last) or ``(N, C, P)`` (channel-first), P = n_cam*H*W."""
     w_f, h_f = lift.feature_size
     n, c, p = plan.batch, plan.channels, lift.n_pixels
-    x = wr.act("features")
+    x = _input(wr, "features", plan)
     if plan.layout == "channel-last":
         perm = [0, 1, 3, 4, 2] if plan.input_rank == 5 else [0, 2, 3, 1]
         return wr.reshape(wr.node("Transpose", [x], "features_nhwc", perm=perm), [n, p, c], "features_flat")
@@ -344,7 +358,7 @@ def _flat_features(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
 
 def _flat_depth(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     w_f, h_f = lift.feature_size
-    return wr.reshape(wr.act("depth"), [plan.batch, lift.n_cam * lift.n_depth * h_f * w_f], "depth_flat")
+    return wr.reshape(_input(wr, "depth", plan), [plan.batch, lift.n_cam * lift.n_depth * h_f * w_f], "depth_flat")
 
 
 # --------------------------------------------------------------------------------------
@@ -415,23 +429,33 @@ def _gather_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     d = _flat_depth(wr, lift, plan) if lift.frustum else None
     counts = lift.row_counts()
     starts = np.concatenate([[0], np.cumsum(counts)])
-    bounds = row_buckets(counts, plan.buckets)
     limit = plan.max_indices
     parts: list[str] = []
     order: list[np.ndarray] = []
-    lower = 0
-    for bound in bounds:
-        in_bucket = np.flatnonzero((counts > lower) & (counts <= bound))
-        lower = bound
-        if in_bucket.size == 0:
-            continue
+    # row groups: one for every weight dtype (mixed: the fp16 rows and the int8 rows), buckets in each
+    if plan.weights == "mixed":
+        if lift.row_fp16 is None:
+            raise UsageError("--weights mixed needs the store's mixed product (bevcompile matrix --quantize mixed)")
+        groups = [("fp16", replace(plan, weights="float16"), lift.row_fp16), ("int8", replace(plan, weights="int8"), ~lift.row_fp16)]
+    else:
+        groups = [("", plan, np.ones(lift.n_rows, bool))]
+    jobs = []
+    for group_tag, group_plan, member in groups:
+        group_counts = np.where(member, counts, 0)
+        lower = 0
+        for bound in row_buckets(group_counts, plan.buckets):
+            in_bucket = np.flatnonzero((group_counts > lower) & (group_counts <= bound))
+            lower = bound
+            if in_bucket.size:
+                jobs.append((group_tag, group_plan, bound, in_bucket))
+    for group_tag, group_plan, bound, in_bucket in jobs:
         k = bound
         chunk = in_bucket.size if limit is None else max(1, limit // k)
         for start in range(0, in_bucket.size, chunk):
             rows = in_bucket[start : start + chunk]
             pixel, depth, value, q = _ell_bucket(lift, rows, k, starts)
             r = rows.size
-            tag = f"k{k}" + ("" if chunk >= in_bucket.size else f"_{start // chunk}")
+            tag = f"{group_tag}k{k}" + ("" if chunk >= in_bucket.size else f"_{start // chunk}")
             idx = wr.const(f"index_{tag}", pixel.reshape(-1).astype(np.int32))
             gathered = wr.node("Gather", [x, idx], f"gathered_{tag}", axis=1 if last else 2)
             scale_rows = None if lift.row_scale is None else lift.row_scale[rows].astype(np.float32)
@@ -439,7 +463,7 @@ def _gather_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
             # the weights as a constant of the gathered tensor's rank: (1, M, 1) channel-last, (1, 1, M)
             # channel-first (no Reshape of a constant: converters that re-lay tensors out keep it aligned)
             shape = (1, r * k, 1) if last else (1, 1, r * k)
-            w, scaled = _weights(wr, plan, f"weight_{tag}", value.reshape(shape), None if q is None else q.reshape(shape), per_entry, 1 if last else 2)
+            w, scaled = _weights(wr, group_plan, f"weight_{tag}", value.reshape(shape), None if q is None else q.reshape(shape), per_entry, 1 if last else 2)
             if d is not None and depth is not None:
                 didx = wr.const(f"depth_index_{tag}", depth.reshape(-1).astype(np.int32))
                 dval = wr.reshape(wr.node("Gather", [d, didx], f"depth_{tag}", axis=1), [n, r * k, 1] if last else [n, 1, r * k])
@@ -504,6 +528,12 @@ def tile_keys(tile: np.ndarray, cols_start: np.ndarray, cols: np.ndarray, span: 
 
 
 def _tiles_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
+    if plan.weights == "mixed":
+        raise UsageError("--weights mixed is built in the gather form (two row groups: int8 and fp16)")
+    return _tiles_body(wr, lift, plan)
+
+
+def _tiles_body(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     """Rows in tiles of ``R``; tiles in buckets by their distinct-column count ``K_b``; per bucket ONE
     Gather of the tiles' columns (whole C-vectors) and ONE batched MatMul with the ``(T_b, R, K_b)``
     blocks (zero-padded); the per-row scales of int8 as one Mul after it."""
@@ -590,13 +620,15 @@ def _windows_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
         raise UsageError("the windows form lifts features alone (grid or ray mode); a frustum-mode matrix needs the depth input")
     if plan.batch != 1:
         raise UsageError(f"the windows form is built for batch 1, got --batch {plan.batch}")
+    if plan.weights == "mixed":
+        raise UsageError("--weights mixed is built in the gather form (two row groups: int8 and fp16)")
     assert plan.patch is not None
     lift = lift.by_output()
     c = plan.channels
     w_f, h_f = lift.feature_size
     planes, h, w = _planes(lift.out_shape)
     ph, pw = min(plan.patch[0], h), min(plan.patch[1], w)
-    x = wr.act("features")
+    x = _input(wr, "features", plan)
     if plan.input_rank == 5:
         x = wr.reshape(x, [lift.n_cam, c, h_f, w_f], "features_cams")
     cams: dict[int, str] = {}

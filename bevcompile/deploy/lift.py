@@ -23,9 +23,9 @@ import numpy as np
 from ..errors import StoreError, UsageError
 from ..grid.gather import bilinear_corners, lut_weights
 from ..grid.ipm import norm_to_feature_px
-from ..store.loader import LoadedStore, matrix_layout
+from ..store.loader import LoadedStore, MatrixLayout, matrix_layout
 
-PRECISIONS = ("float32", "float16", "int8")
+PRECISIONS = ("float32", "float16", "int8", "mixed")
 """Values of a :class:`LiftMatrix`: the stored float32 values, the same rounded to float16, or the
 store's int8 values (``matrix --quantize int8``) with their per-row float32 scales."""
 
@@ -65,6 +65,9 @@ class LiftMatrix:
     precision: str = "float32"
     q: np.ndarray | None = None
     row_scale: np.ndarray | None = None
+    row_fp16: np.ndarray | None = None
+    """``mixed`` only: bool ``(n_rows,)``, the rows kept in float16 (``matrix/fp16_rows``); the
+    other rows are int8 (``q`` * ``row_scale``)."""
 
     @property
     def nnz(self) -> int:
@@ -107,15 +110,18 @@ class LiftMatrix:
         per = counts[out_rows[positions]]
         take = np.repeat(starts[out_rows[positions]], per) + _ranks(per)
         new_row = np.repeat(positions, per)
-        scale = None
+        scale = fp16 = None
         if self.row_scale is not None:
             scale = np.zeros(self.n_out, np.float32)
             scale[positions] = self.row_scale[out_rows[positions]]
+        if self.row_fp16 is not None:
+            fp16 = np.zeros(self.n_out, bool)
+            fp16[positions] = self.row_fp16[out_rows[positions]]
         return LiftMatrix(
             kind=self.kind, mode=self.mode, n_cam=self.n_cam, feature_size=self.feature_size, n_depth=self.n_depth,
             row=new_row, pixel=self.pixel[take], depth=None if self.depth is None else self.depth[take],
             value=self.value[take], n_rows=self.n_out, out_shape=self.out_shape, row_of_out=None,
-            precision=self.precision, q=None if self.q is None else self.q[take], row_scale=scale,
+            precision=self.precision, q=None if self.q is None else self.q[take], row_scale=scale, row_fp16=fp16,
         )
 
     def dense_product(self, x: np.ndarray, depth: np.ndarray | None = None) -> np.ndarray:
@@ -166,7 +172,7 @@ def bilinear_tables_from_norm(norm: np.ndarray, feature_size: tuple[int, int], a
 def _finish(
     kind: str, mode: str, store: LoadedStore, row: np.ndarray, col: np.ndarray, value: np.ndarray, n_rows: int,
     out_shape: tuple[int, ...], row_of_out: np.ndarray | None, precision: str, q: np.ndarray | None = None,
-    row_scale: np.ndarray | None = None,
+    row_scale: np.ndarray | None = None, row_fp16: np.ndarray | None = None,
 ) -> LiftMatrix:
     """Drop zero entries, sort by (row, column), split frustum columns into pixel + depth index."""
     w_f, h_f = store.feature_size
@@ -188,7 +194,7 @@ def _finish(
     return LiftMatrix(
         kind=kind, mode=mode, n_cam=store.rig.n_cam, feature_size=(w_f, h_f), n_depth=n_depth, row=row, pixel=pixel,
         depth=depth, value=value.astype(np.float32), n_rows=n_rows, out_shape=out_shape, row_of_out=row_of_out,
-        precision=precision, q=q, row_scale=row_scale,
+        precision=precision, q=q, row_scale=row_scale, row_fp16=row_fp16,
     )
 
 
@@ -272,6 +278,8 @@ def matrix_lift(store: LoadedStore, form: str, rows: str = "dense", precision: s
     layout = matrix_layout(store)
     group = store["matrix"]
     out_shape, row_of_out, n_rows = _matrix_rows(store, rows)
+    if precision == "mixed":
+        return _mixed_lift(store, form, layout, out_shape, row_of_out, n_rows)
     int8 = precision == "int8"
     if int8 and ("ell_weight_int8" not in group or "row_scale" not in group):
         raise StoreError(f"{store.path}: --weights int8 needs the int8 matrix; rebuild it with `bevcompile matrix --quantize int8`")
@@ -320,6 +328,31 @@ def matrix_lift(store: LoadedStore, form: str, rows: str = "dense", precision: s
     return _finish(
         form, layout.mode, store, r_all[keep], col[keep], value[keep], n_rows, out_shape, row_of_out, precision,
         q=None if q is None else q[keep], row_scale=scale_rows,
+    )
+
+
+def _mixed_lift(store: LoadedStore, form: str, layout: MatrixLayout, out_shape: tuple[int, ...], row_of_out: np.ndarray | None, n_rows: int) -> LiftMatrix:
+    """The ``--quantize mixed`` product (the store's int8 rows + its fp16 rows) of the ELL entries
+    (its tiles hold the same values): ``q``/``row_scale`` for the int8 rows, ``row_fp16`` marks the others."""
+    from ..matrix.precision import mixed_ell_values
+
+    group = store["matrix"]
+    for name in ("ell_weight_int8", "row_scale", "fp16_rows", "fp16_row_weight"):
+        if name not in group:
+            raise StoreError(f"{store.path}: --weights mixed needs matrix/{name}; rebuild it with `bevcompile matrix --quantize mixed`")
+    index = np.asarray(group["ell_index"], np.int64)
+    q_all = np.asarray(group["ell_weight_int8"])
+    scale = np.asarray(group["row_scale"], np.float32)
+    fp16_rows = np.asarray(group["fp16_rows"], np.int64)
+    values = mixed_ell_values(q_all, scale, fp16_rows, np.asarray(group["fp16_row_weight"]))
+    r_all = np.repeat(np.arange(index.shape[0], dtype=np.int64), index.shape[1])
+    keep = r_all < n_rows
+    row_fp16 = np.zeros(n_rows, bool)
+    row_fp16[fp16_rows[fp16_rows < n_rows]] = True
+    q = q_all.reshape(-1)  # every row's int8 values (the fp16 rows' are not used)
+    return _finish(
+        form, str(layout.mode), store, r_all[keep], index.reshape(-1)[keep], values.reshape(-1)[keep], n_rows, out_shape, row_of_out,
+        "mixed", q=q[keep], row_scale=scale[:n_rows], row_fp16=row_fp16,
     )
 
 

@@ -78,13 +78,13 @@ from .onnx_graph import (
 from .targets import FORMS, LAYOUTS
 
 PRODUCTS = ("gather", "ell", "tiles")
-WEIGHTS = ("float32", "float16", "lut", "int8", "int8-qdq")
+WEIGHTS = ("float32", "float16", "fp16", "mixed", "lut", "int8", "int8-qdq")
 """``--weights``: the float32 tables, the gather LUT codes (``gather`` only) or the int8 matrix
 (``ell``/``tiles``), dequantised with Cast + Mul (``int8``) or by QDQ ``DequantizeLinear`` (``int8-qdq``)."""
 PRODUCT_WEIGHTS = {
     "gather": ("float32", "lut"),
-    "ell": ("float32", "int8", "int8-qdq"),
-    "tiles": ("float32", "int8", "int8-qdq"),
+    "ell": ("float32", "int8", "int8-qdq", "fp16", "mixed"),
+    "tiles": ("float32", "int8", "int8-qdq", "fp16", "mixed"),
 }
 QDQ_MIN_OPSET = 13
 """First opset whose DequantizeLinear takes a per-axis (per-row) scale."""
@@ -100,8 +100,8 @@ CALIBRATION_SAMPLES = 8
 calibration set) are computed on, unless ``--calibration`` gives the user's own."""
 DIRECT_WEIGHTS = {
     "gather": ("float32", "float16"),
-    "ell": ("float32", "float16", "int8", "int8-qdq"),
-    "tiles": ("float32", "float16", "int8", "int8-qdq"),
+    "ell": ("float32", "float16", "fp16", "mixed", "int8", "int8-qdq"),
+    "tiles": ("float32", "float16", "fp16", "mixed", "int8", "int8-qdq"),
 }
 """``--weights`` of the graph builder's forms: ``int8-qdq`` is the FULLY quantised graph (activations
 too) where the target reads QDQ, else the float graph + calibration set its toolchain quantises."""
@@ -172,6 +172,8 @@ class ExportOptions:
     tile_rows: int | None = None
     calibration: tuple[str, ...] = ()
     calibration_samples: int = CALIBRATION_SAMPLES
+    guard: bool = False
+    classes: int = 0
 
     @property
     def quantised(self) -> bool:
@@ -203,6 +205,14 @@ class ExportOptions:
             raise UsageError(f"--tile-rows must be in [1, 4096], got {self.tile_rows}")
         if not 1 <= self.calibration_samples <= 1024:
             raise UsageError(f"--calibration-samples must be in [1, 1024], got {self.calibration_samples}")
+        if not 0 <= self.classes <= 4096:
+            raise UsageError(f"--classes must be in [1, 4096], got {self.classes}")
+        if self.classes and self.product == "gather":
+            raise UsageError("--classes lifts an integer class map with the matrix: --product ell or tiles, got --product gather")
+        if self.classes and self.direct:
+            raise UsageError(f"--classes (the class lift) is exported from the torch module ClassLift: --target generic, got --target {self.target}")
+        if self.classes and self.weights in ("int8-qdq", "lut"):
+            raise UsageError(f"--classes takes --weights float32, int8, fp16 or mixed, got --weights {self.weights}")
         if self.direct:
             allowed = DIRECT_WEIGHTS[self.product]
             if self.weights not in allowed:
@@ -212,6 +222,8 @@ class ExportOptions:
                 )
         elif self.weights == "float16":
             raise UsageError("--weights float16 is a form of the graph builder: give a --target (e.g. onnxruntime, rk3588) or --form")
+        if self.direct and self.weights == "mixed" and self.form not in (None, "gather"):
+            raise UsageError(f"--weights mixed is built in the gather form (two row groups: int8 and fp16), got --form {self.form}")
         if not self.direct and self.weights not in PRODUCT_WEIGHTS[self.product]:
             *first, last = PRODUCT_WEIGHTS[self.product]
             needs = "gather" if self.weights == "lut" else "ell or tiles"
@@ -362,16 +374,22 @@ def check_export_memory(store: LoadedStore, options: ExportOptions) -> MemoryEst
     return estimate
 
 
-def make_inputs(store: LoadedStore, channels: int, batch: int, seed: int, with_depth: bool) -> dict[str, np.ndarray]:
+def make_inputs(store: LoadedStore, channels: int, batch: int, seed: int, with_depth: bool, classes: int = 0) -> dict[str, np.ndarray]:
     """Seeded random model inputs.
 
     Convention:
-        ``features`` float32 ``(N, n_cam, C, H_f, W_f)`` uniform in ``[0, 1)``; ``depth``
-        (frustum mode) float32 ``(N, n_cam, D, H_f, W_f)``, softmax over ``D``.
+        ``features`` float32 ``(N, n_cam, C, H_f, W_f)`` uniform in ``[0, 1)`` — or, with
+        ``classes``, ``labels`` int64 ``(N, n_cam, H_f, W_f)`` uniform in ``[0, classes]`` (the value
+        ``classes`` is an ignore label outside the classes); ``depth`` (frustum mode) float32
+        ``(N, n_cam, D, H_f, W_f)``, softmax over ``D``.
     """
     w_f, h_f = store.feature_size
     rng = np.random.default_rng(seed)
-    inputs = {"features": rng.random((batch, store.rig.n_cam, channels, h_f, w_f), dtype=np.float32)}
+    inputs: dict[str, np.ndarray]
+    if classes:
+        inputs = {"labels": rng.integers(0, classes + 1, (batch, store.rig.n_cam, h_f, w_f)).astype(np.int64)}
+    else:
+        inputs = {"features": rng.random((batch, store.rig.n_cam, channels, h_f, w_f), dtype=np.float32)}
     if with_depth:
         inputs["depth"] = random_depth_probs(rng, (batch, store.rig.n_cam, store.rig.depth.n_bins, h_f, w_f), axis=2)
     return inputs
@@ -540,6 +558,65 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
         (vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols)
     )
     return _apply_matrix(store, layout, w_mat, features, depth, out_rows)
+
+
+def _mixed_matrix(store: LoadedStore, form: str) -> Any:
+    """The stored mixed (int8 + fp16 rows) product as a float64 CSR ``(n_rows, n_cols)``
+    (:func:`bevcompile.matrix.precision.mixed_ell_values` / ``mixed_tile_values``)."""
+    import scipy.sparse as sp
+
+    from ..matrix.layout import tile_blocks
+    from ..matrix.precision import mixed_ell_values, mixed_tile_values
+
+    layout = matrix_layout(store)
+    group = store["matrix"]
+    for name in ("ell_weight_int8", "row_scale", "fp16_rows", "fp16_row_weight"):
+        if name not in group:
+            raise StoreError(f"{store.path}: --weights mixed needs matrix/{name}; rebuild it with `bevcompile matrix --quantize mixed`")
+    rows_fp16 = np.asarray(group["fp16_rows"])
+    if form == "ell":
+        index = np.asarray(group["ell_index"], dtype=np.int64)
+        values = mixed_ell_values(np.asarray(group["ell_weight_int8"]), np.asarray(group["row_scale"]), rows_fp16, np.asarray(group["fp16_row_weight"]))
+        rows = np.repeat(np.arange(index.shape[0], dtype=np.int64), index.shape[1])
+        cols, vals = index.ravel(), values.ravel()
+    else:
+        r = layout.tile_rows
+        if r is None or "fp16_row_tile_weight" not in group:
+            raise StoreError(f"{store.path}: --weights mixed --product tiles needs the mixed tiles; rebuild it with `bevcompile matrix --quantize mixed --tile-rows R`")
+        offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
+        flat = mixed_tile_values(np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"]), offsets, r, rows_fp16, np.asarray(group["fp16_row_tile_weight"]))
+        tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
+        parts = []
+        for t, block in enumerate(tile_blocks(flat, offsets, r)):
+            i, j = np.nonzero(block)
+            parts.append((t * r + i, tile_cols[offsets[t] + j], block[i, j]))
+        rows = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        cols = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        vals = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)
+    keep = rows < layout.n_rows
+    return sp.csr_matrix((vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols))
+
+
+def reference_matrix_lift_mixed(store: LoadedStore, features: np.ndarray, depth: np.ndarray | None, form: str, out_rows: str = "dense") -> np.ndarray:
+    """``W_mixed @ X`` in float64 (the int8 rows dequantised, the fp16 rows decoded): the
+    reference of ``--weights mixed``. Convention as :func:`reference_matrix_lift`."""
+    return _apply_matrix(store, matrix_layout(store), _mixed_matrix(store, form), features, depth, out_rows)
+
+
+def reference_class_lift(
+    store: LoadedStore, labels: np.ndarray, classes: int, depth: np.ndarray | None, rows: str = "dense", weights: str = "float32", form: str = "ell"
+) -> np.ndarray:
+    """``lift(one_hot(labels))`` in float64 with the matrix of ``weights`` (float32 COO, the int8 /
+    fp16 / mixed values): :func:`reference_matrix_lift` on the explicit one-hot features.
+
+    Convention: labels int ``(N, n_cam, H_f, W_f)``; returns float64 ``(N, classes, ny, nx)``."""
+    lab = np.asarray(labels, np.int64)
+    onehot = (lab[:, :, None] == np.arange(classes)[None, None, :, None, None]).astype(np.float64)  # (N, n_cam, classes, H, W)
+    if weights in ("int8", "int8-qdq"):
+        return reference_matrix_lift_int8(store, onehot, depth, form, rows)
+    if weights == "mixed":
+        return reference_matrix_lift_mixed(store, onehot, depth, form, rows)
+    return reference_matrix_lift(store, onehot, depth, rows, weights="float16" if weights == "fp16" else "float32")
 
 
 def _apply_matrix(
@@ -773,14 +850,13 @@ def build_module(store: LoadedStore, options: ExportOptions) -> tuple[Any, bool]
     if options.weights == "int8-qdq":
         module = qdq_module(store, options.product, options.rows)
         return module, module.mode == "frustum"
+    guard = options.guard
     if options.product == "gather":
-        if options.weights == "float32":
-            return bt.GridGather(store, reduce=options.reduce), False
-        return bt.GridGather(store, reduce=options.reduce, weights=options.weights), False
-    if options.weights == "float32":
-        module = bt.MatrixLift(store, form=options.product, rows=options.rows)
+        return bt.GridGather(store, reduce=options.reduce, weights=options.weights, guard=guard), False
+    if options.classes:
+        module = bt.ClassLift(store, options.classes, form=options.product, weights=options.weights, rows=options.rows, guard=guard)
     else:
-        module = bt.MatrixLift(store, form=options.product, weights=options.weights, rows=options.rows)
+        module = bt.MatrixLift(store, form=options.product, weights=options.weights, rows=options.rows, guard=guard)
     return module, module.mode == "frustum"
 
 
@@ -906,21 +982,29 @@ def export_onnx(
     check_export_memory(store, options)
     module, needs_depth = build_module(store, options)
     module.eval()
-    inputs = make_inputs(store, options.channels, options.batch, options.seed, needs_depth)
+    inputs = make_inputs(store, options.channels, options.batch, options.seed, needs_depth, options.classes)
     names = list(inputs)
     args = tuple(torch.from_numpy(inputs[name]) for name in names)
     with torch.no_grad():
         torch_out = module(*args).numpy()
-    if options.product == "gather":
-        float_reference = reference_grid_gather(store, inputs["features"], options.reduce)
+    if options.classes:
+        float_reference = reference_class_lift(store, inputs["labels"], options.classes, inputs.get("depth"), options.rows, "float32")
+        reference = reference_class_lift(store, inputs["labels"], options.classes, inputs.get("depth"), options.rows, options.weights, options.product)
     else:
-        float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows)
-    if options.weights == "lut":
-        reference = reference_gather_lut(store, inputs["features"], options.reduce)
-    elif options.weights in ("int8", "int8-qdq"):
-        reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
-    else:
-        reference = float_reference
+        if options.product == "gather":
+            float_reference = reference_grid_gather(store, inputs["features"], options.reduce)
+        else:
+            float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows)
+        if options.weights == "lut":
+            reference = reference_gather_lut(store, inputs["features"], options.reduce)
+        elif options.weights in ("int8", "int8-qdq"):
+            reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
+        elif options.weights == "fp16":
+            reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows, weights="float16")
+        elif options.weights == "mixed":
+            reference = reference_matrix_lift_mixed(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
+        else:
+            reference = float_reference
     tolerance = export_tolerance(store, options)
     step(1)
 
@@ -1126,6 +1210,8 @@ def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, export
         "bevcompile.cameras": ",".join(store.rig.camera_names),
         "bevcompile.target": options.target,
         "bevcompile.form": "torch",
+        "bevcompile.guard": "true" if options.guard else "false",
+        "bevcompile.classes": str(options.classes) if options.classes else "",
     }
     del model.metadata_props[:]
     for key, value in entries.items():

@@ -44,6 +44,9 @@ EXPECTED_OPS = (
     "DequantizeLinear",
     "QuantizeLinear",
     "Slice",
+    "Equal",
+    "Sub",
+    "Where",
 )
 """Ops the bevcompile modules are written to produce (others are reported, not refused)."""
 
@@ -223,7 +226,7 @@ def fold_constants_keep_quantised(model: Any) -> int:
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    quantised = {TensorProto.INT8, TensorProto.UINT8}
+    quantised = {TensorProto.INT8, TensorProto.UINT8, TensorProto.FLOAT16}
     originals = {init.name: init for init in graph.initializer}
     values: dict[str, np.ndarray] = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
     tainted = {init.name for init in graph.initializer if init.data_type in quantised}
@@ -252,7 +255,7 @@ def fold_constants_keep_quantised(model: Any) -> int:
             continue
         for name, result in zip(node.output, results, strict=True):
             values[name] = np.asarray(result)
-            if values[name].dtype in (np.int8, np.uint8):
+            if values[name].dtype in (np.int8, np.uint8, np.float16):
                 tainted.add(name)
         source = names[0] if names else ""
         if node.op_type in LAYOUT_OPS and len(node.output) == 1 and uses[source] == 1 and (source in originals or source in origin):

@@ -18,7 +18,7 @@ from .graph import GraphCost, Plan, build_graph, choose_window_patch, graph_cost
 from .lift import LiftMatrix
 from .targets import TargetProfile
 
-VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1, "int8-qdq": 1}
+VALUE_BYTES = {"float32": 4, "float16": 2, "int8": 1, "int8-qdq": 1, "mixed": 2}
 
 
 @dataclass
@@ -127,12 +127,15 @@ def plan_for_target(
     layout: str | None = None,
     tile_rows: int | None = None,
     product: str = "",
+    guard: bool = False,
 ) -> tuple[Candidate, list[tuple[str, list[str]]]]:
     """The first form of ``profile`` (or ``form``) whose graph fits every limit: ``(candidate, refused)``
     with ``refused`` the forms tried before it and why. Raises :class:`UsageError` (one line) when no
     form fits."""
     int8 = weights in ("int8", "int8-qdq")
     forms = [form] if form else [f for f in (profile.int8_forms if int8 else profile.forms) if f != "torch"]
+    if not form and weights == "mixed" and "gather" in forms:  # two row groups: the gather form
+        forms = ["gather"]
     if not form and product == "tiles" and "tiles" in forms:  # the tiles product in its own form where the target has it
         forms.remove("tiles")
         forms.insert(0, "tiles")
@@ -149,7 +152,7 @@ def plan_for_target(
         form=forms[0], layout=layout or profile.layout, input_rank=profile.input_rank, batch=batch, channels=channels, opset=opset,
         weights=weights, qdq_activations=qdq_activations, per_axis=profile.int8_per_axis,
         max_indices=profile.int_limit("gather.max_indices"), max_axis=profile.int_limit("gather.max_axis"),
-        tile_rows=tile_rows, notes=tuple(notes),
+        tile_rows=tile_rows, guard=guard, notes=tuple(notes),
     )
     refused: list[tuple[str, list[str]]] = []
     for name in forms:
