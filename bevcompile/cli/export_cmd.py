@@ -193,7 +193,8 @@ def _print_export(result: object) -> None:
         checks.add_row("fully quantised graph vs float reference", "pass" if psnr >= INT8_MIN_PSNR_DB else "FAIL",
                        f"PSNR {psnr:.1f} dB >= {INT8_MIN_PSNR_DB:g} dB; max abs vs the float-activation int8 reference {result.max_abs:.2e}")
     else:
-        checks.add_row("onnxruntime vs numpy reference" + (" (same dequantised weights)" if quantised else ""), "pass" if ok else "FAIL",
+        same = {"lut": " (same LUT weights)", "float16": " (same float16 weights)", "fp16": " (same float16 weights)", "mixed": " (same mixed weights)"}
+        checks.add_row("onnxruntime vs numpy reference" + (same.get(result.weights, " (same dequantised weights)") if quantised else ""), "pass" if ok else "FAIL",
                        f"max abs {result.max_abs:.2e} (mean {result.mean_abs:.2e}) <= {result.tolerance:g}{torch_note}")
     q = result.float_reference
     if q is not None:
@@ -214,10 +215,12 @@ def _print_export(result: object) -> None:
     stdout_console.print(f"inputs: {shapes} -> bev {'x'.join(map(str, result.output))}")
     if result.cost is not None:
         cost = result.cost
+        gathered = (
+            f"gathered {human_bytes(cost['gathered_bytes'])} ({cost['gathers']} Gather, at most {cost['max_gather_indices']:,} indices "
+            f"from an axis of {cost['max_gather_axis']:,})" if cost["gathers"] else "no Gather"
+        )
         stdout_console.print(
-            f"cost per inference: {cost['nodes']} nodes, constants {human_bytes(cost['constant_bytes'])}, gathered {human_bytes(cost['gathered_bytes'])} "
-            f"({cost['gathers']} Gather, at most {cost['max_gather_indices']:,} indices from an axis of {cost['max_gather_axis']:,}), "
-            f"{cost['macs'] / 1e6:,.1f} M MACs",
+            f"cost per inference: {cost['nodes']} nodes, constants {human_bytes(cost['constant_bytes'])}, {gathered}, {cost['macs'] / 1e6:,.1f} M MACs",
             highlight=False,
         )
         for form_name, reasons in result.refused:
