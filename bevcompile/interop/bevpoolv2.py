@@ -55,12 +55,12 @@ from ..matrix.entries import (
     plan_camera,
     plan_jobs,
 )
+from ..matrix.lift32 import bevdet_points_float32, scaled_float32
 from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
 from ..progress import ProgressFn
-from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
-from ..rig.geometry import bev_from_cam_matrix
+from ..rig.config import INTEROP_CHOICES, FeatureSpec, RigConfig
 from ..rig.region import region_table
 
 FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
@@ -213,97 +213,16 @@ def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype:
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
     fails every comparison, so unprojectable points are never kept.
     """
-    lower = np.asarray(grid.lower, dtype=np.float64).astype(dtype)
-    step = np.asarray(grid.step, dtype=np.float64).astype(dtype)
-    scaled = (np.asarray(points_bev, dtype=dtype) - lower) / step
+    if dtype is np.float32:
+        scaled: np.ndarray = scaled_float32(points_bev, grid.lower, grid.step)
+    else:
+        scaled = (np.asarray(points_bev, dtype=np.float64) - np.asarray(grid.lower)) / np.asarray(grid.step)
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
         kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
         kept &= f < n
     return scaled, kept
-
-
-def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
-    """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
-    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
-
-    Raises:
-        UsageError: the camera has a distortion model.
-    """
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates {restates}; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
-    return camera
-
-
-def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
-    """``torch.linspace(start, end, steps, dtype=torch.float)`` restated: the step in float32,
-    ``start + step * i`` below the halfway index and ``end - step * (steps - 1 - i)`` from it,
-    each rounded once to float32 (as torch's CPU kernel gives; checked against torch)."""
-    f32 = np.float32
-    step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
-    i = np.arange(steps, dtype=np.float64)
-    low = _sum_rounded_once_float32(float(f32(start)), step * i)  # step * i: exact in float64
-    high = _sum_rounded_once_float32(float(f32(end)), -(step * (steps - 1 - i)))
-    return np.where(i < steps // 2, low, high)
-
-
-def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
-    """``float32(a + b)`` of the EXACT sum (one rounding, half to even), not of the float64 sum:
-    where the float64 sum lands exactly halfway between two float32 values, its rounding error
-    (TwoSum) decides the side, as a single float32 rounding of the exact sum does."""
-    total = a + b
-    b_virtual = total - a
-    error = (a - (total - b_virtual)) + (b - b_virtual)  # total + error == a + b exactly
-    out = total.astype(np.float32)
-    nearest = out.astype(np.float64)
-    other = np.nextafter(out, np.where(total > nearest, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
-    tie = (nearest != total) & ((nearest + other) / 2.0 == total) & (error != 0.0)
-    toward_other = np.sign(error) == np.sign(other - nearest)
-    return np.where(tie & toward_other, other.astype(np.float32), out)
-
-
-def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
-    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
-    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
-    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
-    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
-    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
-    camera pose in the BEV frame.
-
-    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
-    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
-    f32 = np.float32
-    w_in, h_in = rig.input_size
-    w_f, h_f = rig.feature_size
-    depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
-    if depth_slice is not None:
-        depths = depths[depth_slice]
-    xs = torch_linspace_float32(0.0, w_in - 1, w_f)[None, None, :]
-    ys = torch_linspace_float32(0.0, h_in - 1, h_f)[None, :, None]
-    d = depths[:, None, None]
-    aug = camera.image_aug
-    inv_r = f32(1.0) / f32(aug.resize)
-    px = xs - (f32(0.0) - f32(aug.crop_left))  # post_tran = 0 - crop (float32)
-    py = ys - (f32(0.0) - f32(aug.crop_top))
-    qx, qy = inv_r * px, inv_r * py  # inverse(post_rots) @ points: the zero terms add exactly 0
-    p0, p1, p2 = qx * d, qy * d, np.broadcast_to(d, (depths.size, h_f, w_f)).astype(np.float32)
-    k = np.array(camera.intrinsic, dtype=np.float32)
-    inv_fx, inv_fy = f32(1.0) / k[0, 0], f32(1.0) / k[1, 1]
-    k_inv = np.array([[inv_fx, 0.0, -(k[0, 2] * inv_fx)], [0.0, inv_fy, -(k[1, 2] * inv_fy)], [0.0, 0.0, 1.0]], dtype=np.float32)
-    pose = bev_from_cam_matrix(rig, camera).astype(np.float32)
-    combine = np.empty((3, 3), dtype=np.float32)
-    for i in range(3):
-        for j in range(3):
-            combine[i, j] = (pose[i, 0] * k_inv[0, j] + pose[i, 1] * k_inv[1, j]) + pose[i, 2] * k_inv[2, j]
-    out = np.empty((depths.size, h_f, w_f, 3), dtype=np.float32)
-    for i in range(3):
-        out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
-    return out
 
 
 def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:

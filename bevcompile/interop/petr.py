@@ -36,9 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
+from ..matrix.lift32 import pinhole_for_float32
 from ..rig.config import INTEROP_CHOICES, INTEROP_INT_OPTIONS, RigConfig
 from ..rig.geometry import bev_from_cam_matrix, cam_from_bev_matrix, transform_points, unproject_image_to_cam
-from .bevpoolv2 import pinhole_for_float32
 
 PETR_COORDS_ARRAY = "petr_coords3d"
 PETR_MASK_ARRAY = "petr_coords_mask"

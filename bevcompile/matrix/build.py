@@ -90,6 +90,7 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
+from .lift32 import PRECISIONS
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, check_token, prior_dims
 from .ray import ray_entries
@@ -166,6 +167,10 @@ class MatrixOptions:
     rounding: str = "floor"
     depth_prior: str = UNIFORM
     """``mode="ray"`` only: ``"uniform"`` or ``"sha256:<hex>"`` of the stored ``matrix/depth_prior``."""
+    precision: str = "float64"
+    """``float64``: bevcompile's exact geometry; ``float32``: the frustum points in BEVDet's own float32
+    op sequence (:func:`bevcompile.matrix.lift32.bevdet_points_float32`; ``mode="frustum"``, a
+    ``linspace`` feature mapping, pinhole cameras), so the voxel of every point is BEVDet's float32 run's."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -175,6 +180,7 @@ class MatrixOptions:
             ("normalize", self.normalize, NORMALIZES),
             ("rounding", self.rounding, ROUNDINGS),
             ("quantize", self.quantize, QUANTIZE),
+            ("precision", self.precision, PRECISIONS),
         )
         for name, value, allowed in checks:
             if value not in allowed:
@@ -191,13 +197,17 @@ class MatrixOptions:
             raise UsageError(f"--depth-prior applies to --mode ray only (--mode {self.mode})")
         if not isinstance(self.compact_rows, bool):
             raise UsageError(f"compact_rows must be a boolean, got {self.compact_rows!r}")
+        if self.precision == "float32" and self.mode != "frustum":
+            raise UsageError(f"--precision float32 restates BEVDet's float32 lift: --mode frustum only (--mode {self.mode})")
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """``build_options`` (``depth_prior`` only in ray mode: the other modes' options are unchanged)."""
+        """``build_options`` (``depth_prior`` only in ray mode, ``precision`` only when float32: the other builds' options are unchanged)."""
         out = asdict(self)
         if self.mode != "ray":
             del out["depth_prior"]
+        if self.precision == "float64":  # the default is not recorded: stores built before --precision keep their bytes
+            del out["precision"]
         return out
 
     @classmethod
@@ -214,6 +224,7 @@ class MatrixOptions:
         compact_rows: bool = False,
         rounding: str = "floor",
         depth_prior: str = UNIFORM,
+        precision: str = "float64",
     ) -> MatrixOptions:
         """Validated options from the values of ``bevcompile matrix`` as a user gives them
         (enumerated values in any case; ``quantize`` ``none`` = no int8): what the CLI and a fleet
@@ -230,6 +241,7 @@ class MatrixOptions:
             compact_rows=compact_rows,
             rounding=canonical_choice(rounding, ROUNDINGS),
             depth_prior=depth_prior,
+            precision=canonical_choice(precision, PRECISIONS),
         ).validate()
 
     @classmethod
@@ -496,7 +508,7 @@ def build_matrix(
         else:
             res = frustum_entries(
                 rig, splat=options.splat, rounding=options.rounding, topk=options.topk, progress=progress,
-                check_row_nnz=check_ell, jobs=jobs, region=region,
+                check_row_nnz=check_ell, jobs=jobs, region=region, precision=options.precision,
             )
         kept, total_mass = res.kept, res.total_mass
         counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)

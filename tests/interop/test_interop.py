@@ -190,7 +190,7 @@ def test_bevpoolv2_float32_batch_equals_bevdet_float32_transcription(batch: int)
 @given(st.floats(-50.0, 50.0, width=32), st.floats(1.0, 4000.0, width=32), st.integers(2, 400))
 @example(-2.664597055882926e-40, 1.0, 14)  # float64 sum exactly halfway between two float32: the exact sum decides
 def test_torch_linspace_float32_restatement_equals_torch(start: float, span: float, steps: int) -> None:
-    from bevcompile.interop.bevpoolv2 import torch_linspace_float32
+    from bevcompile.matrix.lift32 import torch_linspace_float32
 
     want = torch.linspace(start, start + span, steps, dtype=torch.float32).numpy()
     assert np.array_equal(torch_linspace_float32(start, start + span, steps), want)
