@@ -20,6 +20,9 @@ this target stores it, so the deployed network starts at ``inverse_sigmoid`` +
 * ``coords_mask[cam, i, j]``: PETR's mask, True where more than ``D / 2`` of the ``3 D`` normalised
   coordinates fall outside [0, 1], or where the pixel lies in the image padding (PETR's ``masks``:
   the nearest-interpolated padding of the input), or where the lens gives the pixel no ray.
+  Informational: ``PETRHead.forward`` discards the mask ``position_embeding`` returns
+  (``coords_position_embeding, _ = ...``, petr_head.py @0677620); only the padding masks reach
+  its transformer (docs/interop.md).
 
 ``precision``: ``float64`` (default: each point from the rig's lens model in float64, rounded
 once to float32) or ``float32`` (PETR's own op sequence in float32: ``img2lidar =

@@ -122,6 +122,7 @@ def bevdet_points_float32(
 def scaled_float32(points_bev: npt.NDArray[np.float32], lower: tuple[float, float, float], step: tuple[float, float, float]) -> npt.NDArray[np.float32]:
     """``(p - lower) / step`` per axis in float32 (``lower`` / ``step`` rounded once from float64,
     as BEVDet's float32 tensors are): the voxel coordinate of its ``voxel_pooling_prepare_v2``."""
-    return (np.asarray(points_bev, dtype=np.float32) - np.asarray(lower, dtype=np.float64).astype(np.float32)) / np.asarray(
-        step, dtype=np.float64
-    ).astype(np.float32)
+    low = np.asarray(lower, dtype=np.float64).astype(np.float32)
+    size = np.asarray(step, dtype=np.float64).astype(np.float32)
+    out: npt.NDArray[np.float32] = (np.asarray(points_bev, dtype=np.float32) - low) / size
+    return out

@@ -95,5 +95,5 @@ def test_bad_matrix_precision_is_a_usage_error(tmp_path: Path, args: list[str], 
 
 
 def test_float32_needs_the_linspace_frustum(small: RigConfig) -> None:
-    with pytest.raises(UsageError, match="BEVDet's float32 lift, whose frustum is linspace; the rig's feature.pixel_mapping is"):
+    with pytest.raises(UsageError, match=r"BEVDet.s float32 lift, whose frustum is linspace; the rig.s feature\.pixel_mapping is"):
         build_matrix(small, MatrixOptions(mode="frustum", precision="float32"))
