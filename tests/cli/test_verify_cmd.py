@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from bevcompile.cli import app
@@ -74,3 +75,15 @@ def test_verify_of_a_group_folder_exit_2(small_store: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert result.stderr == f"error: {small_store / 'grid'}: is the grid/ group of the store {small_store.resolve()}; {command} the store\n"
+
+
+def test_verify_without_torch_says_why_in_the_table(small_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without PyTorch the grid_sample reference is not run: the compact table says so in the
+    row itself (threshold column: the skip reason; result: skipped), not as 'nan ... informational'."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    result = runner.invoke(app, ["verify", str(small_store)])
+    assert result.exit_code == 0, result.output
+    line = next(row for row in flat(result.output).splitlines() if "torch grid_sample" in row)
+    assert "skipped: PyTorch not installed" in line and "skipped" in line.split("│")[-2] and "nan" not in line
