@@ -520,9 +520,10 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
                     f"array folder has no readable zarr.json (metadata deleted or corrupt): {_strip_store(str(exc), path)}",
                 )
                 continue
-            summary.arrays.append(
-                ArraySummary(key, info.shape, info.dtype, info.chunks, info.nbytes, reader.disk_bytes(key), info.nchunks)
-            )
+            if name not in coordinate_names:  # the summary lists product arrays; coordinates are checked below
+                summary.arrays.append(
+                    ArraySummary(key, info.shape, info.dtype, info.chunks, info.nbytes, reader.disk_bytes(key), info.nchunks)
+                )
             foreign = reader.foreign_entries(group, name, info.shape, info.chunks)
             if foreign:
                 n_damaged += 1

@@ -834,6 +834,9 @@ def test_plain_inspect_catches_edited_bevpoolv2_build_options(interop_store: Pat
     meta = json.loads(meta_path.read_text())
     meta["attributes"]["build_options"]["bevpoolv2"]["rounding"] = "floor"
     meta_path.write_text(json.dumps(meta))
+    from .. import damage
+
+    damage.reconsolidate(interop_store)  # an edit by a tool that re-consolidates (else consolidated_metadata fails too)
     report = inspect_store(interop_store)
     assert [(c.name, c.array) for c in report.failures] == [(GEOMETRY_CHECK, "interop/bevpoolv2_ranks_bev")]
     strict = inspect_store(interop_store, strict=True)
