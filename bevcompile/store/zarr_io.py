@@ -1268,47 +1268,39 @@ class StoreReader:
         except Exception as exc:
             raise StoreError(f"{self.path}: {group}/ attributes unreadable ({_one_line(exc)})") from None
 
-    def arrays(self, group: str) -> list[str]:
-        """The group's arrays: sub-folders whose ``zarr.json`` is a sane regular file describing an
-        array (listed without zarr, which would read every child's metadata unchecked: a FIFO
-        there would block it)."""
+    def _array_metas(self, group: str) -> dict[str, dict[str, Any]]:
+        """Name -> parsed ``zarr.json`` of every sub-folder that describes an array (read without
+        zarr, which would read every child's metadata unchecked: a FIFO there would block it)."""
         self._group(group)
-        out = []
+        out: dict[str, dict[str, Any]] = {}
         for name in self.child_dirs(group):
             try:
                 meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
             except (StoreError, ValueError):
                 continue
-            if isinstance(meta, dict) and meta.get("node_type") == "array" and not _coordinate_meta(name, meta):
-                out.append(name)
+            if isinstance(meta, dict) and meta.get("node_type") == "array":
+                out[name] = meta
         return out
+
+    def arrays(self, group: str) -> list[str]:
+        """The group's product arrays: sub-folders whose ``zarr.json`` is a sane regular file
+        describing an array, coordinate arrays (:meth:`coordinates`) left out."""
+        return [name for name, meta in self._array_metas(group).items() if not _coordinate_meta(name, meta)]
+
+    def coordinates(self, group: str) -> list[str]:
+        """The group's coordinate arrays (:mod:`bevcompile.store.coords`), which :meth:`arrays` leaves out."""
+        return [name for name, meta in self._array_metas(group).items() if _coordinate_meta(name, meta)]
 
     def axis_lengths(self, group: str) -> dict[str, int]:
         """Axis name -> length over the group's product arrays (their ``dimension_names`` and shapes)."""
         out: dict[str, int] = {}
-        for name in self.arrays(group):
-            try:
-                meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
-            except (StoreError, ValueError):
-                continue
+        for name, meta in self._array_metas(group).items():
             dims, shape = meta.get("dimension_names"), meta.get("shape")
-            if isinstance(dims, list) and isinstance(shape, list):
-                for dim, size in zip(dims, shape, strict=False):
-                    if isinstance(dim, str) and isinstance(size, int):
-                        out.setdefault(dim, size)
-        return out
-
-    def coordinates(self, group: str) -> list[str]:
-        """The group's coordinate arrays (:mod:`bevcompile.store.coords`), which :meth:`arrays` leaves out."""
-        self._group(group)
-        out = []
-        for name in self.child_dirs(group):
-            try:
-                meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
-            except (StoreError, ValueError):
+            if _coordinate_meta(name, meta) or not (isinstance(dims, list) and isinstance(shape, list)):
                 continue
-            if isinstance(meta, dict) and meta.get("node_type") == "array" and _coordinate_meta(name, meta):
-                out.append(name)
+            for dim, size in zip(dims, shape, strict=False):
+                if isinstance(dim, str) and isinstance(size, int):
+                    out.setdefault(dim, size)
         return out
 
     def has_array(self, group: str, name: str) -> bool:
