@@ -66,6 +66,7 @@ from ..rig.region import region_table
 FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
 ROUNDINGS = INTEROP_CHOICES["bevpoolv2"]["rounding"]
 PRECISIONS = INTEROP_CHOICES["bevpoolv2"]["precision"]
+ORDERS = INTEROP_CHOICES["bevpoolv2"]["order"]
 BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
 BEVPOOL_PREFIX = "bevpoolv2_"
 INT32_MAX = np.iinfo(np.int32).max
@@ -87,7 +88,11 @@ class BevPoolOptions:
     (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
     ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`). ``precision``: ``float64``
     (default: the exact geometry) or ``float32`` (BEVDet's own op sequence in float32,
-    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras).
+    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras). ``order``: the order of
+    the points inside a voxel, ``stable`` (default: increasing ``ranks_depth``, deterministic) or
+    ``torch`` (BEVDet's own ``ranks_bev.argsort()`` called on the installed torch, on CUDA when
+    available, else the CPU: the order a run of BEVDet with that torch and device gives; the
+    torch version and device are recorded in the group's ``bevpoolv2.sort`` attribute).
     """
 
     frustum_mapping: str = "linspace"
@@ -95,6 +100,7 @@ class BevPoolOptions:
     z_bins: int | None = None
     batch: int = 1
     precision: str = "float64"
+    order: str = "stable"
 
     def validate(self) -> None:
         if self.frustum_mapping not in FRUSTUM_MAPPINGS:
@@ -107,6 +113,8 @@ class BevPoolOptions:
             raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.order not in ORDERS:
+            raise UsageError(f"interop.bevpoolv2.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.precision == "float32" and self.frustum_mapping != "linspace":
             raise UsageError(
                 f"--precision float32 restates BEVDet's own frustum (linspace); --frustum-mapping {self.frustum_mapping} "
@@ -118,13 +126,15 @@ class BevPoolOptions:
         out: dict[str, Any] = {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
         if self.precision != "float64":
             out["precision"] = self.precision
+        if self.order != "stable":
+            out["order"] = self.order
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> BevPoolOptions:
         if not isinstance(data, dict):
             raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision"}
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision", "order"}
         if unknown:
             raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
         z_bins = data.get("z_bins")
@@ -137,6 +147,7 @@ class BevPoolOptions:
             z_bins=None if z_bins is None else int(z_bins),
             batch=batch,
             precision=str(data.get("precision", "float64")),
+            order=str(data.get("order", "stable")),
         )
         options.validate()
         return options
@@ -365,6 +376,8 @@ def build_bevpoolv2(
         np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
         np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
         np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
+    if options.order == "torch":
+        ranks_bev, ranks_depth, ranks_feat = torch_order(ranks_bev, ranks_depth, ranks_feat)
     return BevPoolV2Arrays(
         ranks_bev=ranks_bev,
         ranks_depth=ranks_depth,
@@ -376,6 +389,28 @@ def build_bevpoolv2(
         options=options,
         bev_frame=rig.bev.frame,
     )
+
+
+def torch_device() -> str:
+    """Where ``order: torch`` sorts: ``cuda`` when the installed torch has a GPU, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_order(ranks_bev: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arrays in BEVDet's own order: its kept points in ``ranks_depth`` order (as
+    ``voxel_pooling_prepare_v2`` enumerates them), permuted by ``ranks_bev.argsort()`` (int64,
+    not ``stable``) of the installed torch on :func:`torch_device`. The intervals do not change
+    (the same runs of ``ranks_bev``). :class:`UsageError` without torch."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("interop.bevpoolv2.order torch calls torch.argsort: install PyTorch (pip install 'bevcompile[torch]')") from None
+    enumeration = np.argsort(ranks_depth, kind="stable")
+    by_bev = torch.from_numpy(ranks_bev[enumeration].astype(np.int64)).to(torch_device()).argsort().cpu().numpy()
+    perm = enumeration[by_bev]
+    return ranks_bev[perm], ranks_depth[perm], ranks_feat[perm]
 
 
 _POINTS_PER_STEP = 1 << 21  # float32 build: frustum points unprojected per step
@@ -599,6 +634,14 @@ def reference_frustum_pool(
     return out.reshape(c, z_size, y_size, x_size)
 
 
+def _sort_rule(order: str) -> str:
+    if order == "stable":
+        return "stable by ranks_bev (ranks_depth ascending inside a voxel)"
+    import torch
+
+    return f"torch.argsort(ranks_bev) (not stable) of torch {torch.__version__} on {torch_device()}, the kept points enumerated in ranks_depth order"
+
+
 def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
     """The ``interop/`` attributes describing the BEVPoolv2 arrays (formulas and figures)."""
     n_cam, n_d, h_f, w_f = result.depth_shape
@@ -632,7 +675,7 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
                           "inverse(cam2img), 3x3 products summed in order), voxel coordinate in float32"}
             if result.options.precision == "float32" else {}
         ),
-        "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
+        "sort": _sort_rule(result.options.order),
         "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",
         "n_points": result.n_points,
         "n_kept": result.n_kept,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bevcompile.errors import UsageError
+from bevcompile.errors import ConfigError, UsageError
 from bevcompile.grid.build import run_grid
 from bevcompile.grid.ipm import compute_sampling_grid
 from bevcompile.interop.bevpoolv2 import (
@@ -56,7 +56,8 @@ from .. import rigs
 
 
 def bevdet_voxel_pooling_prepare_v2(
-    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1, sensor2ego: np.ndarray | None = None
+    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1, sensor2ego: np.ndarray | None = None,
+    stable: bool = True,
 ) -> list[np.ndarray]:
     """BEVDet for batch ``batch`` (the same rig in every item), transcribed from ``create_frustum`` /
     ``get_lidar_coor`` / ``voxel_pooling_prepare_v2`` of mmdet3d/models/necks/view_transformer.py
@@ -67,7 +68,8 @@ def bevdet_voxel_pooling_prepare_v2(
     is the camera's pose in the rig's BEV frame (``bev_from_cam``); with ``dtype=torch.float32``
     every tensor is float32, as BEVDet runs (its inputs are ``torch.Tensor``s). ``sensor2ego``
     ``(n_cam, 4, 4)``, when given, replaces the rig's poses (e.g. BEVDet's per-sample
-    ``sensor2keyegos``, computed from the raw records)."""
+    ``sensor2keyegos``, computed from the raw records). ``stable=False``: BEVDet's own
+    ``ranks_bev.argsort()`` (the default sorts stably, bevcompile's order)."""
     w_in, h_in = rig.input_size
     s = rig.feature.stride
     H, W = h_in // s, w_in // s
@@ -112,7 +114,7 @@ def bevdet_voxel_pooling_prepare_v2(
     ranks_bev = coor[:, 3] * (grid_size[2] * grid_size[1] * grid_size[0])
     ranks_bev += coor[:, 2] * (grid_size[1] * grid_size[0])
     ranks_bev += coor[:, 1] * grid_size[0] + coor[:, 0]
-    order = ranks_bev.argsort(stable=True)  # BEVDet's argsort is unstable; ours is stable
+    order = ranks_bev.argsort(stable=True) if stable else ranks_bev.argsort()  # BEVDet's own: .argsort(), not stable
     ranks_bev, ranks_depth, ranks_feat = ranks_bev[order], ranks_depth[order], ranks_feat[order]
     kept = torch.ones(ranks_bev.shape[0], dtype=torch.bool)
     kept[1:] = ranks_bev[1:] != ranks_bev[:-1]
@@ -992,3 +994,32 @@ def test_torch_cpu_argsort_of_ranks_bev_is_the_stable_order(nuscenes: RigConfig)
     unstable = ranks_bev.argsort().numpy()
     assert arrays.n_kept == 179_806
     assert np.array_equal(arrays.ranks_depth[in_depth_order][unstable], arrays.ranks_depth)
+
+
+def test_order_torch_is_bevdets_own_argsort_recorded_with_the_torch_version(tmp_path: Path) -> None:
+    """``interop: bevpoolv2: order: torch``: the points inside each voxel in the order of BEVDet's
+    own ``ranks_bev.argsort()`` on the installed torch (here the CPU, where it is the stable
+    order: 0 positions differ), its version and device in ``interop/`` ``bevpoolv2.sort``;
+    ``inspect --strict`` rebuilds it with the same torch; the default stays ``stable``."""
+    from bevcompile.store.inspection import inspect_store
+
+    from ..rig.test_presets import calibration_with
+
+    data = calibration_with("bevdet-r50", interop={"bevpoolv2": {"order": "torch"}})
+    rig = parse_config(data)
+    assert rig.interop_options("bevpoolv2")["order"] == "torch"
+    store = tmp_path / "bevdet-r50.zarr"
+    run_grid(rig, tmp_path)
+    run_export_interop(store, interop_command_targets(None, rig=rig))
+    theirs = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32, stable=False)
+    interop = load(store)["interop"]
+    for name, want in zip(NAMES, theirs, strict=True):
+        assert np.array_equal(interop[f"bevpoolv2_{name}"], want), name
+    assert interop.attrs["build_options"]["bevpoolv2"]["order"] == "torch"
+    assert interop.attrs["bevpoolv2"]["sort"].startswith(f"torch.argsort(ranks_bev) (not stable) of torch {torch.__version__} on cpu")
+    stable = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32)
+    assert int(np.count_nonzero(stable[1] != theirs[1])) == 0  # the CPU's argsort is stable here
+    report = inspect_store(store, strict=True)
+    assert report.passed, report.failure_lines()
+    with pytest.raises(ConfigError, match=r"interop\.bevpoolv2\.order: expected one of stable, torch"):
+        parse_config(calibration_with("bevdet-r50", interop={"bevpoolv2": {"order": "random"}}))
