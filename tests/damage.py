@@ -53,8 +53,21 @@ def corrupt_metadata(store: Path, node: str) -> None:
     (store / node / "zarr.json").write_text("{ not json")
 
 
-def edit_attr(store: Path, node: str, keys: Sequence[str], value: Any) -> None:
-    """Set ``attributes[keys[0]][keys[1]]... = value`` in a node's ``zarr.json`` (a hand edit)."""
+def reconsolidate(store: Path) -> None:
+    """Rebuild the store's consolidated metadata (what a careful hand edit does after editing:
+    the damage under test is then the edit alone, not a stale consolidated copy)."""
+    import warnings
+
+    import zarr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(store))
+
+
+def edit_attr(store: Path, node: str, keys: Sequence[str], value: Any, *, consolidate: bool = True) -> None:
+    """Set ``attributes[keys[0]][keys[1]]... = value`` in a node's ``zarr.json`` (a hand edit; the
+    consolidated metadata rebuilt after it unless ``consolidate=False``)."""
     meta_path = store / node / "zarr.json" if node else store / "zarr.json"
     meta = json.loads(meta_path.read_text())
     target = meta["attributes"]
@@ -62,6 +75,8 @@ def edit_attr(store: Path, node: str, keys: Sequence[str], value: Any) -> None:
         target = target[key]
     target[keys[-1]] = value
     meta_path.write_text(json.dumps(meta, indent=2))
+    if consolidate:
+        reconsolidate(store)
 
 
 def get_attr(store: Path, node: str, keys: Sequence[str]) -> Any:
@@ -78,7 +93,7 @@ def rewrite_array(store: Path, array: str, data: np.ndarray, *, update_sha256: b
     import zarr
 
     group_name, name = array.split("/")
-    root = zarr.open_group(str(store), mode="r+", zarr_format=3)
+    root = zarr.open_group(str(store), mode="r+", zarr_format=3, use_consolidated=False)
     group = root[group_name]
     assert isinstance(group, zarr.Group)
     old = group[name]
@@ -86,8 +101,11 @@ def rewrite_array(store: Path, array: str, data: np.ndarray, *, update_sha256: b
     del group[name]
     if update_sha256:
         attrs["sha256"] = array_sha256(data)
-    new = group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=data.shape, fill_value=0, attributes=attrs)
+    new = group.create_array(
+        name, shape=data.shape, dtype=data.dtype, chunks=data.shape, fill_value=0, attributes=attrs, dimension_names=old.metadata.dimension_names
+    )
     new[...] = data
+    reconsolidate(store)
 
 
 def copy_store(src: Path, dst: Path) -> Path:
@@ -134,6 +152,7 @@ def foreign_group(store: Path, group: str, other_store: Path) -> None:
     """``group/`` copied in from another rig's store (replacing this store's own)."""
     shutil.rmtree(store / group)
     shutil.copytree(other_store / group, store / group)
+    reconsolidate(store)
 
 
 def stale_consolidated(store: Path) -> None:
@@ -145,4 +164,9 @@ def stale_consolidated(store: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(str(store))
-    edit_attr(store, "grid", ["build_options", "note"], "edited after consolidation")
+    edit_attr(store, "grid", ["build_options", "note"], "edited after consolidation", consolidate=False)
+
+
+def remove_array(store: Path, array: str) -> None:
+    """Delete ``group/name`` folder and all (no re-consolidation: callers decide)."""
+    shutil.rmtree(store / array)

@@ -25,6 +25,7 @@ from . import export_cmd, targets_cmd  # noqa: F401
 from . import fleet_cmd  # noqa: F401
 from . import import_cmd  # noqa: F401
 from . import presets_cmd  # noqa: F401
+from . import configs_cmd  # noqa: F401
 # isort: on
 
 

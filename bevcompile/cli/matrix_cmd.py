@@ -102,6 +102,15 @@ def matrix(
             "finite, >= 0, renormalised per pixel; stored in matrix/depth_prior.",
         ),
     ] = "uniform",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            metavar="float64|float32",
+            help="--mode frustum: float64 (exact geometry) or float32 (BEVDet's own float32 lift: every point in the voxel "
+            "of BEVDet's float32 run; linspace feature mapping, pinhole cameras). Recorded in build_options.",
+        ),
+    ] = "float64",
     force: ForceOption = False,
     jobs: JobsOption = None,
     quiet: QuietOption = False,
@@ -117,7 +126,7 @@ def matrix(
     prior = DepthPrior() if uniform else read_depth_prior(depth_prior, rig)
     options = MatrixOptions.from_command(
         mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
-        compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token, fp16_rows=fp16_rows,
+        compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token, fp16_rows=fp16_rows, precision=precision,
     )
     label = "sampling BEV cells" if options.mode == "grid" else "pass 1/2: lifting frustum points"
     unit = "samples" if options.mode == "grid" else "points"
@@ -146,6 +155,8 @@ def _print_summary(result: MatrixRunResult) -> None:
     o, f = p.options, p.figures
     w_f, h_f = rig.feature_size
     detail = f"{rig.depth.n_bins} depth bins, splat {o.splat}, rounding {o.rounding}" if o.mode != "grid" else f"splat {o.splat}"
+    if o.precision != "float64":
+        detail += f", {o.precision} points"
     if o.mode == "ray":
         prior = p.depth_prior
         detail += ", depth prior " + ("uniform" if prior is None or prior.raw is None else f"{prior.record()['source']} {tuple(prior.raw.shape)}")

@@ -55,6 +55,12 @@ def presets(
         for source in chosen.sources:
             stdout_console.print(f"  {source.setting}: {source.value}", markup=False, highlight=False)
             stdout_console.print(f"      {source.repo} {source.path} @{source.commit[:12]}", markup=False, highlight=False)
+        poses = chosen.sample_poses
+        stdout_console.print(
+            f"per-sample poses (docs/models.md): key {poses.key}, records {'float32' if poses.float32_records else 'float64'}: {poses.rule}",
+            markup=False, highlight=False,
+        )
+        stdout_console.print(f"      {poses.source.repo} {poses.source.path} @{poses.source.commit[:12]}", markup=False, highlight=False)
         for note in chosen.notes:
             stdout_console.print(f"note: {note}", markup=False, highlight=False)
         stdout_console.print(f"proof: {chosen.proof}", markup=False, highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -110,14 +111,24 @@ def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: st
         stdout_console.print(f"note: {escape(note)}")
 
 
+def _not_run(row: Any) -> bool:
+    """An informational row that measured nothing (e.g. the torch reference without PyTorch)."""
+    return bool(row.informational) and math.isnan(row.max_abs)
+
+
 def _short_threshold(row: Any) -> str:
-    """``<= 1e-05`` for ``max_abs <= 1e-05`` (the compact table's column says what is bounded)."""
+    """``<= 1e-05`` for ``max_abs <= 1e-05`` (the compact table's column says what is bounded); a
+    row that was not run says why (its note: ``skipped: PyTorch not installed ...``)."""
+    if _not_run(row):
+        return str(row.note or "not run")
     if row.informational:
         return "informational"
     return str(row.threshold).removeprefix("max_abs ")
 
 
 def _result_cell(rows: list[Any]) -> str:
+    if all(_not_run(row) for row in rows):
+        return "[cyan]skipped[/cyan]"
     if all(row.informational for row in rows):
         return "[cyan]info[/cyan]"
     failed = sum(1 for row in rows if not row.passed and not row.informational)
@@ -136,10 +147,11 @@ def _print_verify(report: VerifyReport, *, verbose: bool = False) -> None:
         table = new_table("", "product", "max abs", "PSNR dB", "threshold", "result", right=("max abs", "PSNR dB"), no_wrap=("product",))
         for product, rows in products.items():
             bounds = sorted({_short_threshold(row) for row in rows})
+            skipped = all(_not_run(row) for row in rows)
             table.add_row(
                 escape(product),
-                f"{max(row.max_abs for row in rows):.3g}",
-                format_psnr(min(row.psnr_db for row in rows)),
+                "-" if skipped else f"{max(row.max_abs for row in rows):.3g}",
+                "-" if skipped else format_psnr(min(row.psnr_db for row in rows)),
                 escape(bounds[0] if len(bounds) == 1 else "per camera"),
                 _result_cell(rows),
             )

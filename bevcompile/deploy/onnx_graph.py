@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from .._version import TORCH_REQUIREMENT
 from ..errors import DependencyError
 
-EXTRA_HINT = "pip install 'bevcompile[onnx]' (torch==2.13.0, onnx, onnxruntime, onnxscript)"
+EXTRA_HINT = f"pip install 'bevcompile[onnx]' ({TORCH_REQUIREMENT}, onnx, onnxruntime, onnxscript)"
 
 FORBIDDEN_OPS = ("GridSample", "ScatterND", "ScatterElements", "OneHot", "NonZero", "Loop", "If")
 EXPECTED_OPS = (

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._version import TORCH_REQUIREMENT
 from ..errors import DependencyError, StoreError, UsageError
 from ..grid.gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS, bilinear_corners
 from ..grid.ipm import norm_to_feature_px
@@ -45,7 +46,7 @@ try:
     from torch import nn
 except ImportError:  # pragma: no cover - exercised by a subprocess test without torch
     raise DependencyError(
-        "bevcompile.torch needs PyTorch: pip install 'bevcompile[torch]' (torch==2.13.0)"
+        f"bevcompile.torch needs PyTorch: pip install 'bevcompile[torch]' ({TORCH_REQUIREMENT})"
     ) from None
 
 StoreLike = str | Path | LoadedStore

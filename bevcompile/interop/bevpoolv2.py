@@ -55,17 +55,18 @@ from ..matrix.entries import (
     plan_camera,
     plan_jobs,
 )
+from ..matrix.lift32 import bevdet_points_float32, scaled_float32
 from ..matrix.topk import local_rows
 from ..memory import release_free_memory
 from ..parallel import ordered_map, resolve_jobs
 from ..progress import ProgressFn
-from ..rig.config import INTEROP_CHOICES, Camera, FeatureSpec, RigConfig
-from ..rig.geometry import bev_from_cam_matrix
+from ..rig.config import INTEROP_CHOICES, FeatureSpec, RigConfig
 from ..rig.region import region_table
 
 FRUSTUM_MAPPINGS = INTEROP_CHOICES["bevpoolv2"]["frustum_mapping"]
 ROUNDINGS = INTEROP_CHOICES["bevpoolv2"]["rounding"]
 PRECISIONS = INTEROP_CHOICES["bevpoolv2"]["precision"]
+ORDERS = INTEROP_CHOICES["bevpoolv2"]["order"]
 BEVPOOL_ARRAYS = ("ranks_bev", "ranks_depth", "ranks_feat", "interval_starts", "interval_lengths")
 BEVPOOL_PREFIX = "bevpoolv2_"
 INT32_MAX = np.iinfo(np.int32).max
@@ -87,7 +88,11 @@ class BevPoolOptions:
     (``None``: the rig's own ``bev.z`` bins; BEVDet-R50 uses one). ``batch``: the batch size
     ``B`` the arrays are laid out for (1 to :data:`MAX_BATCH`). ``precision``: ``float64``
     (default: the exact geometry) or ``float32`` (BEVDet's own op sequence in float32,
-    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras).
+    :func:`bevdet_points_float32`; linspace frustum, pinhole cameras). ``order``: the order of
+    the points inside a voxel, ``stable`` (default: increasing ``ranks_depth``, deterministic) or
+    ``torch`` (BEVDet's own ``ranks_bev.argsort()`` called on the installed torch, on CUDA when
+    available, else the CPU: the order a run of BEVDet with that torch and device gives; the
+    torch version and device are recorded in the group's ``bevpoolv2.sort`` attribute).
     """
 
     frustum_mapping: str = "linspace"
@@ -95,6 +100,7 @@ class BevPoolOptions:
     z_bins: int | None = None
     batch: int = 1
     precision: str = "float64"
+    order: str = "stable"
 
     def validate(self) -> None:
         if self.frustum_mapping not in FRUSTUM_MAPPINGS:
@@ -107,6 +113,8 @@ class BevPoolOptions:
             raise UsageError(f"--batch must be an integer in [1, {MAX_BATCH}], got {self.batch!r}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.order not in ORDERS:
+            raise UsageError(f"interop.bevpoolv2.order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         if self.precision == "float32" and self.frustum_mapping != "linspace":
             raise UsageError(
                 f"--precision float32 restates BEVDet's own frustum (linspace); --frustum-mapping {self.frustum_mapping} "
@@ -118,13 +126,15 @@ class BevPoolOptions:
         out: dict[str, Any] = {"frustum_mapping": self.frustum_mapping, "rounding": self.rounding, "z_bins": self.z_bins, "batch": self.batch}
         if self.precision != "float64":
             out["precision"] = self.precision
+        if self.order != "stable":
+            out["order"] = self.order
         return out
 
     @classmethod
     def from_dict(cls, data: Any) -> BevPoolOptions:
         if not isinstance(data, dict):
             raise UsageError(f"bevpoolv2 build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision"}
+        unknown = set(data) - {"frustum_mapping", "rounding", "z_bins", "batch", "precision", "order"}
         if unknown:
             raise UsageError(f"unknown bevpoolv2 build option(s): {', '.join(sorted(unknown))}")
         z_bins = data.get("z_bins")
@@ -137,6 +147,7 @@ class BevPoolOptions:
             z_bins=None if z_bins is None else int(z_bins),
             batch=batch,
             precision=str(data.get("precision", "float64")),
+            order=str(data.get("order", "stable")),
         )
         options.validate()
         return options
@@ -213,97 +224,16 @@ def _voxel_scaled(points_bev: np.ndarray, grid: VoxelGrid, rounding: str, dtype:
     ``trunc(f) in [0, n)`` iff ``-1 < f < n``; ``floor(f) in [0, n)`` iff ``0 <= f < n``; NaN
     fails every comparison, so unprojectable points are never kept.
     """
-    lower = np.asarray(grid.lower, dtype=np.float64).astype(dtype)
-    step = np.asarray(grid.step, dtype=np.float64).astype(dtype)
-    scaled = (np.asarray(points_bev, dtype=dtype) - lower) / step
+    if dtype is np.float32:
+        scaled: np.ndarray = scaled_float32(points_bev, grid.lower, grid.step)
+    else:
+        scaled = (np.asarray(points_bev, dtype=np.float64) - np.asarray(grid.lower)) / np.asarray(grid.step)
     kept = np.ones(scaled.shape[:-1], dtype=bool)
     for axis, n in enumerate(grid.size):
         f = scaled[..., axis]
         kept &= (f > -1.0) if rounding == "trunc" else (f >= 0.0)
         kept &= f < n
     return scaled, kept
-
-
-def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
-    """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
-    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
-
-    Raises:
-        UsageError: the camera has a distortion model.
-    """
-    camera = rig.cameras[cam_index]
-    if camera.distortion.model != "none":
-        raise UsageError(
-            f"--precision float32 restates {restates}; camera {camera.name} has a "
-            f"{camera.distortion.model} lens (use --precision float64)"
-        )
-    return camera
-
-
-def torch_linspace_float32(start: float, end: float, steps: int) -> npt.NDArray[np.float32]:
-    """``torch.linspace(start, end, steps, dtype=torch.float)`` restated: the step in float32,
-    ``start + step * i`` below the halfway index and ``end - step * (steps - 1 - i)`` from it,
-    each rounded once to float32 (as torch's CPU kernel gives; checked against torch)."""
-    f32 = np.float32
-    step = float(f32(f32(end) - f32(start)) / f32(max(steps - 1, 1)))
-    i = np.arange(steps, dtype=np.float64)
-    low = _sum_rounded_once_float32(float(f32(start)), step * i)  # step * i: exact in float64
-    high = _sum_rounded_once_float32(float(f32(end)), -(step * (steps - 1 - i)))
-    return np.where(i < steps // 2, low, high)
-
-
-def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
-    """``float32(a + b)`` of the EXACT sum (one rounding, half to even), not of the float64 sum:
-    where the float64 sum lands exactly halfway between two float32 values, its rounding error
-    (TwoSum) decides the side, as a single float32 rounding of the exact sum does."""
-    total = a + b
-    b_virtual = total - a
-    error = (a - (total - b_virtual)) + (b - b_virtual)  # total + error == a + b exactly
-    out = total.astype(np.float32)
-    nearest = out.astype(np.float64)
-    other = np.nextafter(out, np.where(total > nearest, np.float32(np.inf), np.float32(-np.inf))).astype(np.float64)
-    tie = (nearest != total) & ((nearest + other) / 2.0 == total) & (error != 0.0)
-    toward_other = np.sign(error) == np.sign(other - nearest)
-    return np.where(tie & toward_other, other.astype(np.float32), out)
-
-
-def bevdet_points_float32(rig: RigConfig, cam_index: int, depth_slice: slice | None = None) -> npt.NDArray[np.float32]:
-    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
-    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
-    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
-    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
-    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
-    camera pose in the BEV frame.
-
-    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame."""
-    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
-    f32 = np.float32
-    w_in, h_in = rig.input_size
-    w_f, h_f = rig.feature_size
-    depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
-    if depth_slice is not None:
-        depths = depths[depth_slice]
-    xs = torch_linspace_float32(0.0, w_in - 1, w_f)[None, None, :]
-    ys = torch_linspace_float32(0.0, h_in - 1, h_f)[None, :, None]
-    d = depths[:, None, None]
-    aug = camera.image_aug
-    inv_r = f32(1.0) / f32(aug.resize)
-    px = xs - (f32(0.0) - f32(aug.crop_left))  # post_tran = 0 - crop (float32)
-    py = ys - (f32(0.0) - f32(aug.crop_top))
-    qx, qy = inv_r * px, inv_r * py  # inverse(post_rots) @ points: the zero terms add exactly 0
-    p0, p1, p2 = qx * d, qy * d, np.broadcast_to(d, (depths.size, h_f, w_f)).astype(np.float32)
-    k = np.array(camera.intrinsic, dtype=np.float32)
-    inv_fx, inv_fy = f32(1.0) / k[0, 0], f32(1.0) / k[1, 1]
-    k_inv = np.array([[inv_fx, 0.0, -(k[0, 2] * inv_fx)], [0.0, inv_fy, -(k[1, 2] * inv_fy)], [0.0, 0.0, 1.0]], dtype=np.float32)
-    pose = bev_from_cam_matrix(rig, camera).astype(np.float32)
-    combine = np.empty((3, 3), dtype=np.float32)
-    for i in range(3):
-        for j in range(3):
-            combine[i, j] = (pose[i, 0] * k_inv[0, j] + pose[i, 1] * k_inv[1, j]) + pose[i, 2] * k_inv[2, j]
-    out = np.empty((depths.size, h_f, w_f, 3), dtype=np.float32)
-    for i in range(3):
-        out[..., i] = ((combine[i, 0] * p0 + combine[i, 1] * p1) + combine[i, 2] * p2) + pose[i, 3]
-    return out
 
 
 def voxel_coords(points_bev: np.ndarray, grid: VoxelGrid, rounding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -446,6 +376,8 @@ def build_bevpoolv2(
         np.add(ranks_bev[:n_kept], b * grid.n_voxels, out=ranks_bev[segment])
         np.add(ranks_depth[:n_kept], b * n_points, out=ranks_depth[segment])
         np.add(ranks_feat[:n_kept], b * n_cam * h_f * w_f, out=ranks_feat[segment])
+    if options.order == "torch":
+        ranks_bev, ranks_depth, ranks_feat = torch_order(ranks_bev, ranks_depth, ranks_feat)
     return BevPoolV2Arrays(
         ranks_bev=ranks_bev,
         ranks_depth=ranks_depth,
@@ -457,6 +389,28 @@ def build_bevpoolv2(
         options=options,
         bev_frame=rig.bev.frame,
     )
+
+
+def torch_device() -> str:
+    """Where ``order: torch`` sorts: ``cuda`` when the installed torch has a GPU, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_order(ranks_bev: np.ndarray, ranks_depth: np.ndarray, ranks_feat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arrays in BEVDet's own order: its kept points in ``ranks_depth`` order (as
+    ``voxel_pooling_prepare_v2`` enumerates them), permuted by ``ranks_bev.argsort()`` (int64,
+    not ``stable``) of the installed torch on :func:`torch_device`. The intervals do not change
+    (the same runs of ``ranks_bev``). :class:`UsageError` without torch."""
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("interop.bevpoolv2.order torch calls torch.argsort: install PyTorch (pip install 'bevcompile[torch]')") from None
+    enumeration = np.argsort(ranks_depth, kind="stable")
+    by_bev = torch.from_numpy(ranks_bev[enumeration].astype(np.int64)).to(torch_device()).argsort().cpu().numpy()
+    perm = enumeration[by_bev]
+    return ranks_bev[perm], ranks_depth[perm], ranks_feat[perm]
 
 
 _POINTS_PER_STEP = 1 << 21  # float32 build: frustum points unprojected per step
@@ -680,6 +634,14 @@ def reference_frustum_pool(
     return out.reshape(c, z_size, y_size, x_size)
 
 
+def _sort_rule(order: str) -> str:
+    if order == "stable":
+        return "stable by ranks_bev (ranks_depth ascending inside a voxel)"
+    import torch
+
+    return f"torch.argsort(ranks_bev) (not stable) of torch {torch.__version__} on {torch_device()}, the kept points enumerated in ranks_depth order"
+
+
 def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
     """The ``interop/`` attributes describing the BEVPoolv2 arrays (formulas and figures)."""
     n_cam, n_d, h_f, w_f = result.depth_shape
@@ -713,7 +675,7 @@ def bevpoolv2_attrs(result: BevPoolV2Arrays) -> dict[str, Any]:
                           "inverse(cam2img), 3x3 products summed in order), voxel coordinate in float32"}
             if result.options.precision == "float32" else {}
         ),
-        "sort": "stable by ranks_bev (ranks_depth ascending inside a voxel)",
+        "sort": _sort_rule(result.options.order),
         "pooling": "bev[ranks_bev[i], :] += depth.flat[ranks_depth[i]] * feat_rows[ranks_feat[i], :]",
         "n_points": result.n_points,
         "n_kept": result.n_kept,

@@ -130,6 +130,7 @@ def interop_command_targets(
                 z_bins if z_bins is not None else fixed.get("z_bins"),
                 batch if batch is not None else fixed.get("batch", 1),
                 chosen_precision,
+                str(fixed.get("order", "stable")),
             )
             bev_options.validate()
             targets[name] = bev_options.to_dict()

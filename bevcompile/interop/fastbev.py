@@ -30,10 +30,11 @@ import numpy.typing as npt
 
 from ..errors import UsageError
 from ..grid.ipm import SamplingGrid, compute_sampling_grid
+from ..matrix.lift32 import pinhole_for_float32
 from ..rig.config import INTEROP_CHOICES, RigConfig
 from ..rig.geometry import cam_from_bev_matrix
 from ..rig.region import region_table
-from .bevpoolv2 import INT32_MAX, pinhole_for_float32
+from .bevpoolv2 import INT32_MAX
 
 OVERLAP_POLICIES = INTEROP_CHOICES["fastbev-lut"]["overlap"]
 PRECISIONS = INTEROP_CHOICES["fastbev-lut"]["precision"]

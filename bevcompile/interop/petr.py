@@ -20,6 +20,9 @@ this target stores it, so the deployed network starts at ``inverse_sigmoid`` +
 * ``coords_mask[cam, i, j]``: PETR's mask, True where more than ``D / 2`` of the ``3 D`` normalised
   coordinates fall outside [0, 1], or where the pixel lies in the image padding (PETR's ``masks``:
   the nearest-interpolated padding of the input), or where the lens gives the pixel no ray.
+  Informational: ``PETRHead.forward`` discards the mask ``position_embeding`` returns
+  (``coords_position_embeding, _ = ...``, petr_head.py @0677620); only the padding masks reach
+  its transformer (docs/interop.md).
 
 ``precision``: ``float64`` (default: each point from the rig's lens model in float64, rounded
 once to float32) or ``float32`` (PETR's own op sequence in float32: ``img2lidar =
@@ -36,9 +39,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import UsageError
+from ..matrix.lift32 import pinhole_for_float32
 from ..rig.config import INTEROP_CHOICES, INTEROP_INT_OPTIONS, RigConfig
 from ..rig.geometry import bev_from_cam_matrix, cam_from_bev_matrix, transform_points, unproject_image_to_cam
-from .bevpoolv2 import pinhole_for_float32
 
 PETR_COORDS_ARRAY = "petr_coords3d"
 PETR_MASK_ARRAY = "petr_coords_mask"

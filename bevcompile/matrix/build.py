@@ -101,6 +101,7 @@ from .precision import (
     select_fp16_rows,
     tile_row_span,
 )
+from .lift32 import PRECISIONS
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, check_token, prior_dims
 from .ray import ray_entries
@@ -182,6 +183,10 @@ class MatrixOptions:
     fp16_rows: str | None = None
     """``quantize="mixed"`` only: the :class:`~bevcompile.matrix.precision.Fp16Rule` token
     (``"beyond:35.0"``, ``"snr:60.0"``, ``"fraction:0.1"``) of the rows kept in float16."""
+    precision: str = "float64"
+    """``float64``: bevcompile's exact geometry; ``float32``: the frustum points in BEVDet's own float32
+    op sequence (:func:`bevcompile.matrix.lift32.bevdet_points_float32`; ``mode="frustum"``, a
+    ``linspace`` feature mapping, pinhole cameras), so the voxel of every point is BEVDet's float32 run's."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -191,6 +196,7 @@ class MatrixOptions:
             ("normalize", self.normalize, NORMALIZES),
             ("rounding", self.rounding, ROUNDINGS),
             ("quantize", self.quantize, QUANTIZE),
+            ("precision", self.precision, PRECISIONS),
         )
         for name, value, allowed in checks:
             if value not in allowed:
@@ -213,6 +219,8 @@ class MatrixOptions:
             Fp16Rule.parse(self.fp16_rows)
         elif self.fp16_rows is not None:
             raise UsageError(f"--fp16-rows applies to --quantize mixed only (--quantize {self.quantize or 'none'})")
+        if self.precision == "float32" and self.mode != "frustum":
+            raise UsageError(f"--precision float32 restates BEVDet's float32 lift: --mode frustum only (--mode {self.mode})")
         return self
 
     def fp16_rule(self) -> Fp16Rule | None:
@@ -220,12 +228,14 @@ class MatrixOptions:
         return Fp16Rule.parse(self.fp16_rows) if self.quantize == "mixed" and self.fp16_rows is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        """``build_options`` (``depth_prior`` only in ray mode: the other modes' options are unchanged)."""
+        """``build_options`` (``depth_prior`` only in ray mode, ``precision`` only when float32: the other builds' options are unchanged)."""
         out = asdict(self)
         if self.mode != "ray":
             del out["depth_prior"]
         if self.quantize != "mixed":  # the other products' options are unchanged (same store bytes)
             del out["fp16_rows"]
+        if self.precision == "float64":  # the default is not recorded: stores built before --precision keep their bytes
+            del out["precision"]
         return out
 
     @classmethod
@@ -243,6 +253,7 @@ class MatrixOptions:
         rounding: str = "floor",
         depth_prior: str = UNIFORM,
         fp16_rows: str | None = None,
+        precision: str = "float64",
     ) -> MatrixOptions:
         """Validated options from the values of ``bevcompile matrix`` as a user gives them
         (enumerated values in any case; ``quantize`` ``none`` = no int8; ``fp16_rows`` a rule as
@@ -261,6 +272,7 @@ class MatrixOptions:
             rounding=canonical_choice(rounding, ROUNDINGS),
             depth_prior=depth_prior,
             fp16_rows=None if fp16_rows is None else Fp16Rule.parse(fp16_rows).token,
+            precision=canonical_choice(precision, PRECISIONS),
         ).validate()
 
     @classmethod
@@ -540,7 +552,7 @@ def build_matrix(
         else:
             res = frustum_entries(
                 rig, splat=options.splat, rounding=options.rounding, topk=options.topk, progress=progress,
-                check_row_nnz=check_ell, jobs=jobs, region=region,
+                check_row_nnz=check_ell, jobs=jobs, region=region, precision=options.precision,
             )
         kept, total_mass = res.kept, res.total_mass
         counts = (res.n_points, res.n_points_valid, res.n_points_in_range, res.n_candidates)

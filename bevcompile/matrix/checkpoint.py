@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .._version import TORCH_REQUIREMENT
 from ..errors import CheckpointError, DependencyError, unreadable
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -165,7 +166,7 @@ def _read_torch(path: Path, where: str, *, mmap: bool) -> dict[str, Tensor]:
         import torch
     except ImportError:
         raise DependencyError(
-            f"{where}: a PyTorch checkpoint; reading it needs PyTorch: pip install 'bevcompile[torch]' (torch==2.13.0), "
+            f"{where}: a PyTorch checkpoint; reading it needs PyTorch: pip install 'bevcompile[torch]' ({TORCH_REQUIREMENT}), "
             "or save the values as .npy / .safetensors"
         ) from None
     import pickle

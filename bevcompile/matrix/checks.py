@@ -811,8 +811,8 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
     if options.topk == 0 and not sampled and not learned:
         if mode == "frustum":
             assert depth is not None
-            pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
-            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding})"
+            pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize, precision=options.precision)
+            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding}{', float32 points' if options.precision == 'float32' else ''})"
         elif mode == "ray":
             assert prior_dense is not None
             pooled = bev_pool(rig, ctx.features, prior_dense, splat=options.splat, rounding=options.rounding, normalize=options.normalize)
@@ -897,7 +897,7 @@ def _verify_region(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: M
         if mode in DEPTH_MODES:  # frustum: the depth probabilities; ray: the depth prior as depth
             weights = depth if mode == "frustum" else prior_dense
             assert weights is not None
-            pool = lambda f, d: bev_pool(rig, f, d, splat=options.splat, rounding=options.rounding, normalize="sum")  # noqa: E731
+            pool = lambda f, d: bev_pool(rig, f, d, splat=options.splat, rounding=options.rounding, normalize="sum", precision=options.precision)  # noqa: E731
             pooled = pool(ctx.features, weights)
             # the raw weight of a frustum entry is its splat weight; of a ray entry, the prior-weighted one
             mass = pool(np.ones((rig.n_cam, 1, h_f, w_f)), np.ones_like(weights) if mode == "frustum" else weights)

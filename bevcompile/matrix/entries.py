@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import UsageError
 from ..grid.gather import bilinear_corners
 from ..grid.ipm import compute_sampling_grid
 from ..memory import release_free_memory
@@ -36,6 +37,7 @@ from ..parallel import ordered_map
 from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
+from .lift32 import FLOAT32_CULL_MARGIN_M, bevdet_points_float32, scaled_float32
 from .region import RegionStream
 from .scatter import scatter_add
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
@@ -185,16 +187,16 @@ class CameraPlan:
     ties: TieGroups | None = None
 
 
-def plan_camera(bev: BevBox, trunc: bool, cam_index: int, rays: CameraRays, depths: F64) -> CameraPlan:
+def plan_camera(bev: BevBox, trunc: bool, cam_index: int, rays: CameraRays, depths: F64, margin: float = CULL_MARGIN_M) -> CameraPlan:
     """Conservative per-ray culling: the depth where ``origin + d * ray`` leaves the BEV box
-    enlarged by ``CULL_MARGIN_M`` (slab intersection), as a depth-bin index."""
+    enlarged by ``margin`` (slab intersection; default ``CULL_MARGIN_M``), as a depth-bin index."""
     lo_pad = 1.0 if trunc else 0.0  # trunc keeps f in (-1, 0): one more cell below each axis
     d_max = np.full(rays.pixel_index.size, np.inf)
     for axis, (lo, step, n) in enumerate(
         ((bev.x_min, bev.dx, bev.nx), (bev.y_min, bev.dy, bev.ny), (bev.z_min, bev.dz, bev.nz))
     ):
-        low = lo - lo_pad * step - CULL_MARGIN_M
-        high = lo + n * step + CULL_MARGIN_M
+        low = lo - lo_pad * step - margin
+        high = lo + n * step + margin
         origin = float(rays.origin_bev[axis])
         ray = rays.ray_bev[axis]
         moving = ray != 0.0
@@ -437,6 +439,30 @@ def block_coordinates(
     return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
 
 
+def check_float32_lift(rig: RigConfig) -> None:
+    """Refuse a float32 build of a rig that BEVDet's float32 lift does not describe (UsageError):
+    a feature mapping other than ``linspace`` (a lens model is refused per camera when lifted)."""
+    if rig.feature.pixel_mapping != "linspace":
+        raise UsageError(
+            "--precision float32 restates BEVDet's float32 lift, whose frustum is linspace; "
+            f"the rig's feature.pixel_mapping is {rig.feature.pixel_mapping} (use --precision float64)"
+        )
+
+
+def block_coordinates_float32(rig: RigConfig, box: BevBox, trunc: bool, piece: Piece) -> tuple[F64, F64, F64, I64 | None]:
+    """:func:`block_coordinates` of a float32 build: the piece's points of BEVDet's float32 lift
+    (:func:`bevcompile.matrix.lift32.bevdet_points_float32`) and ``(p - min) / step`` in float32,
+    returned as float64 (exact), tested for range as :func:`block_coordinates` does."""
+    plan, d0, d1, r0, r1 = piece
+    points = bevdet_points_float32(rig, plan.cam_index, slice(d0, d1), plan.pixel_index[r0:r1])
+    scaled = scaled_float32(points, (box.x_min, box.y_min, box.z_min), (box.dx, box.dy, box.dz)).reshape(-1, 3)
+    fx, fy, fz = (scaled[:, axis].astype(np.float64) for axis in range(3))
+    inside = coordinate_in_range(fz, box.nz, trunc)
+    inside &= coordinate_in_range(fx, box.nx, trunc)
+    inside &= coordinate_in_range(fy, box.ny, trunc)
+    return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
+
+
 def block_columns(piece: Piece, q: I64, n_depth_bins: int, plane: int) -> I64:
     """Frustum column of each grid position ``q`` of ``piece``: ``((cam * D + d) * H_f + v) * W_f + u``
     (``plane = H_f * W_f``; BEVPoolv2's ``ranks_depth`` of batch item 0)."""
@@ -497,8 +523,11 @@ class FrustumStream:
     nearest, the BEV cells. Order scores: bilinear ``1 - w``, nearest ``dist2``.
     """
 
-    def __init__(self, rig: RigConfig, *, splat: str, rounding: str, k: int, jobs: int = 1) -> None:
+    def __init__(self, rig: RigConfig, *, splat: str, rounding: str, k: int, jobs: int = 1, precision: str = "float64") -> None:
         self.rig = rig
+        self.float32 = precision == "float32"
+        if self.float32:
+            check_float32_lift(rig)
         self.bev = bev = BevBox.of(rig)
         self.trunc = rounding == "trunc"
         self.bilinear = splat == "bilinear"
@@ -521,8 +550,10 @@ class FrustumStream:
         self._mass = [np.zeros(self.n_pad) for _ in _CORNERS] if self.bilinear else []
 
         def plan(cam: int) -> CameraPlan:
-            p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths)
-            ties = _tie_groups(p, k, rig.depth.n_bins)
+            margin = FLOAT32_CULL_MARGIN_M if self.float32 else CULL_MARGIN_M
+            p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths, margin)
+            # float32 points of rays that share their float64 x and y need not share theirs: no tie groups
+            ties = None if self.float32 else _tie_groups(p, k, rig.depth.n_bins)
             return p if ties is None else CameraPlan(p.cam_index, p.origin_bev, p.ray_bev, p.pixel_index, p.n_alive, ties)
 
         self.plans = [own_plan(p) if jobs > 1 else p for p in ordered_map(plan, range(rig.n_cam), plan_jobs(rig, jobs))]
@@ -541,7 +572,10 @@ class FrustumStream:
         return (block[2] - block[1]) * self.plane
 
     def _points(self, piece: Piece) -> tuple[F64, F64, I64 | None]:
-        fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, piece)
+        if self.float32:
+            fx, fy, _fz, sel = block_coordinates_float32(self.rig, self.bev, self.trunc, piece)
+        else:
+            fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, piece)
         return fx, fy, sel
 
     def _cols(self, piece: Piece, q: I64) -> I64:
@@ -798,6 +832,7 @@ def frustum_entries(
     check_row_nnz: Callable[[I64], None] | None = None,
     jobs: int = 1,
     region: RegionRows | None = None,
+    precision: str = "float64",
 ) -> FrustumResult:
     """Frustum-mode entries that survive the Top-K rule, streamed in two passes by ``jobs``
     threads (:func:`bevcompile.matrix.topk.stream_topk` over :class:`FrustumStream`).
@@ -809,7 +844,7 @@ def frustum_entries(
     bytes for every ``jobs``. ``region``: the rows are the region's (:func:`run_point_stream`).
     """
     t0 = time.perf_counter()
-    stream = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs)
+    stream = FrustumStream(rig, splat=splat, rounding=rounding, k=0 if region is not None else topk, jobs=jobs, precision=precision)
     return run_point_stream(
         rig, stream, time.perf_counter() - t0, topk=topk, progress=progress, check_row_nnz=check_row_nnz, jobs=jobs, region=region, splat=splat
     )

@@ -29,6 +29,7 @@ from ..grid.ipm import compute_sampling_grid, feature_px_to_norm
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_feature_to_bev, unproject_image_to_cam
+from .lift32 import bevdet_points_float32, scaled_float32
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -82,10 +83,27 @@ def _in_range(f: F64, n: int, rounding: str) -> npt.NDArray[np.bool_]:
     return (index >= 0) & (index < n)
 
 
+def frustum_cell_coordinates(rig: RigConfig, cam_index: int, precision: str = "float64") -> tuple[F64, F64, F64, npt.NDArray[np.bool_]]:
+    """``(f_x, f_y, f_z, ok)`` ``(D, H_f, W_f)``: the cell coordinates ``(p - min) / step`` of one
+    camera's frustum points (float64 values) and whether the pixel has a lens preimage. ``float32``:
+    the points of BEVDet's float32 lift and the division in float32 (:mod:`bevcompile.matrix.lift32`)."""
+    bev = rig.bev
+    if precision == "float32":
+        scaled = scaled_float32(bevdet_points_float32(rig, cam_index), (bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, bev.z.step))
+        ok = np.ones(scaled.shape[1:3], dtype=bool)
+        return scaled[..., 0].astype(np.float64), scaled[..., 1].astype(np.float64), scaled[..., 2].astype(np.float64), ok
+    points, ok2 = frustum_points_bev(rig, cam_index)
+    fx = (points[..., 0] - bev.x.min) / bev.x.step
+    fy = (points[..., 1] - bev.y.min) / bev.y.step
+    fz = (points[..., 2] - bev.z.min) / bev.z.step
+    return fx, fy, fz, ok2
+
+
 def reference_frustum_entries(
-    rig: RigConfig, splat: str, rounding: str, rows: npt.NDArray[np.integer[Any]] | None = None
+    rig: RigConfig, splat: str, rounding: str, rows: npt.NDArray[np.integer[Any]] | None = None, precision: str = "float64"
 ) -> ReferenceEntries:
-    """Every frustum entry (straightforward; ``rows`` keeps only those BEV cells).
+    """Every frustum entry (straightforward; ``rows`` keeps only those BEV cells; ``precision``:
+    :func:`frustum_cell_coordinates`).
 
     Convention: returns :class:`ReferenceEntries` (``(n,)`` arrays, camera by camera): ``row``
     BEV cell ``iy * nx + ix``, ``col = ((cam * D + d) * H_f + v) * W_f + u``, raw ``weight``
@@ -103,10 +121,7 @@ def reference_frustum_entries(
     out_w: list[F64] = []
     out_d: list[F64] = []
     for cam_index in range(rig.n_cam):
-        points, ok = frustum_points_bev(rig, cam_index)
-        fx = (points[..., 0] - bev.x.min) / bev.x.step
-        fy = (points[..., 1] - bev.y.min) / bev.y.step
-        fz = (points[..., 2] - bev.z.min) / bev.z.step
+        fx, fy, fz, ok = frustum_cell_coordinates(rig, cam_index, precision)
         with np.errstate(invalid="ignore"):
             inside = (
                 ok[None]
@@ -253,7 +268,7 @@ def reference_matrix(
 def _reference_entries(rig: RigConfig, options: Any, rows: npt.NDArray[np.integer[Any]] | None, prior: F64 | None) -> ReferenceEntries:
     """Every entry of the mode of ``options`` (``rows``: only those BEV cells)."""
     if options.mode == "frustum":
-        return reference_frustum_entries(rig, options.splat, options.rounding, rows)
+        return reference_frustum_entries(rig, options.splat, options.rounding, rows, options.precision)
     if options.mode == "ray":
         if prior is None:
             raise ValueError("the ray-mode reference needs the normalised depth prior")
@@ -321,8 +336,10 @@ def bev_pool(
     splat: str = "nearest",
     rounding: str = "floor",
     normalize: str = "sum",
+    precision: str = "float64",
 ) -> F64:
-    """BEVDet-style voxel pooling of the LSS outer product ``depth x feature``.
+    """BEVDet-style voxel pooling of the LSS outer product ``depth x feature``
+    (``precision="float32"``: the points of BEVDet's float32 lift, :func:`frustum_cell_coordinates`).
 
     Convention:
         features ``(n_cam, C, H_f, W_f)``, depth_probs ``(n_cam, D, H_f, W_f)``.
@@ -344,11 +361,14 @@ def bev_pool(
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
     uv = _feature_pixel_centres(rig)
     for cam_index, camera in enumerate(rig.cameras):
-        uv_all = np.broadcast_to(uv[None], (depths.size, *uv.shape))
-        points, ok = unproject_feature_to_bev(rig, camera, uv_all, depths[:, None, None])
-        cx = (points[..., 0] - bev.x.min) / bev.x.step
-        cy = (points[..., 1] - bev.y.min) / bev.y.step
-        cz = (points[..., 2] - bev.z.min) / bev.z.step
+        if precision == "float32":
+            cx, cy, cz, ok = frustum_cell_coordinates(rig, cam_index, precision)
+        else:
+            uv_all = np.broadcast_to(uv[None], (depths.size, *uv.shape))
+            points, ok = unproject_feature_to_bev(rig, camera, uv_all, depths[:, None, None])
+            cx = (points[..., 0] - bev.x.min) / bev.x.step
+            cy = (points[..., 1] - bev.y.min) / bev.y.step
+            cz = (points[..., 2] - bev.z.min) / bev.z.step
         with np.errstate(invalid="ignore"):
             kept = ok & _in_range(cx, nx, rounding) & _in_range(cy, ny, rounding) & _in_range(cz, bev.z.n, rounding)
         d_idx, v_idx, u_idx = np.nonzero(kept)

@@ -69,7 +69,7 @@ _PLAIN_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?
 """A number given as a string (JSON data, or ``1e-3``, which PyYAML leaves a string): plain ASCII
 decimal only (YAML 1.2 core schema), so ``"1_000.5"``, ``"١.٧٢٢"``, ``"１.５"``, ``" 1"`` are refused."""
 INTEROP_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
-    "bevpoolv2": {"frustum_mapping": ("linspace", "stride", "rig"), "rounding": ("trunc", "floor"), "precision": ("float64", "float32")},
+    "bevpoolv2": {"frustum_mapping": ("linspace", "stride", "rig"), "rounding": ("trunc", "floor"), "precision": ("float64", "float32"), "order": ("stable", "torch")},
     "fastbev-lut": {"overlap": ("first", "last", "nearest-centre"), "precision": ("float64", "float32")},
     "petr-coords3d": {"precision": ("float64", "float32")},
 }

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 NUSCENES_ORDER = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK", "CAM_BACK_LEFT", "CAM_BACK_RIGHT")
 """mmdet3d's info files (``camera_types`` of its nuScenes converter): BEVFormer, Fast-BEV, PETR."""
 BEVDET_ORDER = ("CAM_FRONT_LEFT", "CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_BACK_LEFT", "CAM_BACK", "CAM_BACK_RIGHT")
@@ -45,6 +47,51 @@ class Source:
 
     def to_json(self) -> dict[str, str]:
         return {"setting": self.setting, "value": self.value, "repo": self.repo, "path": self.path, "commit": self.commit}
+
+
+OWN_EGO = "own"
+"""``SamplePoses.key`` of a model that keys every camera to the ego pose of its own exposure."""
+
+
+@dataclass(frozen=True)
+class SamplePoses:
+    """How the model folds one sample's ego motion into each camera's pose (docs/models.md,
+    "Per-sample ego motion"): the camera's pose in the ego frame of the moment ``key`` fired
+    (a sensor name, or :data:`OWN_EGO`: each camera its own exposure, so the pose is the static
+    calibration), composed from the records rounded to float32 first (``float32_records``: the
+    model makes float32 tensors of them before composing) or in float64; ``rule`` and
+    ``source`` say where upstream does it."""
+
+    key: str
+    float32_records: bool
+    rule: str
+    source: Source
+    compose: str = "float64"
+    """``float64`` (numpy) or ``torch-float32``: the model composes float32 tensors with torch, whose
+    ``inverse`` and ``@`` round as the installed torch's CPU kernels do (numpy's float32 LAPACK
+    gives other bits), so the recipe calls the installed torch."""
+
+    def sensor2ego(self, camera: str, camera2ego: Any, ego2global: Mapping[str, Any]) -> np.ndarray:
+        """The 4x4 ``sensor2ego`` to write for ``camera`` (float64): ``inv(ego2global[key]) @
+        ego2global[camera] @ camera2ego`` of the 4x4 records (each first rounded to float32 when
+        ``float32_records``; :data:`OWN_EGO`: ``key = camera``), composed as ``compose`` says.
+        ``ego2global``: the sample's ego poses (4x4, ego -> global) by sensor name."""
+        def record(matrix: Any) -> np.ndarray:
+            m = np.asarray(matrix, dtype=np.float64)
+            return m.astype(np.float32).astype(np.float64) if self.float32_records else m
+
+        key = camera if self.key == OWN_EGO else self.key
+        if self.compose == "torch-float32":
+            try:
+                import torch
+            except ImportError as exc:  # pragma: no cover - torch is in the test extras
+                raise ImportError(f"the per-sample poses of this model compose float32 tensors with torch: pip install torch ({exc})") from exc
+            tensors = [torch.tensor(np.asarray(m, dtype=np.float64), dtype=torch.float32) for m in (ego2global[key], ego2global[camera], camera2ego)]
+            return np.asarray((tensors[0].inverse() @ tensors[1] @ tensors[2]).numpy(), dtype=np.float64)
+        return np.asarray(np.linalg.inv(record(ego2global[key])) @ record(ego2global[camera]) @ record(camera2ego))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "float32_records": self.float32_records, "compose": self.compose, "rule": self.rule, "source": self.source.to_json()}
 
 
 AugRule = Callable[[int, int], dict[str, Any]]
@@ -128,6 +175,7 @@ class Preset:
     image_aug_rule: str
     sources: tuple[Source, ...]
     proof: str
+    sample_poses: SamplePoses
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -143,6 +191,7 @@ class Preset:
             "image_aug_rule": self.image_aug_rule,
             "sources": [s.to_json() for s in self.sources],
             "proof": self.proof,
+            "sample_poses": self.sample_poses.to_json(),
             "notes": list(self.notes),
         }
 
@@ -180,6 +229,34 @@ _BEVDET_SOURCES = (
          _BEVDET_CODE[0], "mmdet3d/models/necks/view_transformer.py", _BEVDET_CODE[1]),
 )
 
+_BEVDET_POSES = SamplePoses(
+    key="CAM_FRONT_LEFT",
+    float32_records=True,
+    rule="key = camera 0 (CAM_FRONT_LEFT); get_sensor_transforms makes float32 tensors (torch.Tensor) of sensor2ego and ego2global, "
+    "prepare_inputs composes inv(keyego2global.double()) @ ego2global.double() @ sensor2ego.double() and casts .float()",
+    source=_src("sample_poses", "PrepareImageInputs.get_sensor_transforms: torch.Tensor(Quaternion(...).rotation_matrix), torch.Tensor(translation); "
+                "BEVDet.prepare_inputs: sensor2keyegos = (global2keyego @ ego2globals.double() @ sensor2egos.double()).float()",
+                _BEVDET_CODE[0], "mmdet3d/datasets/pipelines/loading.py + mmdet3d/models/detectors/bevdet.py", _BEVDET_CODE[1]),
+)
+_BEVDEPTH_POSES = SamplePoses(
+    key=OWN_EGO,
+    float32_records=True,
+    rule="key_info[cam]: every camera is keyed to the ego pose of its OWN exposure: sweepsensor2keyego = inv(keyego2global[cam]) @ "
+    "sweepego2global[cam] @ sensor2ego[cam] in torch float32 (for the key frame the static calibration up to the float32 rounding of inv(E) @ E)",
+    compose="torch-float32",
+    source=_src("sample_poses", "get_image: keyego2global from key_info[cam]['ego_pose'], sweepego2global from cam_info[cam]['ego_pose'] "
+                "(the same record in the key frame); sweepsensor2keyego = global2keyego @ sweepego2global @ sweepsensor2sweepego (torch.Tensor, float32)",
+                _BEVDEPTH, "bevdepth/datasets/nusc_det_dataset.py", "61d4e0c6e2033d2ceb9b72ac70df8ce11bbe79ca"),
+)
+_MMDET3D_POSES = SamplePoses(
+    key="LIDAR_TOP",
+    float32_records=False,
+    rule="obtain_sensor2top (numpy float64): the camera in the lidar frame of the lidar sample, through both ego poses; "
+    "with bev.frame LIDAR_TOP write the camera in the lidar sample's ego frame",
+    source=_src("sample_poses", "obtain_sensor2top: R = (l2e_r_s.T @ e2g_r_s.T) @ (inv(e2g_r).T @ inv(l2e_r).T), float64 numpy",
+                _MMDET3D[0], "tools/data_converter/nuscenes_converter.py", _MMDET3D[1]),
+)
+
 PRESETS: dict[str, Preset] = {}
 
 
@@ -201,6 +278,7 @@ _register(Preset(
     image_aug_rule="BEVDet test-time: resize = 704 / W, bottom-aligned crop (1600x900 -> resize 0.44, crop [0, 140])",
     sources=(*_BEVDET_SOURCES, _src("depth", "grid_config depth [1.0, 60.0, 1.0]", _BEVDET[0], "configs/bevdet/bevdet-r50.py", _BEVDET[1])),
     proof="tests/rig/test_presets.py::test_bevdet_r50_preset_equals_bevdet_dev3_code_path",
+    sample_poses=_BEVDET_POSES,
 ))
 
 _register(Preset(
@@ -229,7 +307,13 @@ _register(Preset(
              _BEVDEPTH, "bevdepth/layers/backbones/base_lss_fpn.py", "056cf66a16b295a33432d377784e51479ce53b3a"),
     ),
     proof="tests/rig/test_presets.py::test_bevdepth_r50_preset_equals_bevdepth_get_geometry",
-    notes=("BEVDepth pools with its own voxel_pooling CUDA op; the BEVPoolv2 arrays hold the same point -> voxel assignment.",),
+    sample_poses=_BEVDEPTH_POSES,
+    notes=(
+        "BEVDepth pools with its own voxel_pooling CUDA op; the BEVPoolv2 arrays hold the same point -> voxel assignment.",
+        "Precision: the released checkpoints were trained with PyTorch Lightning precision=16 (bevdepth/exps/base_cli.py @1f0d954), "
+        "so get_geometry's matmuls ran in float16 under autocast; this preset reproduces BEVDepth's float32 path (interop precision float32), "
+        "not float16.",
+    ),
 ))
 
 _BEVFORMER_SOURCES = (
@@ -262,6 +346,7 @@ _register(Preset(
              "ceil(928 / 64) = 15 rows); _num_levels_ = 4", _BEVFORMER, "projects/configs/bevformer/bevformer_base.py", "13db21e27307a5ef75403000115e5eef2b6da7d3"),
     ),
     proof="tests/rig/test_presets.py::test_bevformer_presets_equal_bevformer_point_sampling",
+    sample_poses=_MMDET3D_POSES,
 ))
 
 _register(Preset(
@@ -282,6 +367,7 @@ _register(Preset(
              _BEVFORMER, "projects/configs/bevformer/bevformer_tiny.py", "68e6af5628211d82261efc328d7d4d5a9ca0cf5f"),
     ),
     proof="tests/rig/test_presets.py::test_bevformer_presets_equal_bevformer_point_sampling",
+    sample_poses=_MMDET3D_POSES,
 ))
 
 _FASTBEV_SOURCES = (
@@ -324,6 +410,7 @@ _register(Preset(
              _FASTBEV, "configs/fastbev/exp/paper/fastbev_m0_r18_s256x704_v200x200x4_c192_d2_f4.py", "500e4e5bc7af2adde33740af4de9be9be36569e6"),
     ),
     proof="tests/rig/test_presets.py::test_fastbev_presets_equal_fastbev_backproject_inplace",
+    sample_poses=_MMDET3D_POSES,
     notes=_FASTBEV_NOTES,
 ))
 
@@ -345,6 +432,7 @@ _register(Preset(
              "d16b76fc6571ef06ff97dc0a4aac4d710438bbe1"),
     ),
     proof="tests/rig/test_presets.py::test_fastbev_presets_equal_fastbev_backproject_inplace",
+    sample_poses=_MMDET3D_POSES,
     notes=(*_FASTBEV_NOTES, "One LUT per level (fastbev_lut, fastbev_lut_l1, fastbev_lut_l2); Fast-BEV concatenates the levels' volumes along channels."),
 ))
 
@@ -383,6 +471,7 @@ _register(Preset(
              _PETR, *_PETR_HEAD),
     ),
     proof="tests/rig/test_presets.py::test_petr_preset_equals_petr_position_embeding",
+    sample_poses=_MMDET3D_POSES,
     notes=(
         "PETR's product is its 3D position embedding input (interop petr-coords3d: bevcompile export-interop), not a BEV grid; "
         "its transformer attends to every feature pixel, so gather tables do not apply.",

@@ -43,6 +43,7 @@ from ..conventions import CONVENTIONS, REGION_CONVENTIONS
 from ..errors import BevcompileError, StoreError, UsageError, hash_pair
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
+from .coords import coordinate_arrays, same_coordinate
 from .plugins import Check, CheckContext
 from .zarr_io import (
     GROUP_CONFIG_ATTR,
@@ -378,6 +379,7 @@ class InspectedStore:
     root_attrs: dict[str, Any] = field(default_factory=dict)
     rig: RigConfig | None = None
     arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # group -> readable arrays
+    coordinates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # group -> readable coordinate arrays
     group_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -454,7 +456,12 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
         n_damaged += 1
         report.add("node_metadata", f"{stray}", False, "not a folder where a group should be (a file, or a broken or looping link)")
     stale = reader.consolidated_problems()
-    if stale is not None:
+    if stale is None:
+        report.notes.append(
+            "no consolidated metadata (a store written before bevcompile consolidated every write, or its copy removed): "
+            "xarray's default open warns; rebuild, or run zarr.consolidate_metadata"
+        )
+    else:
         report.add(
             "consolidated_metadata", ROOT, not stale,
             f"consolidated metadata is stale ({'; '.join(stale)}): readers that use it see another store; "
@@ -495,6 +502,11 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             n_damaged += 1
             report.add("node_metadata", f"{group}/{stray}", False, "not a folder where an array should be (a file, or a broken or looping link)")
         readable: dict[str, np.ndarray] = {}
+        try:
+            coordinate_names = set(reader.coordinates(group)) if names else set()
+        except StoreError:  # reported by the reads below
+            coordinate_names = set()
+        loaded.coordinates[group] = {}
         for name in names:
             key = f"{group}/{name}"
             try:
@@ -508,9 +520,10 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
                     f"array folder has no readable zarr.json (metadata deleted or corrupt): {_strip_store(str(exc), path)}",
                 )
                 continue
-            summary.arrays.append(
-                ArraySummary(key, info.shape, info.dtype, info.chunks, info.nbytes, reader.disk_bytes(key), info.nchunks)
-            )
+            if name not in coordinate_names:  # the summary lists product arrays; coordinates are checked below
+                summary.arrays.append(
+                    ArraySummary(key, info.shape, info.dtype, info.chunks, info.nbytes, reader.disk_bytes(key), info.nchunks)
+                )
             foreign = reader.foreign_entries(group, name, info.shape, info.chunks)
             if foreign:
                 n_damaged += 1
@@ -531,7 +544,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
                 report.add("sha256", key, False, "content sha256 {} does not match recorded {}".format(*hash_pair(actual, recorded)))
             else:
                 report.add("sha256", key, True, f"content matches recorded sha256 {recorded[:12]}…")
-            readable[name] = data
+            (loaded.coordinates[group] if name in coordinate_names else readable)[name] = data
         loaded.arrays[group] = readable
     if not n_damaged:
         report.add("node_metadata", ROOT, True, "every group and array folder has readable metadata")
@@ -936,9 +949,32 @@ def inspect_store(path: str | Path, *, strict: bool = False, progress: Callable[
     if loaded.reader is None:
         return loaded.report
     run_plugin_checks(loaded)
+    check_coordinates(loaded)
     if strict:
         _strict_checks(loaded)
     return loaded.report
+
+
+def check_coordinates(loaded: InspectedStore) -> None:
+    """``coordinates``: every group's coordinate arrays (:mod:`bevcompile.store.coords`) hold the
+    stored config's values; one the group's axes call for and the store lacks is a note (a store
+    written before bevcompile wrote them)."""
+    if loaded.rig is None or loaded.reader is None:
+        return
+    report = loaded.report
+    for group, stored in loaded.coordinates.items():
+        try:
+            expected = coordinate_arrays(loaded.rig, loaded.reader.axis_lengths(group))
+        except StoreError:
+            continue
+        wrong = sorted(name for name, values in stored.items() if name not in expected or not same_coordinate(values, expected[name]))
+        missing = sorted(set(expected) - set(stored))
+        if missing:
+            report.notes.append(f"{group}/ has no coordinate array for axis {', '.join(missing)} (written before bevcompile stored coordinates): xarray cannot select by it")
+        if wrong:
+            report.add("coordinates", f"{group}/", False, f"coordinate array(s) {', '.join(wrong)} differ from the stored config's (or name no axis of the group)")
+        elif stored:
+            report.add("coordinates", f"{group}/", True, f"coordinates {', '.join(stored)} match the stored config")
 
 
 def count_arrays(paths: Iterable[Path]) -> int:

@@ -19,9 +19,10 @@ One writer per store: :func:`write_groups` holds an exclusive ``flock`` on
 the existing store to the swap; a second writer waits for it (``BEVCOMPILE_LOCK_TIMEOUT``
 seconds, default 600; 0 = fail at once) and then re-reads the store, so no write is lost or
 mixed. A store path that is a symbolic link is written through: the store is rebuilt at the
-link's target (and locked there), the link is kept. A store whose metadata was consolidated
-(``zarr.consolidate_metadata``) is re-consolidated after every write, so readers of the
-consolidated metadata see the new groups.
+link's target (and locked there), the link is kept. Every write consolidates the metadata
+(``zarr.consolidate_metadata``) in the temporary copy under the lock, so the swap installs the
+nodes and their consolidated copy together and xarray's default open reads it without warning.
+Every group gets the coordinate arrays of its named axes (:mod:`.coords`).
 
 Reading never lets a zarr/OS/codec exception escape: every failure is a one-line
 :class:`~bevcompile.errors.StoreError` naming the store, the array and what is wrong.
@@ -59,6 +60,7 @@ from ..errors import (
     printable,
     shown,
 )
+from .coords import coordinate_arrays, is_coordinate
 
 STORE_FORMAT = "bevcompile/1"
 READABLE_FORMATS = ("bevcompile/1",)
@@ -185,8 +187,15 @@ def check_out_dir(out_dir: str | Path) -> None:
 
 
 def array_sha256(array: np.ndarray) -> str:
-    """SHA-256 of ``dtype.str`` (little-endian), shape and C-order bytes of ``array``."""
+    """SHA-256 of ``dtype.str`` (little-endian), shape and C-order bytes of ``array``; of a string
+    array (a coordinate's camera names), of ``"str"``, its shape and the JSON list of its strings
+    (the same for the object array written and the string array zarr reads back)."""
     arr = np.ascontiguousarray(array)
+    if arr.dtype.kind in "OUT":
+        digest = hashlib.sha256(b"str")
+        digest.update(json.dumps(list(arr.shape)).encode())
+        digest.update(json.dumps([str(v) for v in arr.reshape(-1).tolist()]).encode())
+        return digest.hexdigest()
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     digest = hashlib.sha256()
@@ -260,12 +269,58 @@ def check_dimension_names(group_name: str, data: GroupData) -> None:
                 raise StoreError(f"{group_name}/{name}: dimension {dim!r} has length {size}, {seen[0]} in {group_name}/{seen[1]}")
 
 
-def _write_group(root: Any, group_name: str, data: GroupData) -> dict[str, int]:
+def _axis_lengths(data: GroupData) -> dict[str, int]:
+    """Axis name -> length over the group's arrays (one length per name: check_dimension_names)."""
+    out: dict[str, int] = {}
+    for name, array in data.arrays.items():
+        for dim, size in zip(data.dims.get(name, ()), np.shape(array), strict=False):
+            out.setdefault(dim, int(size))
+    return out
+
+
+def _stored_rig(root_attrs: Mapping[str, Any]) -> Any:
+    """The rig of the stored ``config`` (its coordinates), None when it does not parse."""
+    from ..rig.config import parse_config
+
+    try:
+        return parse_config(dict(root_attrs["config"]), source="stored config")
+    except Exception:
+        return None
+
+
+def _write_coordinates(group: Any, data: GroupData, coords: Mapping[str, np.ndarray]) -> None:
+    """The group's coordinate arrays (:mod:`bevcompile.store.coords`): one chunk each, strings
+    as zarr's ``string`` data type; a product array of the same name wins."""
+    from zarr.codecs import ZstdCodec
+
+    for name, values in coords.items():
+        if name in data.arrays:
+            continue
+        text = values.dtype == object
+        zarray = group.create_array(
+            name,
+            shape=values.shape,
+            dtype=str if text else values.dtype,
+            chunks=(max(1, values.shape[0]),),
+            compressors=ZstdCodec(level=ZSTD_LEVEL, checksum=True),
+            fill_value="" if text else 0,
+            attributes={"sha256": array_sha256(values)},
+            dimension_names=(name,),
+            config={"write_empty_chunks": True},
+        )
+        if values.size:
+            zarray[...] = values
+        del zarray
+
+
+def _write_group(root: Any, group_name: str, data: GroupData, coords: Mapping[str, np.ndarray] | None = None) -> dict[str, int]:
     from zarr.codecs import ZstdCodec
 
     check_dimension_names(group_name, data)
     group = root.create_group(group_name, overwrite=True)
     group.attrs.update(_json_safe(data.attrs, f"{group_name}/"))
+    if coords:
+        _write_coordinates(group, data, coords)
     sizes: dict[str, int] = {}
     for name, array in data.arrays.items():
         array = np.ascontiguousarray(array)
@@ -656,7 +711,8 @@ def write_groups(
         carry_over = check_replaceable(path, new_sha, force=force)  # also recovers killed writers' leftovers
         existed = os.path.lexists(path)
         dropped = () if carry_over or not existed else tuple(g for g in _group_names(path) if g not in groups)
-        consolidate = existed and _is_consolidated(path)
+        consolidate = existed and _is_consolidated(path)  # reported: a user's consolidated copy was rebuilt
+        rig = _stored_rig(root_attrs)
         tmp = parent / f".{path.name}{TMP_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
         sizes: dict[str, int] = {}
         kept: list[str] = []
@@ -676,15 +732,17 @@ def write_groups(
                 root.attrs.update(_json_safe(dict(root_attrs), "root"))
             for name, data in groups.items():
                 stamped = GroupData(data.arrays, {**data.attrs, GROUP_CONFIG_ATTR: new_sha}, data.chunks, data.dims)
-                sizes.update(_write_group(root, name, stamped))
+                coords = coordinate_arrays(rig, _axis_lengths(stamped)) if rig is not None else {}
+                sizes.update(_write_group(root, name, stamped, coords))
             root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
             del root
-            if consolidate:  # readers of the consolidated metadata (xarray's default) see the new groups
-                import warnings
+            # every store carries consolidated metadata (xarray's default open reads it, silently), built in
+            # the temporary copy under the lock, so it is swapped in with the nodes it describes
+            import warnings
 
-                with warnings.catch_warnings():  # "not part of the v3 specification": the user chose it
-                    warnings.simplefilter("ignore")
-                    zarr.consolidate_metadata(str(tmp))
+            with warnings.catch_warnings():  # "not part of the v3 specification": the readers we serve use it
+                warnings.simplefilter("ignore")
+                zarr.consolidate_metadata(str(tmp))
             for key in sizes:
                 sizes[key] = _dir_bytes(tmp / key)
             _swap_into_place(tmp, path)
@@ -1210,19 +1268,39 @@ class StoreReader:
         except Exception as exc:
             raise StoreError(f"{self.path}: {group}/ attributes unreadable ({_one_line(exc)})") from None
 
-    def arrays(self, group: str) -> list[str]:
-        """The group's arrays: sub-folders whose ``zarr.json`` is a sane regular file describing an
-        array (listed without zarr, which would read every child's metadata unchecked: a FIFO
-        there would block it)."""
+    def _array_metas(self, group: str) -> dict[str, dict[str, Any]]:
+        """Name -> parsed ``zarr.json`` of every sub-folder that describes an array (read without
+        zarr, which would read every child's metadata unchecked: a FIFO there would block it)."""
         self._group(group)
-        out = []
+        out: dict[str, dict[str, Any]] = {}
         for name in self.child_dirs(group):
             try:
                 meta = json.loads(read_metadata_file(self.path / group / name / "zarr.json"))
             except (StoreError, ValueError):
                 continue
             if isinstance(meta, dict) and meta.get("node_type") == "array":
-                out.append(name)
+                out[name] = meta
+        return out
+
+    def arrays(self, group: str) -> list[str]:
+        """The group's product arrays: sub-folders whose ``zarr.json`` is a sane regular file
+        describing an array, coordinate arrays (:meth:`coordinates`) left out."""
+        return [name for name, meta in self._array_metas(group).items() if not _coordinate_meta(name, meta)]
+
+    def coordinates(self, group: str) -> list[str]:
+        """The group's coordinate arrays (:mod:`bevcompile.store.coords`), which :meth:`arrays` leaves out."""
+        return [name for name, meta in self._array_metas(group).items() if _coordinate_meta(name, meta)]
+
+    def axis_lengths(self, group: str) -> dict[str, int]:
+        """Axis name -> length over the group's product arrays (their ``dimension_names`` and shapes)."""
+        out: dict[str, int] = {}
+        for name, meta in self._array_metas(group).items():
+            dims, shape = meta.get("dimension_names"), meta.get("shape")
+            if _coordinate_meta(name, meta) or not (isinstance(dims, list) and isinstance(shape, list)):
+                continue
+            for dim, size in zip(dims, shape, strict=False):
+                if isinstance(dim, str) and isinstance(size, int):
+                    out.setdefault(dim, size)
         return out
 
     def has_array(self, group: str, name: str) -> bool:
@@ -1304,6 +1382,11 @@ class StoreReader:
         """Bytes of chunk files on disk (metadata excluded), for a group or the whole store."""
         base = self.path if group is None else self.path / group
         return _dir_bytes(base) if base.exists() else 0
+
+
+def _coordinate_meta(name: str, meta: Mapping[str, Any]) -> bool:
+    dims = meta.get("dimension_names")
+    return is_coordinate(name, tuple(dims) if isinstance(dims, list) else None)
 
 
 def open_store(path: str | Path) -> StoreReader:

@@ -74,3 +74,22 @@ def test_verify_of_a_group_folder_exit_2(small_store: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert result.stderr == f"error: {small_store / 'grid'}: is the grid/ group of the store {small_store.resolve()}; {command} the store\n"
+
+
+def test_verify_without_torch_says_why_in_the_table(small_store: Path) -> None:
+    """Without PyTorch the grid_sample reference is not run: the compact table says so in the
+    row itself (threshold column: the skip reason; result: skipped), not as 'nan ... informational'.
+    (A fresh process with ``import torch`` failing: this one may hold torch already.)"""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['torch'] = None; from bevcompile._entry import main; sys.argv[0] = 'bevcompile'; sys.exit(main())"
+    result = subprocess.run(
+        [sys.executable, "-c", code, "verify", str(small_store)], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COLUMNS": "160", "NO_COLOR": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = next(row for row in result.stdout.splitlines() if "torch grid_sample" in row)
+    cells = [c.strip() for c in line.split("│")]
+    assert cells[2:6] == ["-", "-", "skipped: PyTorch not installed (ModuleNotFoundError)", "skipped"], cells

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bevcompile.errors import UsageError
+from bevcompile.errors import ConfigError, UsageError
 from bevcompile.grid.build import run_grid
 from bevcompile.grid.ipm import compute_sampling_grid
 from bevcompile.interop.bevpoolv2 import (
@@ -56,7 +56,8 @@ from .. import rigs
 
 
 def bevdet_voxel_pooling_prepare_v2(
-    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1, sensor2ego: np.ndarray | None = None
+    rig: RigConfig, dtype: torch.dtype = torch.float64, z_bins: int | None = None, batch: int = 1, sensor2ego: np.ndarray | None = None,
+    stable: bool = True,
 ) -> list[np.ndarray]:
     """BEVDet for batch ``batch`` (the same rig in every item), transcribed from ``create_frustum`` /
     ``get_lidar_coor`` / ``voxel_pooling_prepare_v2`` of mmdet3d/models/necks/view_transformer.py
@@ -67,7 +68,8 @@ def bevdet_voxel_pooling_prepare_v2(
     is the camera's pose in the rig's BEV frame (``bev_from_cam``); with ``dtype=torch.float32``
     every tensor is float32, as BEVDet runs (its inputs are ``torch.Tensor``s). ``sensor2ego``
     ``(n_cam, 4, 4)``, when given, replaces the rig's poses (e.g. BEVDet's per-sample
-    ``sensor2keyegos``, computed from the raw records)."""
+    ``sensor2keyegos``, computed from the raw records). ``stable=False``: BEVDet's own
+    ``ranks_bev.argsort()`` (the default sorts stably, bevcompile's order)."""
     w_in, h_in = rig.input_size
     s = rig.feature.stride
     H, W = h_in // s, w_in // s
@@ -112,7 +114,7 @@ def bevdet_voxel_pooling_prepare_v2(
     ranks_bev = coor[:, 3] * (grid_size[2] * grid_size[1] * grid_size[0])
     ranks_bev += coor[:, 2] * (grid_size[1] * grid_size[0])
     ranks_bev += coor[:, 1] * grid_size[0] + coor[:, 0]
-    order = ranks_bev.argsort(stable=True)  # BEVDet's argsort is unstable; ours is stable
+    order = ranks_bev.argsort(stable=True) if stable else ranks_bev.argsort()  # BEVDet's own: .argsort(), not stable
     ranks_bev, ranks_depth, ranks_feat = ranks_bev[order], ranks_depth[order], ranks_feat[order]
     kept = torch.ones(ranks_bev.shape[0], dtype=torch.bool)
     kept[1:] = ranks_bev[1:] != ranks_bev[:-1]
@@ -190,7 +192,7 @@ def test_bevpoolv2_float32_batch_equals_bevdet_float32_transcription(batch: int)
 @given(st.floats(-50.0, 50.0, width=32), st.floats(1.0, 4000.0, width=32), st.integers(2, 400))
 @example(-2.664597055882926e-40, 1.0, 14)  # float64 sum exactly halfway between two float32: the exact sum decides
 def test_torch_linspace_float32_restatement_equals_torch(start: float, span: float, steps: int) -> None:
-    from bevcompile.interop.bevpoolv2 import torch_linspace_float32
+    from bevcompile.matrix.lift32 import torch_linspace_float32
 
     want = torch.linspace(start, start + span, steps, dtype=torch.float32).numpy()
     assert np.array_equal(torch_linspace_float32(start, start + span, steps), want)
@@ -834,6 +836,9 @@ def test_plain_inspect_catches_edited_bevpoolv2_build_options(interop_store: Pat
     meta = json.loads(meta_path.read_text())
     meta["attributes"]["build_options"]["bevpoolv2"]["rounding"] = "floor"
     meta_path.write_text(json.dumps(meta))
+    from .. import damage
+
+    damage.reconsolidate(interop_store)  # an edit by a tool that re-consolidates (else consolidated_metadata fails too)
     report = inspect_store(interop_store)
     assert [(c.name, c.array) for c in report.failures] == [(GEOMETRY_CHECK, "interop/bevpoolv2_ranks_bev")]
     strict = inspect_store(interop_store, strict=True)
@@ -976,3 +981,45 @@ def test_fastbev_checks_of_a_region_grid_store_use_the_fine_projection(tmp_path:
     assert inspected.exit_code == 0 and "checks passed" in inspected.output, inspected.output
     verified = runner.invoke(app, ["verify", str(store)])
     assert verified.exit_code == 0 and "rows passed" in verified.output, verified.output
+
+
+def test_torch_cpu_argsort_of_ranks_bev_is_the_stable_order(nuscenes: RigConfig) -> None:
+    """BEVDet sorts with ``ranks_bev.argsort()`` (not ``stable=True``). On the CPU the installed
+    torch returns the stable order for the nuScenes rig's 179,806 kept points (0 positions differ
+    from bevcompile's stable sort), so the CPU run and the arrays agree in the order inside every
+    voxel too; a CUDA run may not (docs/models.md, what "bit for bit" covers)."""
+    arrays = build_bevpoolv2(nuscenes)
+    in_depth_order = np.argsort(arrays.ranks_depth)
+    ranks_bev = torch.from_numpy(arrays.ranks_bev[in_depth_order].astype(np.int64))
+    unstable = ranks_bev.argsort().numpy()
+    assert arrays.n_kept == 179_806
+    assert np.array_equal(arrays.ranks_depth[in_depth_order][unstable], arrays.ranks_depth)
+
+
+def test_order_torch_is_bevdets_own_argsort_recorded_with_the_torch_version(tmp_path: Path) -> None:
+    """``interop: bevpoolv2: order: torch``: the points inside each voxel in the order of BEVDet's
+    own ``ranks_bev.argsort()`` on the installed torch (here the CPU, where it is the stable
+    order: 0 positions differ), its version and device in ``interop/`` ``bevpoolv2.sort``;
+    ``inspect --strict`` rebuilds it with the same torch; the default stays ``stable``."""
+    from bevcompile.store.inspection import inspect_store
+
+    from ..rig.test_presets import calibration_with
+
+    data = calibration_with("bevdet-r50", interop={"bevpoolv2": {"order": "torch"}})
+    rig = parse_config(data)
+    assert rig.interop_options("bevpoolv2")["order"] == "torch"
+    store = tmp_path / "bevdet-r50.zarr"
+    run_grid(rig, tmp_path)
+    run_export_interop(store, interop_command_targets(None, rig=rig))
+    theirs = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32, stable=False)
+    interop = load(store)["interop"]
+    for name, want in zip(NAMES, theirs, strict=True):
+        assert np.array_equal(interop[f"bevpoolv2_{name}"], want), name
+    assert interop.attrs["build_options"]["bevpoolv2"]["order"] == "torch"
+    assert interop.attrs["bevpoolv2"]["sort"].startswith(f"torch.argsort(ranks_bev) (not stable) of torch {torch.__version__} on cpu")
+    stable = bevdet_voxel_pooling_prepare_v2(rig, dtype=torch.float32)
+    assert int(np.count_nonzero(stable[1] != theirs[1])) == 0  # the CPU's argsort is stable here
+    report = inspect_store(store, strict=True)
+    assert report.passed, report.failure_lines()
+    with pytest.raises(ConfigError, match=r"interop\.bevpoolv2\.order: expected one of stable, torch"):
+        parse_config(calibration_with("bevdet-r50", interop={"bevpoolv2": {"order": "random"}}))

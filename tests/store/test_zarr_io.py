@@ -90,9 +90,9 @@ def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: 
     calls = {"n": 0}
     real = store_module._write_group
 
-    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+    def exploding(root, name, data, *coords):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        real(root, name, data)
+        real(root, name, data, *coords)
         raise RuntimeError("disk full (simulated)")
 
     monkeypatch.setattr(store_module, "_write_group", exploding)
@@ -104,7 +104,7 @@ def test_failed_write_leaves_the_old_store_untouched_and_no_temporary(tmp_path: 
 
 
 def test_failed_first_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def exploding(root, name, data):  # type: ignore[no-untyped-def]
+    def exploding(root, name, data, *coords):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
     monkeypatch.setattr(store_module, "_write_group", exploding)
@@ -312,7 +312,7 @@ def test_sigterm_during_a_write_leaves_the_old_store_and_no_temporary(tmp_path: 
     assert runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet"]).exit_code == 0
     before = tree_digest(out / "small.zarr")
 
-    def terminated(root, name, data):  # type: ignore[no-untyped-def]
+    def terminated(root, name, data, *coords):  # type: ignore[no-untyped-def]
         os.kill(os.getpid(), signal.SIGTERM)
         raise AssertionError("SIGTERM did not stop the write")
 
@@ -358,8 +358,8 @@ def test_an_os_error_while_writing_is_a_store_error_and_leaves_nothing(tmp_path:
     before = tree_digest(tmp_path / "small.zarr")
     real = store_module._write_group
 
-    def full_disk(root, name, data):  # type: ignore[no-untyped-def]
-        real(root, name, data)
+    def full_disk(root, name, data, *coords):  # type: ignore[no-untyped-def]
+        real(root, name, data, *coords)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(store_module, "_write_group", full_disk)
@@ -701,9 +701,11 @@ def test_writes_into_a_consolidated_store_rebuild_its_consolidated_metadata(tmp_
     assert sorted(consolidated.group_keys()) == ["one", "two"]
     assert int(consolidated["two"]["a"][0, 0]) == 2
     assert open_store(path).groups() == ["one", "two"]
+    # every write consolidates: a new store's consolidated copy lists its groups too (the report's
+    # ``consolidated`` says a user's existing copy was rebuilt)
     plain = tmp_path / "plain.zarr"
     assert not _tiny(plain, "one", 1).consolidated
-    assert "consolidated_metadata" not in (plain / "zarr.json").read_text() or '"consolidated_metadata": null' in (plain / "zarr.json").read_text()
+    assert sorted(zarr.open_consolidated(str(plain), zarr_format=3).group_keys()) == ["one"]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
@@ -782,27 +784,54 @@ def every_group_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_xarray_opens_every_group_and_reads_what_zarr_reads(every_group_store: Path) -> None:
     """Other people's readers: every array carries ``dimension_names``, so xarray opens every
-    group as a Dataset (one length per dimension name) and reads the same dtype and bytes."""
+    group as a Dataset (one length per dimension name) and reads the same dtype and bytes; every
+    named axis with a meaning has a coordinate (camera names, x / y cell centres and heights in
+    metres of the BEV frame), so ``sel`` works; and the default open (consolidated metadata) is
+    silent."""
+    import warnings
+
     import xarray as xr
     import zarr
 
+    from bevcompile.store.coords import coordinate_values
+
     root = zarr.open_group(str(every_group_store), mode="r", zarr_format=3, use_consolidated=False)
+    reader = open_store(every_group_store)
+    values = coordinate_values(small_rig(heights=(0.0, 1.0)))
     groups = sorted(root.group_keys())
     assert groups == ["delta", "gather", "grid", "interop", "matrix"]
     n_arrays = 0
+    coordinates: dict[str, list[str]] = {}
     for group in groups:
-        dataset = xr.open_zarr(str(every_group_store), group=group, consolidated=False)
-        names = sorted(root[group].array_keys())  # type: ignore[union-attr]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "Failed to open Zarr store with consolidated metadata"
+            dataset = xr.open_zarr(str(every_group_store), group=group)
+        names = sorted(reader.arrays(group))
         assert sorted(dataset.data_vars) == names, group
+        coordinates[group] = sorted(dataset.coords)
+        assert sorted(reader.coordinates(group)) == coordinates[group], group
+        for name in coordinates[group]:
+            got = dataset[name].values
+            assert [str(v) for v in got.tolist()] == [str(v) for v in values[name].tolist()], f"{group}/{name}"
         for name in names:
             stored = root[group][name]  # type: ignore[index]
             assert tuple(dataset[name].dims) == tuple(stored.metadata.dimension_names), f"{group}/{name}"
-            values = dataset[name].values
+            got = dataset[name].values
             expected = stored[...]
-            assert values.dtype == expected.dtype and np.array_equal(values, expected), f"{group}/{name}"
+            assert got.dtype == expected.dtype and np.array_equal(got, expected), f"{group}/{name}"
             n_arrays += 1
     assert n_arrays == 45
+    assert coordinates == {
+        "delta": ["camera", "height"],
+        "gather": [],  # --order cache: the flat (row, corner) layout has no named BEV axis
+        "grid": ["camera", "height", "x", "y"],
+        "interop": ["height", "x", "y"],
+        "matrix": ["camera", "x", "y"],
+    }
     assert tuple(root["grid"]["coords"].metadata.dimension_names) == ("camera", "height", "y", "x", "uv")  # type: ignore[index]
+    grid = xr.open_zarr(str(every_group_store), group="grid")
+    front = grid.sel(camera=str(values["camera"][0]), x=float(values["x"][3]), y=float(values["y"][5]), height=1.0)
+    assert np.array_equal(front["coords"].values, root["grid"]["coords"][0, 1, 5, 3])  # type: ignore[index]
 
 
 def test_every_metadata_file_is_strict_json_and_every_group_names_its_config(every_group_store: Path) -> None:
@@ -814,7 +843,7 @@ def test_every_metadata_file_is_strict_json_and_every_group_names_its_config(eve
         raise ValueError(f"non-standard JSON constant {token}")
 
     files = sorted(every_group_store.rglob("zarr.json"))
-    assert len(files) == 1 + 5 + 45
+    assert len(files) == 1 + 5 + 45 + 2 + 4 + 3 + 3  # root, groups, arrays, coordinates
     for meta in files:
         json.loads(meta.read_text(), parse_constant=refuse)
     root_sha = open_store(every_group_store).root_attrs["config_sha256"]
