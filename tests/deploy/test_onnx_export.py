@@ -235,7 +235,7 @@ def test_dynamo_exporter_keeps_the_quantised_weights(gather_store: Path, tmp_pat
 
 def test_export_quantised_weight_errors(gather_store: Path, matrix_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "x.onnx"
-    with pytest.raises(UsageError, match=r"--weights lut applies to --product gather only, got --product ell \(use --weights float32, int8 or int8-qdq\)"):
+    with pytest.raises(UsageError, match=r"--weights lut applies to --product gather only, got --product ell \(use --weights float32, int8, int8-qdq, fp16 or mixed\)"):
         export_onnx(matrix_store, out, ExportOptions(product="ell", weights="lut"))
     with pytest.raises(UsageError, match=r"--weights int8 applies to --product ell or tiles only, got --product gather \(use --weights float32 or lut\)"):
         export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8"))

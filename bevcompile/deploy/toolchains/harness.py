@@ -158,6 +158,7 @@ def check_target(
     rows: str = "dense",
     envs: Path | None = None,
     label: str = "",
+    calibration_samples: int = 8,
 ) -> CheckRow:
     """Export, build on the toolchain, run, compare (see the module docstring)."""
     from ...errors import BevcompileError
@@ -172,7 +173,7 @@ def check_target(
     row = CheckRow(store=label or store.name, target=target, product=product, mode=mode, weights=weights, toolchain=profile.toolchain)
     workdir.mkdir(parents=True, exist_ok=True)
     onnx_path = workdir / "model.onnx"
-    options = ExportOptions(product=product, target=target, weights=weights, channels=channels, rows=rows)
+    options = ExportOptions(product=product, target=target, weights=weights, channels=channels, rows=rows, calibration_samples=calibration_samples)
     try:
         result = export_onnx(store, onnx_path, options)
     except UsageError as exc:
