@@ -150,10 +150,9 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     onnx, ort = _require_onnx()
     profile: TargetProfile = load_profile(options.target)
     store = load(store_path)
-    target = output_file(out)
-    out = Path(out) if target is not None else Path(os.path.join(os.getcwd(), "model.onnx"))
-    if target is None:
+    if output_file(out) is None:
         raise UsageError("--out - is a --target generic option; a target's graph (and its calibration set) goes to a file")
+    out = Path(out)
     if options.product != "gather" and store.has_group("matrix") and int(store["matrix"].attrs.get("nnz", 1) or 0) == 0:
         raise UsageError(f"{store.path}: matrix/ is empty (no entries: no camera reaches the BEV range), nothing to export")
     if options.product != "gather" and not store.has_group("matrix"):

@@ -90,6 +90,7 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
+from .lift32 import PRECISIONS
 from .precision import (
     Fp16Rule,
     decoded_errors,
@@ -101,7 +102,6 @@ from .precision import (
     select_fp16_rows,
     tile_row_span,
 )
-from .lift32 import PRECISIONS
 from .prior import ARRAY as PRIOR_ARRAY
 from .prior import UNIFORM, DepthPrior, check_token, prior_dims
 from .ray import ray_entries
