@@ -167,7 +167,7 @@ def _print_export(result: object) -> None:
 
     assert isinstance(result, ExportResult)
     scan = result.scan
-    via = f"target {result.target}, {result.module}" if result.cost is not None else result.module
+    via = f"target {result.target}, {result.module}" if result.target != "generic" else result.module
     table = new_table(
         f"{result.path.name}: {result.product} via {via}, opset {scan.opset}, exporter {result.exporter}, "
         f"weights {result.weights}" + (f", rows {result.rows}" if result.rows != "dense" else ""),
@@ -184,8 +184,8 @@ def _print_export(result: object) -> None:
                    "; ".join(scan.dynamic[:3]) or f"{scan.n_nodes} nodes, every tensor shape static")
     ok = result.max_abs <= result.tolerance
     quantised = result.weights != "float32"
-    full_qdq = result.cost is not None and bool((result.plan or {}).get("qdq_activations"))
-    torch_note = "" if result.cost is not None else f"; torch module {result.torch_max_abs:.2e}"
+    full_qdq = bool((result.plan or {}).get("qdq_activations"))
+    torch_note = "" if result.plan is not None else f"; torch module {result.torch_max_abs:.2e}"
     if full_qdq and result.float_reference is not None:
         from ..deploy.onnx_export import INT8_MIN_PSNR_DB
 

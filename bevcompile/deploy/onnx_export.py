@@ -1031,6 +1031,12 @@ def export_onnx(
     onnx.save(model, str(tmp))
     step(1)
     scan = scan_graph(model)
+    from .graph import graph_cost
+
+    try:
+        cost: dict[str, Any] | None = graph_cost(model).to_json()
+    except Exception:  # the cost line is a report; a graph shape inference cannot follow has none
+        cost = None
     step(1)
 
     failures: list[str] = []
@@ -1109,6 +1115,7 @@ def export_onnx(
         float32_export=float32_export,
         qdq=qdq,
         ort_default=ort_default,
+        cost=cost,
     )
     if used != options.exporter:
         result.notes.append(f"exporter {options.exporter} unavailable in this torch; used {used}")
