@@ -54,6 +54,10 @@ def verify(
         str,
         typer.Option("--bands", metavar="E1,E2,...", help="--map: distance band edges in metres (bands 0-E1, E1-E2, ..., beyond the last)."),
     ] = ",".join(f"{e:g}" for e in DEFAULT_BANDS_M),
+    targets: Annotated[
+        list[str] | None,
+        typer.Option("--target", metavar="NAME", help="--map: also map the ELL graph export-onnx --target NAME writes (repeatable; bevcompile targets).", show_default=False),
+    ] = None,
     json_output: JsonOption = False,
     quiet: QuietOption = False,
 ) -> None:
@@ -64,6 +68,14 @@ def verify(
     precision map of every deployed form (exit 0; 2 for a bad store or --bands).
     """
     store, rig = resolve_target(target, out)
+    if targets and not precision:
+        from ..errors import UsageError
+
+        raise UsageError("--target adds a target's graph to the precision map: use it with --map")
+    if targets:
+        from ._target_forms import register_target_forms
+
+        register_target_forms(targets)
     if precision:
         _precision_map(store, rig, seed=seed, channels=channels, bands=bands, json_output=json_output, quiet=quiet)
         return

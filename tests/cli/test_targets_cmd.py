@@ -128,3 +128,21 @@ def test_a_calibration_file_of_the_wrong_shape_is_refused(ray_store: Path, tmp_p
                                  "--channels", "8", "--out", str(tmp_path / "x.onnx")])
     assert result.exit_code == 2
     assert "expected float (S, 4, 8, 8, 12)" in " ".join(result.stderr.split())
+
+
+def test_verify_map_adds_the_graph_of_each_named_target(ray_store: Path) -> None:
+    """verify --map --target rk3588 --target openvino: the rk3588 (float16 weights) and OpenVINO (float32
+    and fully quantised) graphs of the ELL join the map's forms; float32 stays far above float16, which
+    stays above the fully quantised graph; --target without --map is a usage error."""
+    result = runner.invoke(app, ["verify", str(ray_store), "--map", "--target", "rk3588", "--target", "openvino", "--channels", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    forms = {f["form"]: f for f in data["forms"]}
+    assert {"target:rk3588", "target:openvino", "target:openvino/int8"} <= set(forms)
+
+    def snr(name: str) -> float:
+        return float(forms[name]["all"]["snr_db"])
+
+    assert snr("target:openvino") > 120 > snr("target:rk3588") > 60 > snr("target:openvino/int8") > 30
+    bad = runner.invoke(app, ["verify", str(ray_store), "--target", "rk3588"])
+    assert bad.exit_code == 2 and "--map" in bad.stderr

@@ -1,0 +1,83 @@
+"""The precision map's forms of ``export-onnx --target`` (``verify --map --target NAME``).
+
+The report registry (:mod:`bevcompile.report.precision`) and the graph builder
+(:mod:`bevcompile.deploy`) may not import each other; the command line joins them: for every named
+target, the product's graph as the target's planner writes it (its form, its default weights — float16
+for an fp16 NPU — and, for a QDQ target, its fully quantised graph with activation scales calibrated on
+8 seeded samples), run by onnxruntime on the map's features. What a runtime that executes the graph as
+written computes; the device's own arithmetic (RKNN's fp16 accumulators, OpenVINO's int8 kernels) is
+measured by ``benchmarks/npu_check.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _run_target(inputs: Any, target: str, weights: str) -> np.ndarray:
+    import onnxruntime as ort
+
+    from ..deploy.direct import _feeds
+    from ..deploy.graph import QDQ_SESSION_LEVEL, build_graph, calibrate_activation_scales
+    from ..deploy.lift import product_lift
+    from ..deploy.onnx_export import make_inputs
+    from ..deploy.plan import plan_for_target
+    from ..deploy.targets import load_profile
+
+    store = inputs.store
+    profile = load_profile(target)
+    int8 = weights == "int8-qdq"
+    lift = product_lift(store, "ell", precision="int8" if int8 else weights)
+    c = int(inputs.features.shape[1])
+    candidate, _ = plan_for_target(profile, lift, channels=c, batch=1, opset=17, weights=weights, qdq_activations=int8, product="ell")
+    assert candidate.plan is not None
+    model = candidate.model
+    if int8:
+        samples = [_feeds(make_inputs(store, c, 1, 1 + i, lift.frustum), candidate.plan.input_rank) for i in range(8)]
+        scales = calibrate_activation_scales(model, candidate.activations, samples)
+        model, _ = build_graph(lift, candidate.plan, scales)
+    feeds = {"features": np.asarray(inputs.features, np.float32)[None]}
+    if lift.frustum:
+        feeds["depth"] = np.asarray(inputs.depth_probs, np.float32)[None]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, QDQ_SESSION_LEVEL)
+    out = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, _feeds(feeds, candidate.plan.input_rank))[0]
+    return np.asarray(out.reshape(c, -1).T)  # (ny * nx, C)
+
+
+def register_target_forms(targets: list[str]) -> list[str]:
+    """Register ``target:<name>`` (and ``target:<name>/int8`` for a QDQ target) for each target;
+    returns the form names."""
+    from ..deploy.targets import load_profile
+    from ..report.precision import PrecisionForm, register_form
+
+    names = []
+    for target in targets:
+        profile = load_profile(target)
+        variants = []
+        if profile.computes_float and "torch" not in profile.forms:
+            variants.append(("float16" if "float16" in profile.compute and "float32" not in profile.compute else "float32", ""))
+        if profile.int8 == "qdq" and "int8" in profile.compute and "torch" not in profile.forms:
+            variants.append(("int8-qdq", "/int8"))
+        for weights, suffix in variants:
+            name = f"target:{profile.name}{suffix}"
+
+            def available(inputs: Any, profile_name: str = profile.name, w: str = weights) -> bool:
+                from ..errors import BevcompileError
+
+                if not inputs.store.has_group("matrix"):
+                    return False
+                try:
+                    _run_target(inputs, profile_name, w)
+                except BevcompileError:
+                    return False
+                return True
+
+            def compute(inputs: Any, profile_name: str = profile.name, w: str = weights) -> np.ndarray:
+                return _run_target(inputs, profile_name, w)
+
+            register_form(PrecisionForm(name, "matrix", f"the {profile.name} graph of the ELL ({weights}), run by onnxruntime", available, compute), replace=True)
+            names.append(name)
+    return names
