@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckFailed, StoreError, UsageError
+from ..errors import StoreError, UsageError
 from ..store.loader import load
 from ..store.zarr_io import output_file
 from . import onnx_export as ox
@@ -262,12 +262,7 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     if toolchain_quantises:
         result.notes.append(f"int8 by the {profile.toolchain} quantiser: the float graph holds the dequantised int8 values; calibration set beside the file")
     if failures:
-        rejected = out.with_name(f"{out.stem}.rejected.onnx")
-        os.replace(tmp, rejected)
-        result.path = rejected
-        error = CheckFailed(f"{out}: " + "; ".join(failures) + f" (rejected graph kept at {rejected})")
-        error.result = result  # type: ignore[attr-defined]
-        raise error
+        raise ox.rejected_graph(out, tmp, result, failures)
     calib_dir = None
     if toolchain_quantises:
         calib_dir = out.with_name(out.name + ".calib")

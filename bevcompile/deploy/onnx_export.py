@@ -1124,12 +1124,7 @@ def export_onnx(
     if options.quantised and float32_export is None:
         result.notes.append("the float32 export the sizes are compared with failed; no size comparison")
     if failures:
-        rejected = out.with_name(f"{out.stem}.rejected.onnx")
-        os.replace(tmp, rejected)
-        result.path = rejected
-        error = CheckFailed(f"{out}: " + "; ".join(failures) + f" (rejected graph kept at {rejected})")
-        error.result = result  # type: ignore[attr-defined]
-        raise error
+        raise rejected_graph(out, tmp, result, failures)
     if target is None:  # --out -: the checked graph to standard output
         import shutil
         import sys
@@ -1142,6 +1137,17 @@ def export_onnx(
         return result
     os.replace(tmp, out)
     return result
+
+
+def rejected_graph(out: Path, tmp: Path, result: ExportResult, failures: list[str]) -> CheckFailed:
+    """Keep a graph that failed its checks as ``<stem>.rejected.onnx`` (nothing at ``out``) and the
+    :class:`CheckFailed` naming every failure, with the result attached."""
+    rejected = out.with_name(f"{out.stem}.rejected.onnx")
+    os.replace(tmp, rejected)
+    result.path = rejected
+    error = CheckFailed(f"{out}: " + "; ".join(failures) + f" (rejected graph kept at {rejected})")
+    error.result = result  # type: ignore[attr-defined]
+    return error
 
 
 def _quantisation_report(ort_out: np.ndarray, float_reference: np.ndarray, product: str) -> QuantisationReport:

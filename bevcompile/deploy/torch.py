@@ -36,10 +36,10 @@ import numpy as np
 
 from .._version import TORCH_REQUIREMENT
 from ..errors import DependencyError, StoreError, UsageError
-from ..grid.gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS, bilinear_corners
-from ..grid.ipm import norm_to_feature_px
+from ..grid.gather import CORNER_ORDER, LUT_CODE_ORDER, REDUCTIONS
 from ..store.loader import LoadedStore, load
 from ..store.plugins import level_group
+from .lift import bilinear_tables_from_norm
 
 try:
     import torch
@@ -134,29 +134,6 @@ def _group_order(n_rows: int, first: np.ndarray, second: np.ndarray) -> np.ndarr
 # --------------------------------------------------------------------------------------
 # gather tables
 # --------------------------------------------------------------------------------------
-
-
-def bilinear_tables_from_norm(
-    norm: np.ndarray, feature_size: tuple[int, int], align_corners: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Bilinear gather tables from a ``grid_sample`` grid (used when a store has no ``gather/``).
-
-    Convention:
-        norm: ``(n_cam, n_heights, ny, nx, 2)`` normalised ``(x, y)`` per camera.
-        returns ``index`` int32 and ``weight`` float32 ``(n_cam, n_heights, ny, nx, 4)``: corners
-        ``(v0,u0) (v0,u1) (v1,u0) (v1,u1)`` as flat indices ``cam*H_f*W_f + v*W_f + u`` into the
-        camera-stacked features; corners outside the map have weight 0 and an in-range index
-        (the clamped pixel), exactly as ``grid_sample(padding_mode="zeros")`` reads 0 there.
-    """
-    w_f, h_f = feature_size
-    uv_feature_px = norm_to_feature_px(np.asarray(norm, dtype=np.float64), feature_size, align_corners)
-    # every cell is sampled as grid_sample would: invalid cells sit off the map, so all corners weigh 0
-    pixel_index, weight, _frac, _inside = bilinear_corners(
-        uv_feature_px, np.ones(uv_feature_px.shape[:-1], dtype=bool), feature_size
-    )
-    n_cam = norm.shape[0]
-    cam_base = (np.arange(n_cam, dtype=np.int64) * (h_f * w_f)).reshape((n_cam,) + (1,) * (norm.ndim - 1))
-    return (cam_base + pixel_index).astype(np.int32), weight.astype(np.float32)
 
 
 def _lut_tables(store: LoadedStore, table_shape: tuple[int, ...], level: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -8,27 +8,24 @@ in/out), runs it with the LiteRT interpreter, and writes ``out_dir/result.json``
 output dtype, the .tflite size, times, peak RSS) and ``out_dir/output.npy``.
 """
 
-import json
 import os
-import resource
-import sys
 import time
 
 import numpy as np
+from _worker_io import captured, finish, read_spec
 
 
 def main() -> None:
-    with open(sys.argv[1]) as fh:
-        spec = json.load(fh)
+    spec = read_spec()
     out_dir = spec["out_dir"]
-    os.makedirs(out_dir, exist_ok=True)
     result: dict = {"stage": "start", "quantize": bool(spec.get("quantize"))}
     t0 = time.time()
-    log_path = os.path.join(out_dir, "onnx2tf.log")
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    saved = os.dup(1), os.dup(2)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    with captured(os.path.join(out_dir, "onnx2tf.log")):
+        _convert_and_run(spec, out_dir, result, t0)
+    finish(result, out_dir, t0)
+
+
+def _convert_and_run(spec: dict, out_dir: str, result: dict, t0: float) -> None:
     try:
         import onnx2tf
 
@@ -78,15 +75,6 @@ def main() -> None:
         result["stage"] = "done"
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-    result["seconds"] = time.time() - t0
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open(os.path.join(out_dir, "result.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -7,20 +7,16 @@ Writes ``out_dir/result.json`` (the runtime precision of every executed layer, t
 inference times, the peak RSS) and ``out_dir/output.npy``.
 """
 
-import json
 import os
-import resource
-import sys
 import time
 
 import numpy as np
+from _worker_io import finish, read_spec
 
 
 def main() -> None:
-    with open(sys.argv[1]) as fh:
-        spec = json.load(fh)
+    spec = read_spec()
     out_dir = spec["out_dir"]
-    os.makedirs(out_dir, exist_ok=True)
     result: dict = {"stage": "start"}
     t0 = time.time()
     try:
@@ -60,10 +56,7 @@ def main() -> None:
         result["stage"] = "done"
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
-    result["seconds"] = time.time() - t0
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open(os.path.join(out_dir, "result.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
+    finish(result, out_dir, t0)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,12 @@ counts (limit errors, CPU fallbacks), the Network Layer Information Table (op, d
 the .rknn size, the build's peak RSS, and ``out_dir/output.npy`` (the x86 simulator's output).
 """
 
-import json
 import os
 import re
-import resource
-import sys
 import time
 
 import numpy as np
+from _worker_io import captured, finish, read_spec
 
 LIMIT_PATTERNS = (r"exceed", r"> limitations", r"too large", r"limit")
 """A limit line: any REGTASK line, or an error/warning line (E or W level) naming a limit. Debug lines
@@ -31,17 +29,18 @@ LAYER = re.compile(r"RKNN: \[[\d:.]+\] (\d+)\s+(\w+)\s+(\w+)\s+(CPU|NPU)\s+(\S+)
 
 
 def main() -> None:
-    with open(sys.argv[1]) as fh:
-        spec = json.load(fh)
+    spec = read_spec()
     out_dir = spec["out_dir"]
-    os.makedirs(out_dir, exist_ok=True)
     log_path = os.path.join(out_dir, "rknn.log")
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    saved = os.dup(1), os.dup(2)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)  # the compiler prints from C: capture the file descriptors
     result: dict = {"stage": "start", "platform": spec["platform"], "quantize": bool(spec.get("quantize"))}
     t0 = time.time()
+    with captured(log_path):
+        _build(spec, out_dir, result, t0)
+    with open(log_path, errors="replace") as fh:
+        _report(result, fh.read(), out_dir, t0)
+
+
+def _build(spec: dict, out_dir: str, result: dict, t0: float) -> None:
     try:
         from rknn.api import RKNN
 
@@ -76,15 +75,9 @@ def main() -> None:
         result["stage"] = "done"
     except Exception as exc:  # the harness reports it as the row's failure
         result["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-    result["seconds"] = time.time() - t0
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    with open(log_path, errors="replace") as fh:
-        text = fh.read()
+
+
+def _report(result: dict, text: str, out_dir: str, t0: float) -> None:
     lines = text.splitlines()
     result["limit_lines"] = [line[:300] for line in lines if is_limit_line(line)][:20]
     result["n_limit_lines"] = sum(1 for line in lines if is_limit_line(line))
@@ -95,8 +88,7 @@ def main() -> None:
         for m in (LAYER.search(line) for line in lines)
         if m
     ]
-    with open(os.path.join(out_dir, "result.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
+    finish(result, out_dir, t0)
 
 
 if __name__ == "__main__":
