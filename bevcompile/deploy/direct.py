@@ -214,20 +214,11 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     failures += [f"non-static shape {d}" for d in scan.dynamic[:10]]
     same, float_ref, _ = _references(store, options, lift, inputs)
     t0 = time.perf_counter()
-    try:
-        session_options = ort.SessionOptions()
-        if full_qdq or options.weights == "int8-qdq":
-            session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, QDQ_SESSION_LEVEL)
-        session = ort.InferenceSession(str(tmp), session_options, providers=["CPUExecutionProvider"])
-        (ort_out,) = session.run(["bev"], _feeds(inputs, plan.input_rank))
-        ort_out = ort_out.reshape(same.shape)
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if ox.is_allocation_failure(exc):
-            tmp.unlink(missing_ok=True)
-            raise MemoryError(f"onnxruntime: {first}") from None
-        failures.append(f"onnxruntime cannot run the graph: {first}")
-        ort_out = np.full(same.shape, np.nan, dtype=np.float32)
+    session_options = ort.SessionOptions()
+    if full_qdq or options.weights == "int8-qdq":
+        session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, QDQ_SESSION_LEVEL)
+    ort_out = ox.run_checked(ort, tmp, _feeds(inputs, plan.input_rank), session_options, same.shape, failures)
+    ort_out = ort_out.reshape(same.shape) if ort_out.size == same.size else np.full(same.shape, np.nan, np.float32)
     ort_seconds = time.perf_counter() - t0
     progress(1)
     diff = np.abs(ort_out.astype(np.float64) - same)

@@ -1053,19 +1053,10 @@ def export_onnx(
     if len(scan.dynamic) > 10:
         failures.append(f"... and {len(scan.dynamic) - 10} more non-static shapes")
     t0 = time.perf_counter()
-    try:
-        session_options = ort.SessionOptions()
-        if options.weights == "int8-qdq":
-            session_options.add_session_config_entry(ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY)
-        session = ort.InferenceSession(str(tmp), session_options, providers=["CPUExecutionProvider"])
-        (ort_out,) = session.run(["bev"], {name: inputs[name] for name in names})
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if is_allocation_failure(exc):
-            tmp.unlink(missing_ok=True)
-            raise MemoryError(f"onnxruntime: {first}") from None
-        failures.append(f"onnxruntime cannot run the graph: {first}")
-        ort_out = np.full(torch_out.shape, np.nan, dtype=np.float32)
+    session_options = ort.SessionOptions()
+    if options.weights == "int8-qdq":
+        session_options.add_session_config_entry(ORT_QDQ_ACCURACY_KEY, ORT_QDQ_CHECK_ACCURACY)
+    ort_out = run_checked(ort, tmp, {name: inputs[name] for name in names}, session_options, torch_out.shape, failures)
     ort_seconds = time.perf_counter() - t0
     step(1)
     if ort_out.shape != reference.shape:
@@ -1137,6 +1128,23 @@ def export_onnx(
         return result
     os.replace(tmp, out)
     return result
+
+
+def run_checked(ort: Any, path: Path, feeds: dict[str, np.ndarray], session_options: Any, shape: tuple[int, ...], failures: list[str]) -> np.ndarray:
+    """onnxruntime's output of the graph at ``path`` (the check's run). A graph it cannot run adds a
+    failure and gives NaN of ``shape``; an allocation failure removes the file and is a ``MemoryError``
+    (a machine limit, exit 2)."""
+    try:
+        session = ort.InferenceSession(str(path), session_options, providers=["CPUExecutionProvider"])
+        (out,) = session.run(["bev"], feeds)
+        return np.asarray(out)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if is_allocation_failure(exc):
+            path.unlink(missing_ok=True)
+            raise MemoryError(f"onnxruntime: {first}") from None
+        failures.append(f"onnxruntime cannot run the graph: {first}")
+        return np.full(shape, np.nan, dtype=np.float32)
 
 
 def rejected_graph(out: Path, tmp: Path, result: ExportResult, failures: list[str]) -> CheckFailed:

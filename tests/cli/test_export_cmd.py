@@ -84,7 +84,7 @@ def test_export_onnx_option_values_in_any_case(store: Path, tmp_path: Path) -> N
          "error: --weights int8-qdq applies to --product ell or tiles only, got --product gather (use --weights float32 or lut)"),
         (["--product", "tiles", "--weights", "int8-qdq", "--opset", "12"],
          "error: --weights int8-qdq needs --opset 13 or higher (DequantizeLinear with a per-row scale), got --opset 12"),
-        (["--weights", "int4"], "error: --weights must be one of float32, float16, lut, int8, int8-qdq, got 'int4'"),
+        (["--weights", "int4"], "error: --weights must be one of float32, float16, fp16, mixed, lut, int8, int8-qdq, got 'int4'"),
         (["--product", "ell", "--reduce", "mean"], "error: --reduce applies to --product gather only, got --product ell"),
         (["--product", "dense", "--reduce", "mean"], "error: --product must be one of gather, ell, tiles, got 'dense'"),
         (["--opset", "8"], "error: --opset must be in [9, 23], got 8"),

@@ -243,8 +243,10 @@ def test_export_quantised_weight_errors(gather_store: Path, matrix_store: Path, 
         export_onnx(gather_store, out, ExportOptions(product="gather", weights="int8-qdq"))
     with pytest.raises(UsageError, match=r"--weights int8-qdq needs --opset 13 or higher \(DequantizeLinear with a per-row scale\), got --opset 12"):
         export_onnx(matrix_store, out, ExportOptions(product="tiles", weights="int8-qdq", opset=12))
-    with pytest.raises(UsageError, match=r"--weights must be one of float32, float16, lut, int8, int8-qdq, got 'fp16'"):
+    with pytest.raises(UsageError, match=r"--weights fp16 applies to --product ell or tiles only, got --product gather \(use --weights float32 or lut\)"):
         export_onnx(gather_store, out, ExportOptions(weights="fp16"))
+    with pytest.raises(UsageError, match=r"--weights must be one of float32, float16, fp16, mixed, lut, int8, int8-qdq, got 'int4'"):
+        export_onnx(gather_store, out, ExportOptions(weights="int4"))
     for weights in ("int8", "int8-qdq"):  # matrix_store has no int8
         with pytest.raises(StoreError, match=r"`bevcompile matrix --quantize int8"):
             export_onnx(matrix_store, out, ExportOptions(product="tiles", weights=weights))
