@@ -21,8 +21,9 @@ Every graph takes the same seeded features ``(1, n_cam, C, H_f, W_f)``:
 * for the matrix: a dense ``MatMul`` with ``W`` (nuScenes only: dense-6cam's ``W`` is 221 GB) and
   scipy's CSR ``W @ X`` (same process, same features).
 
-Each is the median of ``--repeat`` runs after 5 warm-ups, in onnxruntime with 1 thread and with all
-threads, and in OpenVINO (CPU plugin, ``INFERENCE_PRECISION_HINT`` f32; the openvino venv of
+Each is the median of ``--repeat`` runs after 5 warm-ups, the graphs of one rig and C timed
+INTERLEAVED (one run of each per round, so a machine whose load changes weighs on all alike), in
+onnxruntime with 1 thread and with all threads, and in OpenVINO (CPU plugin, ``INFERENCE_PRECISION_HINT`` f32; the openvino venv of
 ``make npu-envs``). Ratios are to the GridSample graph of the same rig, C and runtime, measured in the
 same process. Results: ``benchmarks/results/deploy_latency.json``.
 """
@@ -44,6 +45,10 @@ from _common import CONFIGS, ROOT, bevcompile, machine, markdown_table
 
 RESULTS = ROOT / "benchmarks" / "results" / "deploy_latency.json"
 RIGS = {"nuscenes": "nuscenes.yaml", "dense-6cam": "dense-6cam.yaml"}
+BIG_INPUT = 100_000_000
+"""Feature values (pixels x C) above which only the baseline and the channel-last forms are timed: the
+sessions are held at once, and today's torch-traced gather of dense-6cam at C = 256 alone gathers 983 MB
+per run."""
 
 
 def build(rig: str, folder: Path) -> Path:
@@ -105,32 +110,40 @@ def dense_matmul_model(store: Any, channels: int) -> bytes | None:
     return model.SerializeToString()
 
 
-def ort_latency(model: bytes, feeds: dict[str, np.ndarray], threads: int, repeat: int) -> float:
+def ort_latencies(models: list[bytes], feeds: dict[str, np.ndarray], threads: int, repeat: int) -> list[float]:
+    """Median ms of every model, timed INTERLEAVED (one run of each per round): a machine whose load
+    changes during the run weighs on every graph alike, so the ratios hold."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    sessions = [ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]) for model in models]
     for _ in range(5):
-        session.run(None, feeds)
-    times = []
+        for session in sessions:
+            session.run(None, feeds)
+    times: list[list[float]] = [[] for _ in sessions]
     for _ in range(repeat):
-        t = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - t)
-    return float(np.median(times) * 1e3)
+        for i, session in enumerate(sessions):
+            t = time.perf_counter()
+            session.run(None, feeds)
+            times[i].append(time.perf_counter() - t)
+    return [float(np.median(t) * 1e3) for t in times]
 
 
-def openvino_latency(path: Path, feeds_path: Path, names: list[str], repeat: int, work: Path) -> float | None:
+def openvino_latencies(paths: list[Path], feeds_path: Path, names: list[str], repeat: int, work: Path) -> list[float | None]:
     from bevcompile.deploy.toolchains.harness import run_worker, toolchain_available
 
     if not toolchain_available("openvino"):
-        return None
-    spec = {"onnx": str(path), "inputs": str(feeds_path), "input_names": names, "out_dir": str(work / "ov"), "config": {"INFERENCE_PRECISION_HINT": "f32"}, "repeat": repeat}
+        return [None] * len(paths)
+    spec = {"models": [str(p) for p in paths], "inputs": str(feeds_path), "input_names": names, "out_dir": str(work / "ov"),
+            "config": {"INFERENCE_PRECISION_HINT": "f32"}, "repeat": repeat}
     result = run_worker("openvino", spec, work)
-    value = result.get("latency_ms")
-    return float(value) if value is not None else None
+    values = result.get("latency_ms")
+    if not values:
+        print(f"openvino: {result.get('error')}", file=sys.stderr)
+        return [None] * len(paths)
+    return [float(v) for v in values]
 
 
 def scipy_latency(store: Any, features: np.ndarray, repeat: int) -> float:
@@ -158,19 +171,21 @@ def graphs(store_path: Path, store: Any, channels: int, work: Path) -> list[tupl
     from bevcompile.deploy.onnx_export import ExportOptions, export_onnx
 
     out: list[tuple[str, str, bytes]] = []
+    pixels = store.rig.n_cam * store.feature_size[0] * store.feature_size[1]
+    big = pixels * channels > BIG_INPUT  # every session is held at once (interleaved timing): keep the channel-last forms only
     for product in ("gather", "ell", "tiles"):
-        if product == "gather" or store.rig.n_cam * store.feature_size[0] * store.feature_size[1] < 100_000:
+        if not big and (product == "gather" or pixels < 100_000):
             path = work / f"generic-{product}.onnx"
             export_onnx(store_path, path, ExportOptions(product=product, channels=channels))
             out.append((product, "generic (today: torch-traced)", path.read_bytes()))
         lift = product_lift(store, product)
-        forms = [("gather", "channel-last"), ("gather", "channel-first"), ("tiles", "channel-last")]
+        forms = [("gather", "channel-last"), ("tiles", "channel-last")] if big else [("gather", "channel-last"), ("gather", "channel-first"), ("tiles", "channel-last")]
         for form, layout in forms:
             plan = Plan(form=form, layout=layout, input_rank=5, batch=1, channels=channels, opset=17, tile_rows=8)
             model, _ = build_graph(lift, plan)
             out.append((product, f"{form} {layout}", model.SerializeToString()))
         stats, _ = choose_window_patch(lift.by_output(), 256 << 20, 2000, 4)
-        if stats is not None:
+        if stats is not None and not big:
             model, _ = build_graph(lift, Plan(form="windows", layout="channel-first", input_rank=5, batch=1, channels=channels, opset=17, patch=stats.patch))
             out.append((product, f"windows {stats.patch[0]}x{stats.patch[1]}", model.SerializeToString()))
     return out
@@ -196,25 +211,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 entries: list[tuple[str, str, bytes | None]] = [("baseline", "GridSample (torch grid_sample per camera, summed)", grid_sample_model(store, features))]
                 entries += list(graphs(store_path, store, channels, work))
                 entries.append(("ell", "dense MatMul (W dense)", dense_matmul_model(store, channels)))
-                base: dict[str, float] = {}
-                for product, label, model in entries:
-                    if model is None:
-                        continue
-                    path = work / f"m{len(rows)}.onnx"
+                kept = [(product, label, model) for product, label, model in entries if model is not None]
+                paths = []
+                for i, (_, _, model) in enumerate(kept):
+                    path = work / f"m{i}.onnx"
                     path.write_bytes(model)
-                    row: dict[str, Any] = {"rig": rig, "channels": channels, "product": product, "graph": label}
-                    for name, threads in (("ort_1", 1), ("ort_all", os.cpu_count() or 1)):
-                        row[name] = ort_latency(model, feeds, threads, args.repeat)
-                    row["openvino"] = openvino_latency(path, work / "feeds.npz", ["features"], args.repeat, work) if not args.no_openvino else None
-                    if product == "baseline":
-                        base = {k: row[k] for k in ("ort_1", "ort_all", "openvino") if row[k] is not None}
+                    paths.append(path)
+                models = [model for _, _, model in kept]
+                one = ort_latencies(models, feeds, 1, args.repeat)
+                every = ort_latencies(models, feeds, os.cpu_count() or 1, args.repeat)
+                ov = [None] * len(kept) if args.no_openvino else openvino_latencies(paths, work / "feeds.npz", ["features"], args.repeat, work)
+                base = {"ort_1": one[0], "ort_all": every[0], "openvino": ov[0]}
+                for (product, label, _), t1, tn, to in zip(kept, one, every, ov, strict=True):
+                    row: dict[str, Any] = {"rig": rig, "channels": channels, "product": product, "graph": label, "ort_1": t1, "ort_all": tn, "openvino": to}
                     for key in ("ort_1", "ort_all", "openvino"):
-                        row[f"{key}_ratio"] = row[key] / base[key] if row[key] is not None and key in base else None
+                        row[f"{key}_ratio"] = row[key] / base[key] if row[key] is not None and base[key] else None
                     rows.append(row)
-                    print(f"{rig:10s} C={channels:3d} {product:8s} {label:45s} ort1 {row['ort_1']:8.2f} ms ({row['ort_1_ratio']:.2f}x)  ortN {row['ort_all']:8.2f} ms"
-                          + (f"  ov {row['openvino']:8.2f} ms ({row['openvino_ratio']:.2f}x)" if row["openvino"] is not None else ""), flush=True)
+                    print(f"{rig:10s} C={channels:3d} {product:8s} {label:45s} ort1 {t1:8.2f} ms ({row['ort_1_ratio']:.2f}x)  ortN {tn:8.2f} ms"
+                          + (f"  ov {to:8.2f} ms ({row['openvino_ratio']:.2f}x)" if to is not None else ""), flush=True)
                 scipy_ms = scipy_latency(store, features, args.repeat)
-                rows.append({"rig": rig, "channels": channels, "product": "ell", "graph": "scipy CSR W @ X (1 thread, in-process)", "ort_1": scipy_ms,
+                rows.append({"rig": rig, "channels": channels, "product": "ell", "graph": "scipy CSR W @ X (1 thread, in-process; not interleaved)", "ort_1": scipy_ms,
                              "ort_all": None, "openvino": None, "ort_1_ratio": scipy_ms / base["ort_1"], "ort_all_ratio": None, "openvino_ratio": None})
     return {"machine": machine(), "repeat": args.repeat, "rows": rows}
 

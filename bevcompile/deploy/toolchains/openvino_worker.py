@@ -14,8 +14,41 @@ import numpy as np
 from _worker_io import finish, read_spec
 
 
+def latency(spec: dict) -> None:
+    """``spec["models"]``: ONNX files timed INTERLEAVED (one run of each per round, ``repeat`` rounds after
+    ``warmup``), so a machine whose load changes during the run weighs on every model alike; writes
+    ``latency_ms`` (the median per model) to ``out_dir/result.json``."""
+    import openvino as ov
+
+    out_dir = spec["out_dir"]
+    t0 = time.time()
+    result: dict = {"stage": "start"}
+    try:
+        core = ov.Core()
+        feeds = np.load(spec["inputs"])
+        inputs = {name: feeds[name] for name in spec["input_names"]}
+        requests = [core.compile_model(core.read_model(path), "CPU", spec.get("config", {})).create_infer_request() for path in spec["models"]]
+        for _ in range(int(spec.get("warmup", 5))):
+            for request in requests:
+                request.infer(inputs)
+        times: list[list[float]] = [[] for _ in requests]
+        for _ in range(int(spec["repeat"])):
+            for i, request in enumerate(requests):
+                t = time.perf_counter()
+                request.infer(inputs)
+                times[i].append(time.perf_counter() - t)
+        result["latency_ms"] = [float(np.median(t) * 1e3) for t in times]
+        result["stage"] = "done"
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    finish(result, out_dir, t0)
+
+
 def main() -> None:
     spec = read_spec()
+    if "models" in spec:
+        latency(spec)
+        return
     out_dir = spec["out_dir"]
     result: dict = {"stage": "start"}
     t0 = time.time()
