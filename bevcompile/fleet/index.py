@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError, UsageError
+from ..files import FileRefused, replace_file
 from .task import VehicleResult, flags_for
 
 INDEX_FORMAT = "bevcompile-fleet/1"
@@ -88,11 +89,12 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     try:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
+        replace_file(tmp, path)
+    except (OSError, FileRefused) as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise StoreError(f"{path}: cannot write the fleet index ({exc.strerror or exc})") from None
+        reason = exc.reason if isinstance(exc, FileRefused) else exc.strerror or exc
+        raise StoreError(f"{path}: cannot write the fleet index ({reason})") from None
 
 
 def counts(results: Iterable[VehicleResult]) -> dict[str, int]:

@@ -764,6 +764,7 @@ def run_grid(
     path = store_path(out_dir, rig.name)
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    start_phase(progress, "projecting BEV cells", product_grid_samples(rig), "samples")  # after the guard: a region's cell table costs time
     built = build_grid_command(rig, options, progress=progress)
     start_phase(progress, f"writing {path.name}")
     report = write_groups(

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -30,6 +29,17 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, shown
+from ..files import (
+    DIRECTORY,
+    MISSING,
+    SPECIAL,
+    TOO_LARGE,
+    UNREADABLE,
+    FileRefused,
+    check_output_path,
+    read_regular,
+    replace_file,
+)
 from .presets import PRESETS, AugRule, Preset
 
 BEV_FRAME_EGO = "ego"
@@ -591,24 +601,22 @@ def _read_text(path: str | Path, what: str) -> tuple[str, str]:
     if source == STDIN:
         return "<stdin>", _decode("<stdin>", _read_stdin(what), what)
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(source, "", "is a directory, expected a YAML file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
-            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
-    except FileNotFoundError:
-        raise ConfigError(source, "", "file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(source, "", "is a directory, expected a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read file ({exc.strerror or exc.__class__.__name__})") from None
+        raw = read_regular(path, MAX_CONFIG_BYTES, what)
+    except FileRefused as exc:
+        raise ConfigError(source, "", _refusal(exc, what)) from None
     return source, _decode(source, raw, what)
+
+
+def _refusal(exc: FileRefused, what: str) -> str:
+    """The config readers' wording of a refused file (:func:`bevcompile.files.open_regular`)."""
+    limit = f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}"
+    return {
+        MISSING: "file not found",
+        DIRECTORY: "is a directory, expected a YAML file",
+        SPECIAL: "is not a regular file (a device, pipe or socket), expected a YAML file",
+        TOO_LARGE: f"is {exc.size:,} bytes, {limit}" if exc.size else limit,
+        UNREADABLE: f"cannot read file ({exc.detail})",
+    }.get(exc.code, exc.reason)
 
 
 def _parse_yaml(text: str, source: str, loader: type[_BoundedLoader] | None = None) -> Any:
@@ -683,12 +691,19 @@ def write_config_yaml(path: str | Path, data: Mapping[str, Any], header: Sequenc
     """Write :func:`dump_config_yaml` to ``path`` atomically (a temporary sibling, then a rename):
     a reader never sees half a file. ConfigError (one line) if the folder cannot be written."""
     target = Path(path)
+    special = check_output_path(target)  # a device, FIFO or socket: the rename would replace it
+    if special is not None:
+        raise ConfigError(str(target), "", special)
     text = dump_config_yaml(data, header)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        replace_file(tmp, target)
+    except FileRefused as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(str(target), "", exc.reason) from None
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -1139,40 +1154,59 @@ def _parse_polygons(ctx: _Ctx, items: list[Any], field: str) -> tuple[tuple[tupl
     return tuple(polygons)
 
 
-def _read_mask_file(ctx: _Ctx, name: str, field: str, base_dir: Path | None) -> Any:
+def _read_mask_file(ctx: _Ctx, name: str, field: str, base_dir: Path | None, shape: tuple[int, int]) -> Any:
     """The keep mask of file ``name`` (relative to ``base_dir``, the config's folder) as a 2-D
-    array (non-zero = kept); one-line ConfigError otherwise."""
+    array of ``shape`` ``(ny, nx)`` (non-zero = kept); one-line ConfigError otherwise. The shape
+    and type are checked from the file's header (the ``.npy`` header, the PNG's IHDR) before its
+    data is decoded: a small file that declares a huge array costs nothing."""
     import io
 
     import numpy as np
 
-    from .region import decode_png
+    from .region import decode_png, png_header
 
     suffix = Path(name).suffix.lower()
     if suffix not in MASK_SUFFIXES:
         raise ctx.fail(field, f"mask file {shown(name)} must be a .npy or .png file")
     path = Path(name) if Path(name).is_absolute() or base_dir is None else base_dir / name
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ctx.fail(field, f"mask file {shown(name)} is not a regular file")
-        if info.st_size > MAX_MASK_BYTES:
-            raise ctx.fail(field, f"mask file {shown(name)} is {info.st_size:,} bytes, larger than {MAX_MASK_BYTES >> 20} MiB")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ctx.fail(field, f"mask file {shown(name)} not found (relative paths are relative to the config's folder)") from None
-    except OSError as exc:
-        raise ctx.fail(field, f"cannot read mask file {shown(name)} ({exc.strerror or exc.__class__.__name__})") from None
-    try:
-        if suffix == ".png":
+        raw = read_regular(path, MAX_MASK_BYTES, "a mask file")
+    except FileRefused as exc:
+        if exc.code == MISSING:
+            raise ctx.fail(field, f"mask file {shown(name)} not found (relative paths are relative to the config's folder)") from None
+        if exc.code == UNREADABLE:
+            raise ctx.fail(field, f"cannot read mask file {shown(name)} ({exc.detail})") from None
+        raise ctx.fail(field, f"mask file {shown(name)} {exc.reason}") from None
+
+    def wrong_shape(given: tuple[int, ...]) -> ConfigError:
+        text = " x ".join(str(n) for n in given)
+        return ctx.fail(field, f"mask file {shown(name)} is {text}, expected ny x nx = {shape[0]} x {shape[1]} ([iy, ix], row 0 = y_min)")
+
+    if suffix == ".png":
+        try:
+            width, height = png_header(raw)[:2]
+            if (height, width) != shape:
+                raise wrong_shape((height, width))
             return decode_png(raw)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ctx.fail(field, f"mask file {shown(name)}: {' '.join(str(exc).split())}") from None
+    buffer = io.BytesIO(raw)
+    try:  # the header first: shape and dtype before any data is read
+        version = np.lib.format.read_magic(buffer)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        declared, _fortran, dtype = read_header(buffer)
+    except Exception as exc:  # not a .npy header: ValueError, EOFError ...
+        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({' '.join(str(exc).split()) or exc.__class__.__name__})") from None
+    if not (dtype == np.bool_ or np.issubdtype(dtype, np.integer)):
+        raise ctx.fail(field, f"mask file {shown(name)} holds {dtype}: expected bool or integer (non-zero = kept)")
+    if tuple(declared) != shape:
+        raise wrong_shape(tuple(declared))
+    try:
         array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except ValueError as exc:
-        raise ctx.fail(field, f"mask file {shown(name)}: {' '.join(str(exc).split())}") from None
-    except Exception as exc:  # a damaged .npy: EOFError, OSError, UnpicklingError ...
-        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({exc.__class__.__name__})") from None
-    if not (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer)):
-        raise ctx.fail(field, f"mask file {shown(name)} holds {array.dtype}: expected bool or integer (non-zero = kept)")
+    except Exception as exc:  # a truncated or damaged .npy: ValueError, EOFError, OSError ...
+        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({' '.join(str(exc).split()) or exc.__class__.__name__})") from None
     return array
 
 
@@ -1206,10 +1240,7 @@ def _parse_mask(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec, bas
     for key in ("shape", "sha256"):
         if key in data:
             raise ctx.fail(f"{field}.{key}", "only with runs (the resolved form of a mask)")
-    array = _read_mask_file(ctx, name, field, base_dir)
-    if array.shape != (y.n, x.n):
-        given = " x ".join(str(n) for n in array.shape)
-        raise ctx.fail(field, f"mask file {shown(name)} is {given}, expected ny x nx = {y.n} x {x.n} ([iy, ix], row 0 = y_min)")
+    array = _read_mask_file(ctx, name, field, base_dir, (y.n, x.n))
     content = mask_bytes(array)
     return content, name, mask_sha256(content)
 
@@ -1240,7 +1271,7 @@ def _parse_rings(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec) ->
 
 
 def _parse_region(ctx: _Ctx, value: Any, x: AxisSpec, y: AxisSpec, base_dir: Path | None) -> RegionSpec:
-    from .region import polygon_mask
+    from .region import polygon_kept_count
 
     field = "bev.region"
     data = _mapping(ctx, value, field)
@@ -1252,7 +1283,7 @@ def _parse_region(ctx: _Ctx, value: Any, x: AxisSpec, y: AxisSpec, base_dir: Pat
         keep = data["keep"]
         if isinstance(keep, list | tuple):
             polygons = _parse_polygons(ctx, list(keep), f"{field}.keep")
-            kept = int(polygon_mask(polygons, x, y).sum())
+            kept = polygon_kept_count(polygons, x, y)  # the runs of each row, never an (ny, nx) mask
         else:
             if not isinstance(keep, str | Mapping):
                 raise ctx.fail(f"{field}.keep", f"expected a list of polygons or a mask file name, got {_type_name(keep)}")

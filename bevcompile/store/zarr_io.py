@@ -59,6 +59,7 @@ from ..errors import (
     printable,
     shown,
 )
+from ..files import MAX_JSON_DEPTH, check_output_path, json_depth
 
 STORE_FORMAT = "bevcompile/1"
 READABLE_FORMATS = ("bevcompile/1",)
@@ -145,6 +146,9 @@ def output_file(out: str | Path, option: str = "--out") -> Path | None:
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name such as {path / 'out'}")
+    special = check_output_path(path)  # a device, FIFO or socket: the rename would replace it
+    if special is not None:
+        raise StoreError(f"{option} {path}: {special}")
     folder = path.parent
     if not folder.is_dir():
         raise StoreError(f"{option} {path}: its folder {folder} does not exist (no folder is created for a file)")
@@ -945,8 +949,9 @@ def _file_kind(mode: int) -> str:
 def read_metadata_file(path: str | Path, limit: int = MAX_METADATA_BYTES) -> bytes:
     """The bytes of a store's metadata file, read only when it is a regular file (links
     followed) of at most ``limit`` bytes: a FIFO would block the reader forever, a link to
-    ``/dev/zero`` never end. :class:`StoreError` otherwise (``FileNotFoundError`` kept as the
-    cause for a missing file)."""
+    ``/dev/zero`` never end; and JSON nested at most :data:`bevcompile.files.MAX_JSON_DEPTH`
+    levels (checked without parsing: every reader, zarr's included, parses it after this).
+    :class:`StoreError` otherwise (``FileNotFoundError`` kept as the cause for a missing file)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -970,7 +975,13 @@ def read_metadata_file(path: str | Path, limit: int = MAX_METADATA_BYTES) -> byt
             total += len(block)
         if total > limit:
             raise StoreError(f"{path}: more than the {limit >> 20} MiB a metadata file may have")
-        return b"".join(chunks)
+        raw = b"".join(chunks)
+        depth = json_depth(raw)  # before any parser sees it: 200,000 '[' would exhaust the recursion limit
+        if depth > MAX_JSON_DEPTH:
+            raise StoreError(f"{path}: JSON nested {depth:,} levels deep, more than {MAX_JSON_DEPTH}")
+        return raw
+    except StoreError:
+        raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read ({_os_reason(exc)})") from None
     finally:

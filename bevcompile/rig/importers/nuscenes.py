@@ -19,12 +19,14 @@ numbers copied exactly) and ``LIDAR_TOP`` a rig sensor (same pose fields). ``sam
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...files import MISSING, FileRefused, JSONRefused, open_regular, raw_decode_strict, strict_decoder
 from ..config import _Ctx, _integer, _mapping, _matrix, _numbers, _string
 from ._common import check_name, rig_data, template_data
 
@@ -33,6 +35,8 @@ DEFAULT_CAMERAS = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK",
 LIDAR_CHANNELS = ("LIDAR_TOP",)
 TABLES = ("scene", "sample", "sample_data", "calibrated_sensor", "sensor", "log")
 READ_CHUNK = 1 << 20
+MAX_TABLE_BYTES = 16 << 30
+"""A table file is at most 16 GiB (v1.0-trainval's ``sample_data.json`` is about 1 GiB)."""
 MAX_RECORD_BYTES = 1 << 24
 """A single table record larger than this is not a nuScenes record (bounds the stream's buffer)."""
 
@@ -46,13 +50,14 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
 
     ConfigError ``<path>: [<index>]: ...`` for a file that is not a JSON array of values."""
     source = str(path)
-    decoder = json.JSONDecoder()
-    try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below; open errors are reported apart)
-    except FileNotFoundError:
-        raise ConfigError(source, "", "file not found (is --dataroot/--version right?)") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read file ({exc.strerror or exc})") from None
+    decoder = strict_decoder()
+    try:  # a regular file of bounded size (a FIFO would block the first read)
+        binary, _size = open_regular(path, MAX_TABLE_BYTES, "a nuScenes table")
+    except FileRefused as exc:
+        if exc.code == MISSING:
+            raise ConfigError(source, "", "file not found (is --dataroot/--version right?)") from None
+        raise ConfigError(source, "", exc.reason) from None
+    fh = io.TextIOWrapper(binary, encoding="utf-8")
     with fh:
         buffer, pos, index, done = "", 0, 0, False
 
@@ -95,10 +100,12 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
                     raise ConfigError(source, f"[{index}]", "file ends inside the array (truncated?)")
             while True:
                 try:
-                    record, end = decoder.raw_decode(buffer, pos)
+                    record, end = raw_decode_strict(decoder, buffer, pos)
                     if end == len(buffer) and fill():  # a number may go on in the next chunk
                         continue
                     break
+                except JSONRefused as exc:  # nested too deep, NaN, a 5,000-digit number, a duplicate key
+                    raise ConfigError(source, f"[{index}]", f"invalid JSON ({exc})") from None
                 except json.JSONDecodeError as exc:
                     if len(buffer) - pos > MAX_RECORD_BYTES:
                         raise ConfigError(source, f"[{index}]", f"invalid JSON ({exc.msg})") from None
