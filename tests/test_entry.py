@@ -21,7 +21,9 @@ class _InterruptingFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signals_restored: None
+) -> None:
     monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder(), *sys.meta_path])
     with pytest.raises(SystemExit) as info:
@@ -30,7 +32,44 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch: pytest
     assert capsys.readouterr().err == "error: interrupted while starting; nothing was written\n"
 
 
-def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+class _TerminatingFinder(importlib.abc.MetaPathFinder):
+    """SIGTERM while ``bevcompile.cli`` is being imported (before the CLI's handler exists)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "bevcompile.cli":
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+
+@pytest.fixture
+def signals_restored() -> Any:
+    """The entry point installs handlers (and ignores both signals on the way out): undo it."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def test_sigterm_while_the_cli_loads_is_one_line_and_exit_143(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], signals_restored: None
+) -> None:
+    """issue 31: a SIGTERM before the CLI's handler was installed killed the process without a word."""
+    monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_TerminatingFinder(), *sys.meta_path])
+    with pytest.raises(SystemExit) as info:
+        _entry.main(["grid", "--help"])
+    assert info.value.code == 143
+    assert capfd.readouterr().err == "error: terminated (SIGTERM) while starting; nothing was written\n"
+
+
+def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str], signals_restored: None) -> None:
     with pytest.raises(SystemExit) as info:
         _entry.main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.startswith("bevcompile ")
