@@ -301,6 +301,10 @@ def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where:
     return DepthPrior(raw, source, file_sha)
 
 
+PRIOR_DIMS: dict[int, tuple[str, ...]] = {1: ("depth_bin",), 2: ("camera", "depth_bin"), 4: ("camera", "depth_bin", "v", "u")}
+"""Zarr dimension names of a stored raw prior, by its rank."""
+
+
 def prior_dims(raw: F64) -> tuple[str, ...]:
     """Zarr dimension names of a stored raw prior."""
-    return {1: ("depth_bin",), 2: ("camera", "depth_bin"), 4: ("camera", "depth_bin", "v", "u")}[raw.ndim]
+    return PRIOR_DIMS[raw.ndim]
