@@ -109,8 +109,8 @@ def read_checkpoint(path: str | Path, *, shown: str | None = None) -> Checkpoint
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise CheckpointError(where, "", f"a damaged zip file ({exc})") from None
+        except Exception as exc:  # BadZipFile, OSError, a member name that is not UTF-8 ...
+            raise CheckpointError(where, "", f"a damaged zip file ({_first_line(exc)})") from None
         if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             return Checkpoint(path, "pytorch", sha, _read_torch(path, where, mmap=True))
         if names and all(n.endswith(".npy") for n in names):

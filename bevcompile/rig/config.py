@@ -75,6 +75,19 @@ MAX_RESIZE = 16.0
 by more than 16 is a typo)."""
 MAX_IMAGE_SIDE = 32768
 """``image_size`` and ``input_size`` sides are at most this many pixels."""
+MIN_FOCAL_PX = 1.0
+MAX_FOCAL_PX = 1e6
+"""``fx`` and ``fy`` in [1, 10^6] pixels: under a pixel every pixel sees more than a radian, over a
+million (a 3 m lens on 3 um pixels) the rays are parallel to float precision; outside, the
+geometry overflows (``fy = 5e-324`` divides to infinity)."""
+PRINCIPAL_POINT_MARGIN = 4
+"""``cx`` in ``[-4 W, 5 W]`` and ``cy`` in ``[-4 H, 5 H]``: within four image sizes of the image (a
+crop can move it off the image, never far)."""
+MAX_DISTORTION_COEFF = 1e4
+"""``|k|`` of every distortion coefficient at most 10^4 (real calibrations stay within a few hundred)."""
+MAX_EXTENT_M = 10_000.0
+"""BEV bounds (``bev.x``, ``bev.y``, ``bev.z``), sampling heights and depth bins within 10 km: a
+BEV grid covers what the cameras see, not the planet."""
 _PLAIN_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 """A number given as a string (JSON data, or ``1e-3``, which PyYAML leaves a string): plain ASCII
 decimal only (YAML 1.2 core schema), so ``"1_000.5"``, ``"١.٧٢٢"``, ``"１.５"``, ``" 1"`` are refused."""
@@ -933,15 +946,18 @@ def _parse_distortion(ctx: _Ctx, data: Any, field: str) -> Distortion:
     _check_keys(ctx, data, field, ("model",), ("coeffs",))
     model = _string(ctx, data["model"], f"{field}.model")
     if model not in DISTORTION_MODELS:
-        raise ctx.fail(f"{field}.model", f"unknown model {model!r} (expected one of {', '.join(DISTORTION_MODELS)})")
+        raise ctx.fail(f"{field}.model", f"unknown model {shown(model)} (expected one of {', '.join(DISTORTION_MODELS)})")
     if model == "none":
         if "coeffs" in data and data["coeffs"] not in (None, [], ()):
             raise ctx.fail(f"{field}.coeffs", "model 'none' takes no coefficients")
         return Distortion("none", (), 0)
     if "coeffs" not in data:
-        raise ctx.fail(f"{field}.coeffs", f"missing required field for model {model!r}")
+        raise ctx.fail(f"{field}.coeffs", f"missing required field for model {shown(model)}")
     lengths = (4, 5, 8) if model == "opencv" else (4,)
     coeffs = _numbers(ctx, data["coeffs"], f"{field}.coeffs", lengths)
+    for i, coeff in enumerate(coeffs):
+        if abs(coeff) > MAX_DISTORTION_COEFF:
+            raise ctx.fail(f"{field}.coeffs[{i}]", f"|coefficient| must be at most {MAX_DISTORTION_COEFF:g}, got {coeff:g}")
     if model == "opencv":
         padded = tuple(coeffs + [0.0] * (8 - len(coeffs)))
         return Distortion("opencv", padded, len(coeffs))
@@ -1017,10 +1033,18 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
             raise ctx.fail(f"{field}.image_size[{i}]", f"must be in [1, {MAX_IMAGE_SIDE}] pixels, got {v}")
 
     k = _matrix(ctx, data["intrinsic"], f"{field}.intrinsic", 3, 3)
-    if k[0][0] <= 0:
-        raise ctx.fail(f"{field}.intrinsic[0][0]", f"fx must be > 0, got {k[0][0]:g}")
-    if k[1][1] <= 0:
-        raise ctx.fail(f"{field}.intrinsic[1][1]", f"fy must be > 0, got {k[1][1]:g}")
+    for (r, c), what in (((0, 0), "fx"), ((1, 1), "fy")):
+        if k[r][c] <= 0:
+            raise ctx.fail(f"{field}.intrinsic[{r}][{c}]", f"{what} must be > 0, got {k[r][c]:g}")
+        if not MIN_FOCAL_PX <= k[r][c] <= MAX_FOCAL_PX:
+            raise ctx.fail(f"{field}.intrinsic[{r}][{c}]", f"{what} must be in [{MIN_FOCAL_PX:g}, {MAX_FOCAL_PX:g}] pixels, got {k[r][c]:g}")
+    for (r, c), what, size in (((0, 2), "cx", width), ((1, 2), "cy", height)):
+        low, high = -PRINCIPAL_POINT_MARGIN * size, (PRINCIPAL_POINT_MARGIN + 1) * size
+        if not low <= k[r][c] <= high:
+            raise ctx.fail(
+                f"{field}.intrinsic[{r}][{c}]",
+                f"{what} must be in [{low:g}, {high:g}] pixels (within {PRINCIPAL_POINT_MARGIN} image sizes of the image), got {k[r][c]:g}",
+            )
     if k[2] != [0.0, 0.0, 1.0]:
         raise ctx.fail(f"{field}.intrinsic[2]", f"bottom row must be [0, 0, 1], got {k[2]}")
     if k[0][1] != 0.0:
@@ -1068,7 +1092,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
         raise ctx.fail(
             crop_field,
             f"crop window [{crop_left:g}, {crop_top:g}] + {window} lies outside the resized "
-            f"image of camera {name!r} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
+            f"image of camera {shown(name)} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
         )
     image_aug = ImageAug(
         float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom)
@@ -1104,9 +1128,9 @@ def _parse_sensors(ctx: _Ctx, data: Any, camera_names: Mapping[str, int]) -> tup
         if name == BEV_FRAME_EGO:
             raise ctx.fail(f"{field}.name", f"{BEV_FRAME_EGO!r} is the ego frame itself, not a sensor name")
         if name in camera_names:
-            raise ctx.fail(f"{field}.name", f"{name!r} is also the name of cameras[{camera_names[name]}]; sensor names must differ from camera names")
+            raise ctx.fail(f"{field}.name", f"{shown(name)} is also the name of cameras[{camera_names[name]}]; sensor names must differ from camera names")
         if name in seen:
-            raise ctx.fail(f"{field}.name", f"duplicate sensor name {name!r} (also sensors[{seen[name]}])")
+            raise ctx.fail(f"{field}.name", f"duplicate sensor name {shown(name)} (also sensors[{seen[name]}])")
         seen[name] = i
         description = None
         if item.get("description") is not None:
@@ -1119,6 +1143,9 @@ def _parse_sensors(ctx: _Ctx, data: Any, camera_names: Mapping[str, int]) -> tup
 def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     values = _numbers(ctx, value, field, (2, 3) if allow_two else 3)
     lo, hi = values[0], values[1]
+    for i, bound in enumerate((lo, hi)):
+        if abs(bound) > MAX_EXTENT_M:
+            raise ctx.fail(f"{field}[{i}]", f"must be within +-{MAX_EXTENT_M:g} m, got {bound:g}")
     if lo >= hi:
         raise ctx.fail(field, f"min must be < max, got [{lo:g}, {hi:g}]")
     step = values[2] if len(values) == 3 else hi - lo
@@ -1304,7 +1331,7 @@ def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor], base_dir: Path |
         names = [sensor.name for sensor in sensors]
         if frame != BEV_FRAME_EGO and frame not in names:
             listed = f"one of the sensors: {', '.join(names)}" if names else "a sensor listed under sensors: (there is none)"
-            raise ctx.fail("bev.frame", f"unknown frame {frame!r}: expected {BEV_FRAME_EGO!r} or {listed}")
+            raise ctx.fail("bev.frame", f"unknown frame {shown(frame)}: expected {BEV_FRAME_EGO!r} or {listed}")
     x = _parse_axis(ctx, data["x"], "bev.x", allow_two=False)
     y = _parse_axis(ctx, data["y"], "bev.y", allow_two=False)
     z = _parse_axis(ctx, data["z"], "bev.z", allow_two=True)
@@ -1315,6 +1342,9 @@ def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor], base_dir: Path |
             raise ctx.fail("bev.heights", "must hold at least one height")
         if len(set(hs)) != len(hs):
             raise ctx.fail("bev.heights", f"heights must be distinct, got {hs}")
+        for i, h in enumerate(hs):
+            if abs(h) > MAX_EXTENT_M:
+                raise ctx.fail(f"bev.heights[{i}]", f"must be within +-{MAX_EXTENT_M:g} m, got {h:g}")
         heights = tuple(hs)
     cells = x.n * y.n * len(heights)
     if cells > MAX_BEV_CELLS:
@@ -1335,6 +1365,8 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
         raise ctx.fail("depth.bins[0]", f"depths are distances in front of the camera and must be > 0, got {start:g}")
     if stop <= start:
         raise ctx.fail("depth.bins", f"stop must be > start, got [{start:g}, {stop:g}]")
+    if stop > MAX_EXTENT_M:
+        raise ctx.fail("depth.bins[1]", f"must be at most {MAX_EXTENT_M:g} m, got {stop:g}")
     ratio = (stop - start) / step
     if not math.isfinite(ratio) or ratio > 2 * MAX_DEPTH_BINS:
         raise ctx.fail("depth.bins", f"{ratio:.6g} depth bins is more than the limit of {MAX_DEPTH_BINS}")
@@ -1347,7 +1379,7 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
 def _parse_mapping(ctx: _Ctx, value: Any, field: str) -> str:
     mapping = _string(ctx, value, field)
     if mapping not in PIXEL_MAPPINGS:
-        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
+        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {shown(mapping)}")
     return mapping
 
 
@@ -1369,7 +1401,7 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     if "size_rule" in data:
         size_rule = _string(ctx, data["size_rule"], "feature.size_rule")
         if size_rule not in SIZE_RULES:
-            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {size_rule!r}")
+            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {shown(size_rule)}")
     if "stride" in data:
         return FeatureSpec(_parse_stride(ctx, data["stride"], "feature.stride"), mapping, size_rule)
     items = _list(ctx, data["levels"], "feature.levels")
@@ -1421,7 +1453,7 @@ def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, An
             else:
                 text = _string(ctx, value, f"{field}.{key}")
                 if text not in choices[key]:
-                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {text!r}")
+                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {shown(text)}")
                 items[key] = text
         out.append((target, tuple(sorted(items.items()))))
     return tuple(out)
@@ -1450,7 +1482,7 @@ def _with_preset(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Mapping[str, Any],
         return data, None
     name = _string(ctx, data["preset"], "preset")
     if name not in PRESETS:
-        raise ctx.fail("preset", f"unknown preset {name!r}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
+        raise ctx.fail("preset", f"unknown preset {shown(name)}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
     chosen = PRESETS[name]
     merged = dict(data)
     for section, values in chosen.fields.items():
@@ -1490,9 +1522,9 @@ def _ordered_cameras(ctx: _Ctx, cameras: list[Camera], data: Any, field: str) ->
     by_name = {cam.name: cam for cam in cameras}
     for i, name in enumerate(names):
         if name not in by_name:
-            raise ctx.fail(f"{field}[{i}]", f"no camera named {name!r} (cameras: {', '.join(by_name)})")
+            raise ctx.fail(f"{field}[{i}]", f"no camera named {shown(name)} (cameras: {', '.join(by_name)})")
         if names.index(name) != i:
-            raise ctx.fail(f"{field}[{i}]", f"camera {name!r} is named twice")
+            raise ctx.fail(f"{field}[{i}]", f"camera {shown(name)} is named twice")
     missing = [cam.name for cam in cameras if cam.name not in names]
     if missing:
         raise ctx.fail(field, f"lists {len(names)} of the {len(cameras)} cameras; missing {', '.join(missing)}")
@@ -1552,7 +1584,7 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
     for i, item in enumerate(camera_items):
         camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug, chosen.image_aug if chosen is not None else None)
         if camera.name in seen:
-            raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
+            raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {shown(camera.name)} (also cameras[{seen[camera.name]}])")
         seen[camera.name] = i
         aug = camera.image_aug
         for level_index, level in enumerate(feature.all_levels if feature.size_rule == "exact" else ()):

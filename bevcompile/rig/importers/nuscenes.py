@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, shown
 from ...files import MISSING, FileRefused, JSONRefused, open_regular, raw_decode_strict, strict_decoder
 from ..config import _Ctx, _integer, _mapping, _matrix, _numbers, _string
 from ._common import check_name, rig_data, template_data
@@ -128,7 +128,7 @@ def _records(path: Path, want: Mapping[str, Any] | None = None) -> Iterator[tupl
 def _one(path: Path, key: str, value: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     for where, record in _records(path, {key: value}):
         return where, record
-    raise ConfigError(str(path), "", f"no record with {key} {value!r} ({what})")
+    raise ConfigError(str(path), "", f"no record with {key} {shown(value)} ({what})")
 
 
 def _by_token(path: Path, tokens: set[str]) -> dict[str, tuple[str, Mapping[str, Any]]]:
@@ -139,7 +139,7 @@ def _by_token(path: Path, tokens: set[str]) -> dict[str, tuple[str, Mapping[str,
             found[token] = (where, record)
     missing = sorted(tokens - set(found))
     if missing:
-        raise ConfigError(str(path), "", f"no record with token {missing[0]!r}")
+        raise ConfigError(str(path), "", f"no record with token {shown(missing[0])}")
     return found
 
 
@@ -171,7 +171,7 @@ def nuscenes_rig(
     log_token = _string(ctx, scene_record.get("log_token"), f"{scene_where}.log_token")
     sample_where, sample = _one(paths["sample"], "token", first_sample, f"first sample of {scene}")
     if sample.get("scene_token") != scene_token:
-        raise ConfigError(str(paths["sample"]), f"{sample_where}.scene_token", f"is {sample.get('scene_token')!r}, not the token of {scene} ({scene_token})")
+        raise ConfigError(str(paths["sample"]), f"{sample_where}.scene_token", f"is {shown(sample.get('scene_token'))}, not the token of {scene} ({scene_token})")
     _, log = _one(paths["log"], "token", log_token, f"log of {scene}")
 
     key_frames = [(w, r) for w, r in _records(paths["sample_data"], {"sample_token": first_sample}) if r.get("is_key_frame") is True]
@@ -197,7 +197,7 @@ def nuscenes_rig(
     for channel in cameras:
         if channel not in by_channel or by_channel[channel][4] != "camera":
             have = sorted(c for c, v in by_channel.items() if v[4] == "camera")
-            raise ConfigError(str(paths["sample_data"]), "--cameras", f"{scene} has no camera {channel!r} (cameras: {', '.join(have)})")
+            raise ConfigError(str(paths["sample_data"]), "--cameras", f"{scene} has no camera {shown(channel)} (cameras: {', '.join(have)})")
         sd_where, sd, cs_where, cs, _ = by_channel[channel]
         intrinsic = _matrix(cs_ctx, cs.get("camera_intrinsic"), f"{cs_where}.camera_intrinsic", 3, 3)
         width = _integer(sd_ctx, sd.get("width"), f"{sd_where}.width")
