@@ -135,7 +135,7 @@ def test_import_out_to_a_device_is_refused_and_the_node_survives(tmp_path: Path,
     node = make_device(tmp_path / "node", numbers)
     result = runner.invoke(app, ["import", "opencv", str(_cv_file(tmp_path)), "--camera", "CAM_FRONT", "--out", str(node)])
     assert result.exit_code == 2, result.output
-    assert result.stderr == f"error: {node}: is a character device; bevcompile writes a file by renaming a new one over the path, which would replace it: give a regular file name\n"
+    assert result.stderr == f"error: --out {node}: is a character device; bevcompile writes a file by renaming a new one over the path, which would replace it: give a regular file name\n"
     assert is_device(node)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".node")]  # no temporary left
 

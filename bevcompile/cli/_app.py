@@ -320,6 +320,18 @@ def is_output_error(exc: OSError) -> bool:
     return exc.filename is None and exc.errno in OUTPUT_ERRNOS
 
 
+def _special_output(out: Any) -> str | None:
+    """Why the file option ``--out`` of a command that writes one file must not be written: it is
+    a device, FIFO or socket (an atomic write would rename a new file over it). None otherwise,
+    also for ``-`` (standard output); the command's own checks follow."""
+    from ..files import check_output_path
+
+    if out is None or str(out) == "-":
+        return None
+    reason = check_output_path(out)
+    return None if reason is None else f"--out {out}: {reason}"
+
+
 def _cwd_gone(exc: OSError) -> bool:
     """A ``FileNotFoundError`` without a file name because the working folder was deleted
     (``os.getcwd()`` fails: every relative path, ``.`` included, is then unresolvable)."""
@@ -363,6 +375,10 @@ def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None 
                 LOCK_WAIT_REPORTERS.append(_note)
             _broken_pipes_raise()
             writes_before = len(COMPLETED_WRITES)
+            if writes == "file":  # before any work (loading torch costs seconds): --out must not be a device
+                special = _special_output(kw.get("out"))
+                if special is not None:
+                    raise fail(special, 2)
             try:
                 with _sigterm_as_exception(), warnings_as_one_line():
                     return func(*args, **kw)
