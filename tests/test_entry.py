@@ -12,36 +12,27 @@ import pytest
 from bevcompile import _entry
 
 
-class _InterruptingFinder(importlib.abc.MetaPathFinder):
-    """Ctrl-C while ``bevcompile.cli`` (numpy, zarr, rich, the commands) is being imported."""
+class _DuringTheCliImport(importlib.abc.MetaPathFinder):
+    """Runs ``act`` while ``bevcompile.cli`` (numpy, zarr, rich, the commands) is being imported."""
+
+    def __init__(self, act: Any) -> None:
+        self.act = act
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
         if fullname == "bevcompile.cli":
-            raise KeyboardInterrupt
+            self.act()
         return None
 
 
-def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signals_restored: None
-) -> None:
-    monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder(), *sys.meta_path])
-    with pytest.raises(SystemExit) as info:
-        _entry.main(["grid", "--help"])
-    assert info.value.code == 130
-    assert capsys.readouterr().err == "error: interrupted while starting; nothing was written\n"
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
-class _TerminatingFinder(importlib.abc.MetaPathFinder):
-    """SIGTERM while ``bevcompile.cli`` is being imported (before the CLI's handler exists)."""
+def _terminate() -> None:
+    import os
+    import signal
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-        if fullname == "bevcompile.cli":
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGTERM)
-        return None
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @pytest.fixture
@@ -57,16 +48,23 @@ def signals_restored() -> Any:
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
-def test_sigterm_while_the_cli_loads_is_one_line_and_exit_143(
-    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], signals_restored: None
+@pytest.mark.parametrize(
+    ("act", "code", "line"),
+    [
+        (_interrupt, 130, "error: interrupted while starting; nothing was written"),
+        # issue 31: a SIGTERM before the CLI's handler was installed killed the process without a word
+        (_terminate, 143, "error: terminated (SIGTERM) while starting; nothing was written"),
+    ],
+)
+def test_a_signal_while_the_cli_loads_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signals_restored: None, act: Any, code: int, line: str
 ) -> None:
-    """issue 31: a SIGTERM before the CLI's handler was installed killed the process without a word."""
     monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_TerminatingFinder(), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [_DuringTheCliImport(act), *sys.meta_path])
     with pytest.raises(SystemExit) as info:
         _entry.main(["grid", "--help"])
-    assert info.value.code == 143
-    assert capfd.readouterr().err == "error: terminated (SIGTERM) while starting; nothing was written\n"
+    assert info.value.code == code
+    assert capsys.readouterr().err == f"{line}\n"
 
 
 def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str], signals_restored: None) -> None:

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, shown
-from ..rig.config import _NAME_RE, _Ctx, _list, _mapping, _number, _string, read_config_data
+from ..files import FileRefused, read_regular
+from ..rig.config import _NAME_RE, MAX_CONFIG_BYTES, _Ctx, _list, _mapping, _number, _string, read_config_data
 from ..rig.importers._common import template_data
 from ..rig.importers.kalibr import check_body, parse_ego_from_body
 from ..rig.importers.opencv import EXTRINSICS, LENSES
@@ -295,8 +296,8 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest file (ConfigError, one line, for any problem)."""
     path = Path(path)
     data = read_config_data(path, what="a fleet manifest")
-    try:
-        sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:  # pragma: no cover - read just above
-        raise ConfigError(str(path), "", f"cannot read file ({exc.strerror or exc})") from None
+    try:  # the bytes just read, as bounded as then
+        sha = hashlib.sha256(read_regular(path, MAX_CONFIG_BYTES, "a fleet manifest")).hexdigest()
+    except FileRefused as exc:  # pragma: no cover - read just above
+        raise ConfigError(str(path), "", exc.reason) from None
     return parse_manifest(data, source=str(path), base=path.resolve().parent, sha256=sha)

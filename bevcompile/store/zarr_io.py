@@ -510,7 +510,7 @@ def _holder_text(raw: bytes) -> str:
     try:
         info = json.loads(raw)
         pid, host, command, since = int(info["pid"]), str(info["host"]), str(info["command"]), str(info["since"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return "another process"
     return printable(f"pid {pid} on {host} ({command}, since {since})", 160)
 
