@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -41,11 +42,31 @@ def usable_standard_streams() -> None:
                 stream.reconfigure(errors="backslashreplace")
 
 
+TERMINATED_AT_START = "error: terminated (SIGTERM) while starting; nothing was written"
+
+
+def _held_at_start(signum: int, frame: object) -> None:
+    """SIGTERM before the CLI installed its own handler (while numpy, zarr, rich load) is only
+    recorded: an exception raised inside an import can be swallowed by the module being imported.
+    The CLI acts on it once its own handler is in place (the default action would kill the
+    process without a word)."""
+    _held_at_start.terminated = True  # type: ignore[attr-defined]
+
+
+_held_at_start.terminated = False  # type: ignore[attr-defined]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     usable_standard_streams()
+    _held_at_start.terminated = False  # type: ignore[attr-defined]
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: no handler can be set
+        signal.signal(signal.SIGTERM, _held_at_start)  # replaced by the CLI's, which acts on a recorded one
     try:
         from .cli import main as cli_main
     except KeyboardInterrupt:
         print(INTERRUPTED_AT_START, file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    if _held_at_start.terminated:  # type: ignore[attr-defined]
+        print(TERMINATED_AT_START, file=sys.stderr, flush=True)
+        raise SystemExit(143)
     cli_main(argv, console=True)

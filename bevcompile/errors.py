@@ -37,7 +37,9 @@ class _WhereError(BevcompileError):
         self.field = printable(field, 200)  # a key of the config: may hold anything, ESC included
         self.message = printable(message)
         where = f"{printable(source, 300)}: {self.field}" if field else printable(source, 300)
-        super().__init__(printable(f"{where}: {self.message}"))
+        # cut once, the whole line: a second cut would count the characters of the first one's
+        # remainder ("67 more") instead of those of the message
+        super().__init__(printable(f"{where}: {message}"))
 
 
 class ConfigError(_WhereError, ValueError):

@@ -98,11 +98,13 @@ def rewrite_array(store: Path, array: str, data: np.ndarray, *, update_sha256: b
     assert isinstance(group, zarr.Group)
     old = group[name]
     attrs = dict(old.attrs)
+    dims = old.metadata.dimension_names  # kept: a consistent edit changes the values, not the axes' names
     del group[name]
     if update_sha256:
         attrs["sha256"] = array_sha256(data)
+    keep_dims = dims is not None and len(dims) == data.ndim
     new = group.create_array(
-        name, shape=data.shape, dtype=data.dtype, chunks=data.shape, fill_value=0, attributes=attrs, dimension_names=old.metadata.dimension_names
+        name, shape=data.shape, dtype=data.dtype, chunks=data.shape, fill_value=0, attributes=attrs, dimension_names=dims if keep_dims else None
     )
     new[...] = data
     reconsolidate(store)

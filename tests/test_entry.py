@@ -12,25 +12,62 @@ import pytest
 from bevcompile import _entry
 
 
-class _InterruptingFinder(importlib.abc.MetaPathFinder):
-    """Ctrl-C while ``bevcompile.cli`` (numpy, zarr, rich, the commands) is being imported."""
+class _DuringTheCliImport(importlib.abc.MetaPathFinder):
+    """Runs ``act`` while ``bevcompile.cli`` (numpy, zarr, rich, the commands) is being imported."""
+
+    def __init__(self, act: Any) -> None:
+        self.act = act
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
         if fullname == "bevcompile.cli":
-            raise KeyboardInterrupt
+            self.act()
         return None
 
 
-def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def _terminate() -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture
+def signals_restored() -> Any:
+    """The entry point installs handlers (and ignores both signals on the way out): undo it."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@pytest.mark.parametrize(
+    ("act", "code", "line"),
+    [
+        (_interrupt, 130, "error: interrupted while starting; nothing was written"),
+        # issue 31: a SIGTERM before the CLI's handler was installed killed the process without a word
+        (_terminate, 143, "error: terminated (SIGTERM) while starting; nothing was written"),
+    ],
+)
+def test_a_signal_while_the_cli_loads_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signals_restored: None, act: Any, code: int, line: str
+) -> None:
     monkeypatch.delitem(sys.modules, "bevcompile.cli", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [_InterruptingFinder(), *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", [_DuringTheCliImport(act), *sys.meta_path])
     with pytest.raises(SystemExit) as info:
         _entry.main(["grid", "--help"])
-    assert info.value.code == 130
-    assert capsys.readouterr().err == "error: interrupted while starting; nothing was written\n"
+    assert info.value.code == code
+    assert capsys.readouterr().err == f"{line}\n"
 
 
-def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+def test_entry_point_runs_the_cli(capsys: pytest.CaptureFixture[str], signals_restored: None) -> None:
     with pytest.raises(SystemExit) as info:
         _entry.main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.startswith("bevcompile ")

@@ -15,7 +15,7 @@ import pytest
 from bevcompile import memory
 from bevcompile.errors import UsageError
 
-from .rigs import NUSCENES_YAML
+from .rigs import NUSCENES_YAML, ROOT
 
 GIB = 2**30
 
@@ -52,25 +52,44 @@ def test_cgroup_v1_and_an_unlimited_v2(monkeypatch: pytest.MonkeyPatch) -> None:
     assert memory.memory_limit() == memory.MemoryLimit(256 * 2**20, "the cgroup memory limit")
 
 
+def _grid_under_ulimit(tmp_path: Path, config: Path, x: str, y: str, limit_bytes: int) -> subprocess.CompletedProcess[str]:
+    """``bevcompile grid`` of ``config`` with ``bev.x`` / ``bev.y`` replaced, under ``ulimit -v``."""
+    text = config.read_text()
+    text = re.sub(r"x: \[[^\]]*\]", f"x: {x}", text, count=1)
+    text = re.sub(r"y: \[[^\]]*\]", f"y: {y}", text, count=1)
+    (tmp_path / "big.yaml").write_text(text)
+    bevcompile = Path(sys.executable).parent / "bevcompile"
+    return subprocess.run(
+        ["bash", "-c", f"ulimit -v {limit_bytes // 1024} && {bevcompile} grid big.yaml --out out"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ),
+    )
+
+
+def _refused_by_the_address_space_guard(result: subprocess.CompletedProcess[str], grid: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(
+        rf"error: big\.yaml: bevcompile grid of 6 cameras x 1 heights x {grid} needs about [0-9.]+ GiB, more than the "
+        r"[0-9.]+ [MG]iB the address-space limit \(RLIMIT_AS, ulimit -v\) allows; use coarser bev steps or fewer heights\n",
+        result.stderr,
+    ), result.stderr
+
+
 def test_an_address_space_limit_refuses_a_big_rig_before_any_work(tmp_path: Path) -> None:
     """Under ``ulimit -v 4 GiB`` a 1600 x 1600 nuScenes grid (estimated above 4 GiB, within
     this machine's memory) is one line, exit 2, and nothing is written."""
-    text = NUSCENES_YAML.read_text()
-    text = re.sub(r"x: \[[^\]]*\]", "x: [-51.2, 51.2, 0.064]", text, count=1)
-    text = re.sub(r"y: \[[^\]]*\]", "y: [-51.2, 51.2, 0.064]", text, count=1)
-    (tmp_path / "big.yaml").write_text(text)
-    bevcompile = Path(sys.executable).parent / "bevcompile"
-    result = subprocess.run(
-        ["bash", "-c", f"ulimit -v {4 * GIB // 1024} && {bevcompile} grid big.yaml --out out"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ),
-    )
-    assert result.returncode == 2, result.stderr
-    assert re.fullmatch(
-        r"error: big\.yaml: bevcompile grid of 6 cameras x 1 heights x 1600 x 1600 cells = 15,360,000 samples needs about "
-        r"[0-9.]+ GiB, more than the [0-9.]+ GiB the address-space limit \(RLIMIT_AS, ulimit -v\) allows; use coarser bev steps or fewer heights\n",
-        result.stderr,
-    ), result.stderr
+    result = _grid_under_ulimit(tmp_path, NUSCENES_YAML, "[-51.2, 51.2, 0.064]", "[-51.2, 51.2, 0.064]", 4 * GIB)
+    _refused_by_the_address_space_guard(result, "1600 x 1600 cells = 15,360,000 samples")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_region_of_1e8_cells_is_refused_before_its_cells_are_computed(tmp_path: Path) -> None:
+    """issue 31: a bev.region config of 10^8 cells ran 14-26 s and 2.6 GB before the guard refused
+    it (the polygon mask, then the cell table, were computed first). Its kept cells are now counted
+    from each row's runs and the guard runs before the cell table: under ``ulimit -v 1.5 GiB``
+    the refusal is the guard's line (the old code died of MemoryError in the config parser)."""
+    config = ROOT / "configs" / "dense-6cam-region.yaml"
+    result = _grid_under_ulimit(tmp_path, config, "[-50.0, 50.0, 0.01]", "[-50.0, 50.0, 0.01]", 3 * GIB // 2)
+    _refused_by_the_address_space_guard(result, "10000 x 10000 cells = 600,000,000 samples")
 
 
 # A parent that holds ~400 MiB starts, through bash's exec (as the docs test and CI do), a child that

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from ..errors import printable
 from . import _app
 from ._app import app
 
@@ -37,11 +38,15 @@ def main(argv: Sequence[str] | None = None, *, console: bool = False) -> None:
     already written; ``console=True`` (the console script) then blocks both signals on the way out."""
     from ..store.zarr_io import COMPLETED_WRITES
 
-    command = typer.main.get_command(app)
+    previous = _app.install_sigterm_handler()
     _app.forget_reported_errors()
     writes_before = len(COMPLETED_WRITES)
-    previous = _app.install_sigterm_handler()
     try:
+        if getattr(previous, "terminated", False):  # a SIGTERM the entry point held while the CLI loaded
+            raise _app.Terminated
+        if console:
+            _app.warnings_one_line_for_good()
+        command = typer.main.get_command(app)
         code = _run(command, argv, writes_before)
     except (KeyboardInterrupt, _app.Terminated) as exc:  # in the last instants, outside any command
         code = _app.interrupted_outside_a_command(exc, writes_before)
@@ -54,10 +59,26 @@ def main(argv: Sequence[str] | None = None, *, console: bool = False) -> None:
 
 
 def _run(command: Any, argv: Sequence[str] | None, writes_before: int) -> int:
+    args = list(argv) if argv is not None else sys.argv[1:]
+    empty = _app.empty_argument(args)
+    if empty is not None:
+        _app.say(f"error: bevcompile: {empty} (see --help)")
+        return 2
     try:
-        code = command.main(args=list(argv) if argv is not None else None, prog_name="bevcompile", standalone_mode=False)
+        with _app.broken_pipes_raise_everywhere():
+            code = command.main(args=args, prog_name="bevcompile", standalone_mode=False)
     except (KeyboardInterrupt, _app.Terminated) as exc:
         return _app.interrupted_outside_a_command(exc, writes_before)
+    except BrokenPipeError:  # `bevcompile --help | head -1`: the reader left, as for any command
+        return _app.stop_quietly_on_a_broken_pipe()
+    except SystemExit as exc:  # Typer turns EPIPE while printing --help into sys.exit(1)
+        if exc.code == 1 and _app.stdout_reader_gone():
+            return _app.stop_quietly_on_a_broken_pipe()
+        raise
+    except OSError as exc:  # `--help` / `--version` > /dev/full (a command maps its own in cli_command)
+        if not _app.is_output_error(exc):
+            raise
+        return _app.cannot_write_stdout(exc)
     except Exception as exc:
         format_message = getattr(exc, "format_message", None)
         exit_code = getattr(exc, "exit_code", None)
@@ -66,11 +87,10 @@ def _run(command: Any, argv: Sequence[str] | None, writes_before: int) -> int:
         if callable(format_message) and isinstance(exit_code, int):  # click/typer usage error
             ctx = getattr(exc, "ctx", None)
             where = f"{ctx.command_path}: " if ctx is not None and getattr(ctx, "command_path", None) else ""
-            message = " ".join(str(format_message()).split())
-            print(f"error: {where}{message} (see --help)", file=sys.stderr, flush=True)
+            _app.say(f"error: {printable(where + str(format_message()))} (see --help)")
             raise SystemExit(exit_code) from None
         if exc.__class__.__name__ == "Abort":
-            print("error: aborted", file=sys.stderr, flush=True)
+            _app.say("error: aborted")
             raise SystemExit(1) from None
         raise
     if code == 130 and not _app.error_reported(130):  # Ctrl-C while Typer parsed the arguments, or after the command

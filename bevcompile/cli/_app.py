@@ -62,22 +62,69 @@ _REPORTED: list[int] = []
 line for an interrupt that no command reported, e.g. one during argument parsing)."""
 
 
+def say(line: str) -> None:
+    """Write one line to stderr. A stderr that cannot be written (``2> /dev/full``) loses the line
+    but never the exit code: it is pointed at /dev/null so nothing (not even the interpreter's
+    last flush, which would turn the exit code into 120) fails again."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        _stream_to_devnull(2, "stderr")
+
+
 def fail(message: str, exit_code: int) -> typer.Exit:
     """Print ``error: <message>`` as ONE line on stderr and return the Exit to raise."""
-    one_line = printable(str(message))  # one line, bounded, control characters escaped
-    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    say(f"error: {printable(str(message))}")  # one line, bounded, control characters escaped
     _REPORTED.append(exit_code)
     return typer.Exit(exit_code)
 
 
 def _note(message: str) -> None:
     """``note: <message>`` as one line on stderr (also under --quiet/--json: stdout stays clean)."""
-    print(f"note: {printable(message)}", file=sys.stderr, flush=True)
+    say(f"note: {printable(message)}")
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: str | None = None) -> None:
+    say(f"warning: {printable(str(message))} ({category.__name__})")
+
+
+@contextmanager
+def warnings_as_one_line() -> Iterator[None]:
+    """Every Python warning that reaches the terminal (a numpy ``RuntimeWarning``, a library's
+    ``UserWarning``) is one ``warning: <message> (<category>)`` line on stderr, never the default
+    two lines with a source line."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        yield
+
+
+def warnings_one_line_for_good() -> None:
+    """:func:`warnings_as_one_line` for the rest of the process (the console script: a warning of
+    the interpreter's last instants, a coroutine an interrupt left, is one line too)."""
+    import warnings
+
+    warnings.showwarning = _show_warning
+
+
+def empty_argument(args: list[str]) -> str | None:
+    """Why ``args`` holds an empty value, or None. No option or argument of bevcompile takes
+    ``''``, and Typer reads an empty path as ``.``: ``--out ''`` would write into the current
+    folder (an unset shell variable, ``--out "$OUT"``)."""
+    for i, arg in enumerate(args):
+        if arg == "":
+            before = args[i - 1] if i and args[i - 1].startswith("-") else None
+            return f"{before} ''" + ": an empty value; give a file or folder name ('.' for the current folder)" if before else "an empty argument ''; give a value ('.' for the current folder)"
+        if arg.startswith("--") and arg.endswith("=") and "=" not in arg[:-1]:
+            return f"{arg}'': an empty value; give a file or folder name ('.' for the current folder)"
+    return None
 
 
 def forget_reported_errors() -> None:
     """Start a new invocation (``main`` may run several times in one process, as in tests)."""
     _REPORTED.clear()
+    _PIPE_BROKE.clear()
 
 
 def error_reported(exit_code: int) -> bool:
@@ -100,8 +147,7 @@ def interrupted_outside_a_command(exc: BaseException, writes_before: int) -> int
     _silence_abandoned_io()
     code, what = (143, "terminated (SIGTERM)") if isinstance(exc, Terminated) else (130, "interrupted")
     if not error_reported(code):
-        print(f"error: {what}; {_left_behind(exc, 'store', writes_before).replace('no store was left half-written (writes are atomic)', 'nothing was written')}",
-              file=sys.stderr, flush=True)
+        say(f"error: {what}; {_left_behind(exc, 'store', writes_before).replace('no store was left half-written (writes are atomic)', 'nothing was written')}")
         _REPORTED.append(code)
     return code
 
@@ -115,10 +161,16 @@ def install_sigterm_handler() -> Any:
 
 
 def hold_signals() -> None:
-    """Block SIGINT and SIGTERM for the rest of the process: its outcome is decided and printed,
-    a signal now would only turn a finished command into a silent kill."""
+    """Ignore SIGINT and SIGTERM for the rest of the process: its outcome is decided and printed,
+    a signal now would only turn a finished command into a silent kill. Ignored, not only masked:
+    a mask is per thread, and another thread (zarr's I/O loop) would take the signal and run the
+    handler in the main thread anyway."""
     with suppress(AttributeError, ValueError, OSError):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with suppress(ValueError, OSError):
+                signal.signal(sig, signal.SIG_IGN)
 
 
 @contextmanager
@@ -185,19 +237,72 @@ what the shell reports for any tool the pipe stopped; nothing is printed."""
 OUTPUT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG, errno.EINVAL)
 
 
-def _stdout_to_devnull() -> None:
-    """Point stdout at /dev/null, so the interpreter's final flush cannot fail again."""
+def _stream_to_devnull(fd: int, name: str) -> None:
+    """Point stdout (1) or stderr (2) at /dev/null, so the interpreter's final flush cannot fail
+    again (Python would then exit 120)."""
     try:
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
+        os.dup2(null, fd)
         os.close(null)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115
     except (OSError, ValueError):
         pass
 
 
+def _stdout_to_devnull() -> None:
+    _stream_to_devnull(1, "stdout")
+
+
+def stop_quietly_on_a_broken_pipe() -> int:
+    """The reader of stdout went away: no more output, no message, exit 141."""
+    _stdout_to_devnull()
+    _REPORTED.append(BROKEN_PIPE_EXIT)
+    return BROKEN_PIPE_EXIT
+
+
+def cannot_write_stdout(exc: OSError, done: str = "nothing was written") -> int:
+    """A full or failing stdout outside a command (``--help > /dev/full``): one line, exit 2."""
+    _stdout_to_devnull()
+    fail(f"cannot write to standard output ({exc.strerror or exc}); {done}", 2)
+    return 2
+
+
+@contextmanager
+def broken_pipes_raise_everywhere() -> Iterator[None]:
+    """rich turns a broken pipe into ``SystemExit(1)`` (``Console.on_broken_pipe``), also in the
+    consoles Typer makes for ``--help``: for this invocation every console re-raises it instead,
+    so that it ends as a broken pipe does anywhere in bevcompile (quietly, exit 141)."""
+    from rich.console import Console
+
+    original = Console.on_broken_pipe
+    Console.on_broken_pipe = lambda self: _reraise_broken_pipe()  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Console.on_broken_pipe = original  # type: ignore[method-assign]
+
+
+_PIPE_BROKE: list[bool] = []
+
+
 def _reraise_broken_pipe() -> None:
+    _PIPE_BROKE.append(True)
     raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader went away: rich said so, or ``poll`` reports an
+    error on it (Typer and Click turn EPIPE during ``--help`` into ``sys.exit(1)``)."""
+    if _PIPE_BROKE:
+        return True
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(1, select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _broken_pipes_raise() -> None:
@@ -209,10 +314,34 @@ def _broken_pipes_raise() -> None:
         console.on_broken_pipe = _reraise_broken_pipe  # type: ignore[method-assign]
 
 
-def _is_output_error(exc: OSError) -> bool:
+def is_output_error(exc: OSError) -> bool:
     """An OSError of writing stdout (``> /dev/full``): no file name, an errno of a failing
     stream. Library write failures are StoreErrors already."""
     return exc.filename is None and exc.errno in OUTPUT_ERRNOS
+
+
+def _special_output(out: Any) -> str | None:
+    """Why the file option ``--out`` of a command that writes one file must not be written: it is
+    a device, FIFO or socket (an atomic write would rename a new file over it). None otherwise,
+    also for ``-`` (standard output); the command's own checks follow."""
+    from ..files import check_output_path
+
+    if out is None or str(out) == "-":
+        return None
+    reason = check_output_path(out)
+    return None if reason is None else f"--out {out}: {reason}"
+
+
+def _cwd_gone(exc: OSError) -> bool:
+    """A ``FileNotFoundError`` without a file name because the working folder was deleted
+    (``os.getcwd()`` fails: every relative path, ``.`` included, is then unresolvable)."""
+    if not isinstance(exc, FileNotFoundError) or exc.filename is not None:
+        return False
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def _silence_abandoned_io() -> None:
@@ -220,8 +349,10 @@ def _silence_abandoned_io() -> None:
     logs "Task was destroyed but it is pending!" for each when the interpreter exits. The
     command already said what happened in one line: nothing more goes to stderr."""
     import logging
+    import warnings
 
     logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
 
 
 def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None = None, **kwargs: Any) -> Callable[[F], F]:
@@ -244,8 +375,12 @@ def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None 
                 LOCK_WAIT_REPORTERS.append(_note)
             _broken_pipes_raise()
             writes_before = len(COMPLETED_WRITES)
+            if writes == "file":  # before any work (loading torch costs seconds): --out must not be a device
+                special = _special_output(kw.get("out"))
+                if special is not None:
+                    raise fail(special, 2)
             try:
-                with _sigterm_as_exception():
+                with _sigterm_as_exception(), warnings_as_one_line():
                     return func(*args, **kw)
             except BevcompileError as exc:
                 raise fail(str(exc), exc.exit_code) from None
@@ -256,11 +391,11 @@ def cli_command(name: str, *, writes: str = "store", parent: typer.Typer | None 
                 _silence_abandoned_io()
                 raise fail(f"terminated (SIGTERM); {_left_behind(exc, writes, writes_before)}", 143) from None
             except BrokenPipeError:  # the reader of stdout went away: stop quietly
-                _stdout_to_devnull()
-                _REPORTED.append(BROKEN_PIPE_EXIT)
-                raise typer.Exit(BROKEN_PIPE_EXIT) from None
+                raise typer.Exit(stop_quietly_on_a_broken_pipe()) from None
             except OSError as exc:
-                if not _is_output_error(exc):
+                if _cwd_gone(exc):
+                    raise fail(f"the current folder no longer exists ({exc.strerror}); cd into an existing folder", 2) from None
+                if not is_output_error(exc):
                     raise
                 _stdout_to_devnull()
                 done = _left_behind(exc, writes, writes_before) if writes == "store" else "its work was done"

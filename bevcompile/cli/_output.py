@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
 from rich.progress import (
     BarColumn,
     Progress,
@@ -20,18 +20,50 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
+
+from ..errors import printable
 
 LOG_WIDTH = 120
 """Table width when the output is not a terminal (CI logs, pipes); rich's default there is 80,
 which folds the store tables. ``COLUMNS`` overrides it."""
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with every control or format character but the line break shown escaped
+    (``\\x1b``), as error lines show them: a folder named with an ESC must not drive the terminal."""
+    if text.isprintable() or all(ch.isprintable() or ch == "\n" for ch in text):
+        return text
+    return "\n".join(printable(part, max(len(part) * 6, 1)) for part in text.split("\n"))
+
+
+class _Escaped:
+    """A renderable drawn as ``renderable`` with its text's control characters escaped."""
+
+    def __init__(self, renderable: Any) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        for segment in console.render(self.renderable, options):
+            yield segment if segment.control else Segment(escape_controls(segment.text), segment.style)
+
+
+class _EscapeControls(RenderHook):
+    """Every renderable printed on a console of this module goes through :class:`_Escaped`: the
+    one place where a path, a camera or a config value reaches the terminal."""
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_Escaped(r) for r in renderables]
+
+
 def _console(stderr: bool) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else LOG_WIDTH
-    return Console(stderr=stderr, soft_wrap=True, width=width)
+    console = Console(stderr=stderr, soft_wrap=True, width=width)
+    console.push_render_hook(_EscapeControls())
+    return console
 
 
 stdout_console = _console(stderr=False)
@@ -163,10 +195,17 @@ def human_bytes(n: int | float) -> str:
 def new_table(title: str, *columns: str, right: tuple[str, ...] = (), no_wrap: tuple[str, ...] = ()) -> Table:
     """A result table: ``right`` columns right-aligned, ``no_wrap`` columns never folded (names that
     must stay one piece; the other columns fold long cells)."""
-    table = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
+    table = _Table(title=escape_controls(title), title_justify="left", header_style="bold", pad_edge=False)
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left", overflow="fold", no_wrap=column in no_wrap)
     return table
+
+
+class _Table(Table):
+    """A table whose text cells are escaped before layout (so an escaped ESC keeps the columns aligned)."""
+
+    def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+        super().add_row(*(escape_controls(r) if isinstance(r, str) else r for r in renderables), **kwargs)
 
 
 def print_table(table: Table) -> None:
@@ -187,9 +226,10 @@ def note_dropped_groups(store: Any, dropped: Iterable[str]) -> None:
 
 
 def stderr_lines(lines: Iterable[str]) -> None:
-    """One plain line per failure on stderr (no rich wrapping: CI greps these)."""
+    """One plain line per failure on stderr (no rich wrapping: CI greps these), each as every
+    error line: control characters escaped, at most 1,000 characters with the store path."""
     for line in lines:
-        print(" ".join(line.split()), file=sys.stderr)
+        print(printable(line), file=sys.stderr)
     sys.stderr.flush()
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from ..grid.build import grid_command_options, product_grid_samples, run_grid
+from ..grid.build import grid_command_options, run_grid
 from ..grid.delta import DEFAULT_BLOCK, DEFAULT_MAX_ERROR_PX
 from ..grid.formats import FORMATS
 from ..grid.gather import ORDERS
@@ -84,7 +84,8 @@ def grid(
         align_corners=align_corners, formats=formats or (), frac_bits=frac_bits, align=align, order=order,
         block=block, max_error_px=max_error_px,
     )
-    with progress_bar("projecting BEV cells", product_grid_samples(rig), enabled=not (quiet or json_output), unit="samples") as advance:
+    # the total comes with run_grid's first phase, after its memory guard (a bev.region's cell table costs time)
+    with progress_bar("checking the rig", None, enabled=not (quiet or json_output)) as advance:
         result = run_grid(rig, out, force=force, progress=advance, **options.run_kwargs())
     saturated = result.products.norm_int16_saturated_valid_cells
     if saturated:  # on stderr, also under --quiet/--json: a CI log must show it

@@ -42,7 +42,8 @@ def _compact(value: Any) -> str:
 def inspect(
     paths: Annotated[
         list[Path] | None,
-        typer.Argument(help="Stores or folders of stores (default: artifacts/).", show_default=False, metavar="PATH"),
+        # readable=False: a store this user cannot read is a damaged store (exit 1, root_metadata), not a usage error
+        typer.Argument(help="Stores or folders of stores (default: artifacts/).", show_default=False, metavar="PATH", readable=False),
     ] = None,
     strict: Annotated[
         bool,

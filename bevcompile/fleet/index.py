@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError, UsageError
+from ..files import MAX_JSON_DEPTH, MISSING, FileRefused, json_depth, read_regular, replace_file
 from .task import VehicleResult, flags_for
 
 INDEX_FORMAT = "bevcompile-fleet/1"
@@ -88,11 +89,12 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     try:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
+        replace_file(tmp, path)
+    except (OSError, FileRefused) as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise StoreError(f"{path}: cannot write the fleet index ({exc.strerror or exc})") from None
+        reason = exc.reason if isinstance(exc, FileRefused) else exc.strerror or exc
+        raise StoreError(f"{path}: cannot write the fleet index ({reason})") from None
 
 
 def counts(results: Iterable[VehicleResult]) -> dict[str, int]:
@@ -160,15 +162,25 @@ class FleetIndex:
         return FleetIndex(run, vehicles)
 
 
+MAX_INDEX_BYTES = 1 << 30
+"""A ``fleet.json`` is at most 1 GiB (about a kilobyte per vehicle)."""
+
+
 def read_index(folder: str | Path) -> FleetIndex:
     """Read ``<folder>/fleet.json``. UsageError (exit 2) if it is missing or not a fleet index."""
     folder = Path(folder)
     path = folder / INDEX_JSON if folder.is_dir() or not folder.name.endswith(".json") else folder
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no fleet index here (bevcompile fleet MANIFEST --out {folder} writes it)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    try:  # a regular file of bounded size, nesting bounded before it is parsed
+        raw = read_regular(path, MAX_INDEX_BYTES, "a fleet index")
+        depth = json_depth(raw)
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested {depth:,} levels deep, more than {MAX_JSON_DEPTH}")
+        data = json.loads(raw.decode("utf-8"))
+    except FileRefused as exc:
+        if exc.code == MISSING:
+            raise UsageError(f"{path}: no fleet index here (bevcompile fleet MANIFEST --out {folder} writes it)") from None
+        raise UsageError(f"{path}: {exc.reason}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise UsageError(f"{path}: not a readable fleet index ({exc.__class__.__name__}: {' '.join(str(exc).split())})") from None
     if not isinstance(data, Mapping) or data.get("format") != INDEX_FORMAT:
         found = data.get("format") if isinstance(data, Mapping) else type(data).__name__

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..rig.config import _NAME_RE, _Ctx, _list, _mapping, _number, _string, read_config_data
+from ..errors import ConfigError, shown
+from ..files import FileRefused, read_regular
+from ..rig.config import _NAME_RE, MAX_CONFIG_BYTES, _Ctx, _list, _mapping, _number, _string, read_config_data
 from ..rig.importers._common import template_data
 from ..rig.importers.kalibr import check_body, parse_ego_from_body
 from ..rig.importers.opencv import EXTRINSICS, LENSES
@@ -167,7 +168,7 @@ def _import(ctx: _Ctx, value: Any, where: str, base: Path) -> Source:
             if key in options:
                 text = _string(ctx, options[key], f"{where}.{key}").lower()
                 if text not in allowed_values:
-                    raise ctx.fail(f"{where}.{key}", f"must be one of {', '.join(allowed_values)}, got {options[key]!r}")
+                    raise ctx.fail(f"{where}.{key}", f"must be one of {', '.join(allowed_values)}, got {shown(options[key])}")
                 options[key] = text
     return Source(kind, where, path=_path(ctx, value[kind], f"{where}.{kind}", base), options=tuple(sorted(options.items())))
 
@@ -182,7 +183,7 @@ def _vehicle(ctx: _Ctx, value: Any, index: int, base: Path, has_template: bool) 
         raise ctx.fail(f"{where}.id", "missing required field")
     vehicle_id = _string(ctx, value["id"], f"{where}.id")
     if not _NAME_RE.fullmatch(vehicle_id):
-        raise ctx.fail(f"{where}.id", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'): it names <out>/<id>.zarr, got {vehicle_id!r}")
+        raise ctx.fail(f"{where}.id", f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'): it names <out>/<id>.zarr, got {shown(vehicle_id)}")
     if "rig" in value and "cameras" in value:
         raise ctx.fail(f"{where}.cameras", "give either rig (a complete rig config) or cameras (with the template), not both")
     start: Source | None = None
@@ -269,14 +270,14 @@ def parse_manifest(data: Any, *, source: str, base: str | Path, sha256: str = ""
     for i, item in enumerate(items):
         vehicle = _vehicle(ctx, item, i, base, template is not None)
         if vehicle.id in seen:
-            raise ctx.fail(f"vehicles[{i}].id", f"duplicate vehicle id {vehicle.id!r} (also vehicles[{seen[vehicle.id]}])")
+            raise ctx.fail(f"vehicles[{i}].id", f"duplicate vehicle id {shown(vehicle.id)} (also vehicles[{seen[vehicle.id]}])")
         seen[vehicle.id] = i
         vehicles.append(vehicle)
     reference = vehicles[0].id
     if data.get("reference") is not None:
         reference = _string(ctx, data["reference"], "reference")
         if reference not in seen:
-            raise ctx.fail("reference", f"{reference!r} is not the id of a vehicle of the manifest")
+            raise ctx.fail("reference", f"{shown(reference)} is not the id of a vehicle of the manifest")
     description = None if data.get("description") is None else _string(ctx, data["description"], "description")
     return Manifest(
         path=source,
@@ -295,8 +296,8 @@ def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest file (ConfigError, one line, for any problem)."""
     path = Path(path)
     data = read_config_data(path, what="a fleet manifest")
-    try:
-        sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as exc:  # pragma: no cover - read just above
-        raise ConfigError(str(path), "", f"cannot read file ({exc.strerror or exc})") from None
+    try:  # the bytes just read, as bounded as then
+        sha = hashlib.sha256(read_regular(path, MAX_CONFIG_BYTES, "a fleet manifest")).hexdigest()
+    except FileRefused as exc:  # pragma: no cover - read just above
+        raise ConfigError(str(path), "", exc.reason) from None
     return parse_manifest(data, source=str(path), base=path.resolve().parent, sha256=sha)

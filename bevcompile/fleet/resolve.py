@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shown
 from ..rig.config import RigConfig, _Ctx, _list, _mapping, parse_config, read_config_data, read_opencv_yaml
 from ..rig.importers._common import rig_data
 from ..rig.importers.kalibr import KalibrOptions, kalibr_rig
@@ -125,7 +125,7 @@ def _overlay(data: dict[str, Any], vehicle: Vehicle, manifest: str, prov: Proven
     for camera, fields in overlay.items():
         where = f"{vehicle.field}.overlay.{camera}"
         if camera not in names:
-            raise ctx.fail(where, f"no camera {camera!r} in this vehicle's calibration (cameras: {', '.join(map(str, names))})")
+            raise ctx.fail(where, f"no camera {shown(camera)} in this vehicle's calibration (cameras: {', '.join(map(str, names))})")
         index = names.index(camera)
         entry = dict(cameras[index])
         fields = dict(fields)

@@ -208,6 +208,19 @@ def grid_dimension_names(name: str, ndim: int) -> tuple[str, ...]:
     return cell if ndim == 4 else (*cell, "xy" if name.startswith("norm") else "uv")
 
 
+def group_dimension_names(group: str, name: str, ndim: int, *, region: bool) -> tuple[str, ...]:
+    """The zarr ``dimension_names`` of array ``name`` (of rank ``ndim``) in ``group`` (``grid``,
+    ``gather``, ``delta``; ``region``: the store's config has a ``bev.region``): what the writer
+    records and ``inspect`` compares (``dimension_names_<group>`` of the plug-ins)."""
+    if group == "grid":
+        return region_grid_dimension_names(name, ndim) if region else grid_dimension_names(name, ndim)
+    if group == "gather":
+        return ("camera", "height", "kept_cell", "corner") if region and ndim == 4 else gather_dimension_names(name, ndim)
+    if group == "delta":
+        return {**DELTA_DIMENSION_NAMES, **(REGION_DELTA_DIMENSION_NAMES if region else {})}[name]
+    raise ValueError(f"no dimension names for group {group!r}")
+
+
 def gather_dimension_names(name: str, ndim: int) -> tuple[str, ...]:
     """``gather/`` axes: ``lut`` ``(level,)``; BEV layout ``(camera, height, y, x, corner)``; flat
     layout ``(row, corner)`` / ``(row,)`` (padded rows), ``perm_inverse`` ``(cell,)`` (one per cell)."""
@@ -231,6 +244,8 @@ DELTA_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {
     "basis": ("term", "ly", "lx"),
 }
 """``delta/`` axes (see :mod:`bevcompile.grid.delta`): ``row`` a row of the per-block tables."""
+REGION_DELTA_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {"block_slot": ("camera", "height", "block"), "cell_pos": ("kept_cell",)}
+"""The ``delta/`` axes that differ with a ``bev.region``: one block axis, and each kept cell's position."""
 
 
 # --------------------------------------------------------------------------------------
@@ -450,7 +465,7 @@ def gather_group(tables: GatherTables, layout: GatherLayout, rig: RigConfig, tab
     else:
         attrs["flat_cell_formula"] = "flat = (cam * n_heights + ih) * n_kept + k (k: the kept cell, grid/cells order)"
     attrs["region"] = grid_region_attributes(table)
-    dims = {name: ("camera", "height", "kept_cell", "corner") if a.ndim == 4 else gather_dimension_names(name, a.ndim) for name, a in arrays.items()}
+    dims = {name: group_dimension_names("gather", name, a.ndim, region=True) for name, a in arrays.items()}
     return GroupData(arrays=arrays, attrs=attrs, dims=dims)
 
 
@@ -538,9 +553,7 @@ def delta_group(encoding: DeltaEncoding, rig: RigConfig, table: RegionTable | No
     attrs["block_grid"] = [int(arrays["block_slot"].shape[2])]
     attrs["decode"] = f"{REGION_DELTA_DECODE}: {attrs['decode']}"
     attrs["region"] = grid_region_attributes(table)
-    dims = dict(DELTA_DIMENSION_NAMES)
-    dims["block_slot"] = ("camera", "height", "block")
-    dims["cell_pos"] = ("kept_cell",)
+    dims = {name: group_dimension_names("delta", name, array.ndim, region=True) for name, array in arrays.items()}
     attrs["on_device_arrays"] = [*LUT_ARRAYS, "cell_pos"]
     return GroupData(arrays=arrays, attrs=attrs, dims=dims)
 
@@ -764,6 +777,7 @@ def run_grid(
     path = store_path(out_dir, rig.name)
     attrs = root_attributes(rig)
     check_replaceable(path, attrs["config_sha256"], force=force)  # refuse before the build, not after
+    start_phase(progress, "projecting BEV cells", product_grid_samples(rig), "samples")  # after the guard: a region's cell table costs time
     built = build_grid_command(rig, options, progress=progress)
     start_phase(progress, f"writing {path.name}")
     report = write_groups(

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import StoreError
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig
 from ..rig.presets import plain_data
@@ -32,7 +33,7 @@ from .bevpoolv2 import (
     reference_frustum_pool,
     voxel_grid,
 )
-from .export import INTEROP_TARGETS, build_target, interop_group_attrs, target_arrays
+from .export import INTEROP_TARGETS, build_target, interop_dimension_names, interop_group_attrs, target_arrays
 from .fastbev import (
     FASTBEV_LUT_ARRAY,
     FastBevOptions,
@@ -85,6 +86,14 @@ def _targets(arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list
     if PETR_COORDS_ARRAY in arrays:
         found.add("petr-coords3d")
     return [t for t in INTEROP_TARGETS if t in found] + sorted(found - set(INTEROP_TARGETS))
+
+
+def dimension_names_interop(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The ``dimension_names`` the writer gives ``interop/<name>`` (None: no array of that name)."""
+    try:
+        return interop_dimension_names(name)
+    except StoreError:
+        return None
 
 
 def check_interop(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:

@@ -15,6 +15,7 @@ import numpy as np
 from ..choices import canonical_choice
 from ..conventions import REGION_CONVENTIONS
 from ..errors import StoreError, UsageError
+from ..files import FileRefused, check_output_path, replace_file
 from ..parallel import resolve_jobs
 from ..rig.config import RigConfig
 from ..rig.region import region_table
@@ -302,6 +303,9 @@ def run_export_interop(
             for file_name in npy_names(target, rig, build_options[target]).values():
                 if (folder / file_name).is_dir():
                     raise StoreError(f"{folder / file_name}: is a directory, cannot write the .npy file there")
+                special = check_output_path(folder / file_name)
+                if special is not None:
+                    raise StoreError(f"{folder / file_name}: {special}")
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
@@ -317,13 +321,16 @@ def run_export_interop(
                     tmp = folder / f".{file_name}.tmp-{os.getpid()}"
                     with open(tmp, "wb") as fh:
                         np.save(fh, arrays[array_name], allow_pickle=False)
-                    os.replace(tmp, path)
+                    replace_file(tmp, path)
                     npy_files.append(path)
             meta = folder / "interop.json"
             tmp = folder / f".interop.json.tmp-{os.getpid()}"
             tmp.write_text(json.dumps(attrs, indent=2, sort_keys=True, allow_nan=False) + "\n")
-            os.replace(tmp, meta)
+            replace_file(tmp, meta)
             npy_files.append(meta)
+        except FileRefused as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"{folder}: cannot write .npy files ({exc})") from None
         except OSError as exc:
             raise StoreError(f"{folder}: cannot write .npy files ({exc.strerror or exc})") from None
     return InteropRunResult(

@@ -103,7 +103,7 @@ from .precision import (
     tile_row_span,
 )
 from .prior import ARRAY as PRIOR_ARRAY
-from .prior import UNIFORM, DepthPrior, check_token, prior_dims
+from .prior import PRIOR_DIMS, UNIFORM, DepthPrior, check_token
 from .ray import ray_entries
 from .region import merge_region_rows
 
@@ -1232,11 +1232,13 @@ def matrix_group(products: MatrixProducts, rig: RigConfig) -> GroupData:
 def matrix_dims(arrays: Mapping[str, np.ndarray], aliases: Mapping[str, str] | None = None) -> dict[str, tuple[str, ...]]:
     """Dimension names of ``matrix/`` arrays (``aliases``: an array named like another, e.g. the
     learned store's ``init_ell_weight`` -> ``ell_weight``)."""
-    out = {}
-    for name, arr in arrays.items():
-        base = (aliases or {}).get(name, name)
-        out[name] = prior_dims(arr) if base == PRIOR_ARRAY else MATRIX_DIMENSION_NAMES[base]
-    return out
+    return {name: matrix_dimension_names(name, arr.ndim, aliases) for name, arr in arrays.items()}
+
+
+def matrix_dimension_names(name: str, ndim: int, aliases: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Dimension names of the ``matrix/`` array ``name`` of rank ``ndim`` (KeyError: no such array)."""
+    base = (aliases or {}).get(name, name)
+    return PRIOR_DIMS[ndim] if base == PRIOR_ARRAY else MATRIX_DIMENSION_NAMES[base]
 
 
 MATRIX_DIMENSION_NAMES: dict[str, tuple[str, ...]] = {

@@ -21,7 +21,6 @@ one-line :class:`~bevcompile.errors.CheckpointError` ``<file>: <tensor path>: <w
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import zipfile
@@ -33,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from .._version import TORCH_REQUIREMENT
-from ..errors import CheckpointError, DependencyError, unreadable
+from ..errors import CheckpointError, DependencyError
+from ..files import MISSING, FileRefused, JSONRefused, loads_strict, open_regular
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -45,6 +45,9 @@ SAFETENSORS_DTYPES: dict[str, str] = {
     "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
 }
 FORMATS = ("pytorch", "npy", "npz", "safetensors")
+MAX_CHECKPOINT_BYTES = 32 << 30
+"""A checkpoint file is at most 32 GiB (a full training state of a large model; its sha256 is
+read whole): a larger one, a FIFO or a device is refused before anything is read."""
 
 
 @dataclass(frozen=True)
@@ -89,20 +92,26 @@ def read_checkpoint(path: str | Path, *, shown: str | None = None) -> Checkpoint
     checkpoint without PyTorch installed."""
     path = Path(path)
     where = shown if shown is not None else str(path)
-    try:
-        with path.open("rb") as handle:
+    try:  # a regular file of bounded size, before a byte is read (a FIFO would block, /dev/zero never end)
+        handle, _size = open_regular(path, MAX_CHECKPOINT_BYTES, "a checkpoint file")
+        with handle:
             head = handle.read(16)
+    except FileRefused as exc:
+        raise CheckpointError(where, "", "no such file" if exc.code == MISSING else exc.reason) from None
     except OSError as exc:
-        raise CheckpointError(where, "", unreadable(exc, "a checkpoint file")) from None
-    sha = file_sha256(path)
+        raise CheckpointError(where, "", f"cannot read ({exc.strerror or exc.__class__.__name__})") from None
+    try:
+        sha = file_sha256(path)
+    except OSError as exc:
+        raise CheckpointError(where, "", f"cannot read ({exc.strerror or exc.__class__.__name__})") from None
     if head.startswith(NPY_MAGIC):
         return Checkpoint(path, "npy", sha, _read_npy(path, where))
     if head.startswith(ZIP_MAGIC):
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except (zipfile.BadZipFile, OSError) as exc:
-            raise CheckpointError(where, "", f"a damaged zip file ({exc})") from None
+        except Exception as exc:  # BadZipFile, OSError, a member name that is not UTF-8 ...
+            raise CheckpointError(where, "", f"a damaged zip file ({_first_line(exc)})") from None
         if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             return Checkpoint(path, "pytorch", sha, _read_torch(path, where, mmap=True))
         if names and all(n.endswith(".npy") for n in names):
@@ -142,16 +151,33 @@ def _read_npy(path: Path, where: str) -> dict[str, Tensor]:
 
 
 def _read_npz(path: Path, where: str) -> dict[str, Tensor]:
+    """The members of a ``.npz``, each known by its ``.npy`` header (shape, dtype) and read only
+    when loaded: a member is never inflated before its shape has been checked."""
     out: dict[str, Tensor] = {}
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            for name in archive.files:
-                out[name] = _constant_tensor(name, archive[name])
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                name = info.filename.removesuffix(".npy")
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _fortran, dtype = read_header(member)
+                if dtype.hasobject:
+                    raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+                out[name] = Tensor(name, tuple(int(n) for n in shape), str(dtype), dtype.kind, _npz_loader(path, name))
     except ValueError as exc:
         raise CheckpointError(where, "", f"a .npz that needs pickle to load ({_first_line(exc)}); save numeric arrays") from None
     except Exception as exc:
         raise CheckpointError(where, "", f"a damaged .npz file ({_first_line(exc)})") from None
     return out
+
+
+def _npz_loader(path: Path, name: str) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        with np.load(path, allow_pickle=False) as archive:
+            return np.asarray(archive[name])
+
+    return load
 
 
 # --------------------------------------------------------------------------------------
@@ -240,9 +266,9 @@ def _read_safetensors(path: Path, where: str) -> dict[str, Tensor]:
         n = int.from_bytes(handle.read(8), "little")
         raw = handle.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(where, "", f"a .safetensors file whose header is not JSON ({_first_line(exc)})") from None
+        header = loads_strict(raw)
+    except JSONRefused as exc:
+        raise CheckpointError(where, "", f"a .safetensors file whose header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise CheckpointError(where, "", "a .safetensors file whose header is not a JSON object")
     data_start = 8 + n

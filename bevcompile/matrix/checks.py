@@ -31,12 +31,13 @@ from .build import (
     dequantize_rows_int8,
     int8_errors,
     is_learned,
+    matrix_dimension_names,
     n_columns,
     quantize_rows_int8,
     round_up,
     tile_blocks,
 )
-from .learned import INIT_ARRAY, LearnedRecord, coo_slots, learned_products, value_change
+from .learned import INIT_ARRAY, INIT_SOURCE, LearnedRecord, coo_slots, learned_products, value_change
 from .precision import (
     decode_fp16,
     decoded_errors,
@@ -141,6 +142,15 @@ def _options(attrs: Mapping[str, Any]) -> MatrixOptions:
 # --------------------------------------------------------------------------------------
 
 
+def dimension_names_matrix(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The ``dimension_names`` the writer gives ``matrix/<name>`` (a learned store's
+    ``init_ell_weight`` those of ``ell_weight``; None: no such array, the contract check says so)."""
+    try:
+        return matrix_dimension_names(name, ndim, {INIT_ARRAY: INIT_SOURCE})
+    except KeyError:
+        return None
+
+
 def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list[Check]:
     """Invariants of ``matrix/`` (see README "What inspect, verify and inspect --strict do with matrix/")."""
     out = _Checks()
@@ -234,6 +244,10 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
         sums = np.bincount(row, weights=summed.astype(np.float64), minlength=n_rows)[nnz_row > 0]
         worst = float(np.abs(sums - 1.0).max()) if sums.size else 0.0
         out.add("mean_rows_sum_to_1", where, worst <= SUM_TOL, f"max |row sum - 1| = {worst:.3g} (tolerance {SUM_TOL:g})")
+    # provenance: a few rows re-derived from the stored config (a matrix of another rig never matches)
+    checked = init_val if learned else val
+    if checked is not None:
+        _check_values_match_config(out, rig, options, arrays, row, col, checked, nnz_row, row_cells, table, learned)
     # attributes vs recomputation
     rows_pad = round_up(max(n_rows, 1), options.align)
     cols_pad = round_up(n_cols, options.align)
@@ -329,6 +343,184 @@ def check_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Map
             diff = float(np.abs(recomputed.astype(np.float64) - mass.astype(np.float64)).max()) if mass.size else 0.0
             out.add("camera_mass", "camera_mass", diff == 0.0, f"max |camera_mass - recomputed from COO| = {diff:.3g}")
     return out.items
+
+
+SPOT_ROWS = 32
+"""Rows ``values_match_config`` re-derives (evenly spread over the rows that hold entries)."""
+SPOT_POINTS = 1 << 18
+"""At most this many frustum points (entries x depth bins in ray mode) in the spot check."""
+SPOT_REL_TOL = 1e-5
+"""|stored - recomputed| <= SPOT_REL_TOL x the row's largest value: float32 storage rounds at
+6e-8 relative; a recalibration moves a bilinear weight, or the cell a point lands in, far more."""
+
+
+def _spot_rows(row: I64, nnz_row: I64, cost_per_entry: int) -> I64:
+    """Up to :data:`SPOT_ROWS` rows holding entries, evenly spread, within :data:`SPOT_POINTS`."""
+    nonempty = np.flatnonzero(nnz_row > 0)
+    if not nonempty.size:
+        return nonempty
+    picks = np.unique(nonempty[np.linspace(0, nonempty.size - 1, min(SPOT_ROWS, nonempty.size)).round().astype(np.int64)])
+    budget = np.cumsum(nnz_row[picks] * cost_per_entry)
+    return picks[: max(1, int(np.searchsorted(budget, SPOT_POINTS, side="right")))]
+
+
+def _check_values_match_config(
+    out: _Checks,
+    rig: RigConfig,
+    options: MatrixOptions,
+    arrays: Mapping[str, np.ndarray],
+    row: I64,
+    col: I64,
+    values: np.ndarray,
+    nnz_row: I64,
+    row_cells: I64 | None,
+    table: RegionTable | None,
+    learned: bool,
+) -> None:
+    """``values_match_config``: the entries of a few rows, re-derived from the stored config alone
+    (the frustum points, or grid samples, of their columns splatted to their rows), equal the
+    stored values (``init_ell_weight`` of a learned store): a ``matrix/`` copied from another car
+    fails here even when its ``config_sha256`` was removed or set to the root's. Cheap: the
+    points of the checked entries only, not a rebuild."""
+    where = INIT_ARRAY if learned else "coo_val"
+    frustum = options.mode in DEPTH_MODES
+    cost = rig.depth.n_bins if options.mode == "ray" else 1
+    if options.compact_rows and row_cells is None:
+        return  # row_ids is invalid: its own check failed
+    picks = _spot_rows(row, nnz_row, cost)
+    if not picks.size:
+        out.add("values_match_config", where, True, "no entries to re-derive (an empty matrix)")
+        return
+    starts, ends = np.searchsorted(row, picks), np.searchsorted(row, picks, side="right")
+    take = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends, strict=True)])
+    e_row, e_col, stored = row[take], col[take], values[take].astype(np.float64)
+    try:
+        if frustum:
+            raw = _frustum_raw(rig, options, arrays, e_row, e_col, row_cells, table)
+        else:
+            raw = _grid_raw(rig, options, e_row, e_col, row_cells, table)
+    except ValueError as exc:  # the depth prior is unusable: the depth_prior check says why
+        out.add("values_match_config", where, False, f"cannot re-derive the values: {exc}")
+        return
+    if options.normalize == "mean":
+        sums = np.zeros(picks.size)
+        slot = np.searchsorted(picks, e_row)
+        np.add.at(sums, slot, raw)
+        want = raw / np.where(sums[slot] > 0, sums[slot], 1.0)
+    else:
+        want = raw
+    scale = np.zeros(picks.size)
+    np.maximum.at(scale, np.searchsorted(picks, e_row), np.abs(want))
+    diff = np.abs(stored - want)
+    unreached = int(np.count_nonzero(raw == 0))
+    bad = diff > SPOT_REL_TOL * scale[np.searchsorted(picks, e_row)]
+    n_bad = int(np.count_nonzero(bad))
+    worst = float((diff / np.maximum(scale[np.searchsorted(picks, e_row)], 1e-300)).max()) if diff.size else 0.0
+    what = f"{picks.size} row(s), {take.size} entries re-derived from the stored config ({options.mode}, {options.splat})"
+    if n_bad:
+        out.add(
+            "values_match_config", where, False,
+            f"{what}: {n_bad} differ ({unreached} of them from columns whose points never reach their row), max |stored - "
+            f"recomputed| = {worst:.3g} x the row's largest value: built from another rig's geometry (copied from another "
+            "car's store?); rebuild it",
+        )
+    else:
+        out.add("values_match_config", where, True, f"{what}: max |stored - recomputed| = {worst:.2g} x the row's largest value (tolerance {SPOT_REL_TOL:g})")
+
+
+def _rows_of_cells(cells: I64, row_cells: I64 | None, table: RegionTable | None, n_cells: int) -> I64:
+    """The matrix row of each fine BEV cell (-1: no row), for plain, compacted and region rows."""
+    if table is not None:
+        out = np.where(cells >= 0, table.row_of_cell()[np.clip(cells, 0, None)], -1)
+    elif row_cells is not None and row_cells.size != n_cells:  # compacted: row_ids maps row -> cell
+        pos = np.clip(np.searchsorted(row_cells, cells), 0, max(row_cells.size - 1, 0))
+        out = np.where((cells >= 0) & (row_cells.size > 0) & (row_cells[pos] == cells), pos, -1) if row_cells.size else np.full(cells.shape, -1)
+    else:
+        out = cells
+    return np.asarray(out, dtype=np.int64)
+
+
+def _frustum_raw(
+    rig: RigConfig, options: MatrixOptions, arrays: Mapping[str, np.ndarray], e_row: I64, e_col: I64, row_cells: I64 | None,
+    table: RegionTable | None,
+) -> npt.NDArray[np.float64]:
+    """The raw weight of each entry ``(e_row, e_col)``: frustum mode, the splat weight of the column's
+    point into the row; ray mode, the prior-weighted sum of its depth bins' (in increasing ``d``)."""
+    from .reference import frustum_points_of, splat_corners
+
+    w_f, h_f = rig.feature_size
+    plane = w_f * h_f
+    n_bins = rig.depth.n_bins
+    n_cells = rig.bev.ny * rig.bev.nx
+    prior = None
+    if options.mode == "ray":
+        prior = prior_of_store(options.depth_prior, arrays.get(PRIOR_ARRAY), rig, "matrix/").normalised(rig)
+        cam, pix = np.divmod(e_col, plane)
+        d = np.tile(np.arange(n_bins), e_col.size)
+        cam, pix, rows = np.repeat(cam, n_bins), np.repeat(pix, n_bins), np.repeat(e_row, n_bins)
+    else:
+        cam, rest = np.divmod(e_col, n_bins * plane)
+        d, pix = np.divmod(rest, plane)
+        rows = e_row
+    weight = np.zeros(cam.size)
+    for c in np.unique(cam):
+        at = np.flatnonzero(cam == c)
+        v, u = np.divmod(pix[at], w_f)
+        points, ok = frustum_points_of(rig, int(c), u, v, d[at])
+        cells, corner_w = splat_corners(rig, points, ok, options.splat, options.rounding)
+        hits = _rows_of_cells(cells, row_cells, table, n_cells) == rows[at, None]
+        weight[at] = np.where(hits, corner_w, 0.0).sum(axis=1)
+        if prior is not None:
+            weight[at] *= prior.weights(int(c), d[at], pix[at])
+    if prior is None:
+        return weight
+    return weight.reshape(e_col.size, n_bins).sum(axis=1)
+
+
+def _grid_raw(
+    rig: RigConfig, options: MatrixOptions, e_row: I64, e_col: I64, row_cells: I64 | None, table: RegionTable | None
+) -> npt.NDArray[np.float64]:
+    """The raw weight of each grid-mode entry: the taps (bilinear, or the nearest pixel) of the
+    row's cell centres at every height, projected afresh, that land on the column's pixel."""
+    from ..grid.gather import bilinear_corners
+    from ..grid.ipm import inside_feature_map
+    from ..rig.geometry import project_bev_to_feature
+
+    bev = rig.bev
+    w_f, h_f = rig.feature_size
+    picks = np.unique(e_row)
+    fine_rows, fine_cells = [], []
+    for r in picks:
+        if table is not None:
+            y0, x0, size = (int(v) for v in table.cells[r])
+            block = (np.arange(y0, y0 + size)[:, None] * bev.nx + np.arange(x0, x0 + size)[None, :]).ravel()
+        else:
+            block = np.array([row_cells[r] if row_cells is not None else r], dtype=np.int64)
+        fine_cells.append(block)
+        fine_rows.append(np.full(block.size, r, dtype=np.int64))
+    cells, owners = np.concatenate(fine_cells), np.concatenate(fine_rows)
+    cell_y, cell_x = np.divmod(cells, bev.nx)
+    heights = np.asarray(bev.heights, dtype=np.float64)
+    centres = np.empty((heights.size, cells.size, 3))
+    centres[..., 0] = (bev.x.min + (cell_x + 0.5) * bev.x.step)[None, :]
+    centres[..., 1] = (bev.y.min + (cell_y + 0.5) * bev.y.step)[None, :]
+    centres[..., 2] = heights[:, None]
+    sums: dict[tuple[int, int], float] = {}
+    for cam_index, camera in enumerate(rig.cameras):
+        uv, valid = project_bev_to_feature(rig, camera, centres)
+        valid &= inside_feature_map(uv, rig.feature_size)
+        if options.splat == "nearest":
+            u, v = np.rint(np.where(valid, uv[..., 0], -1.0)), np.rint(np.where(valid, uv[..., 1], -1.0))
+            taps = [(u, v, np.ones(u.shape))]
+        else:
+            pixel, corner_w, _frac, _inside = bilinear_corners(uv, valid, (w_f, h_f))
+            taps = [((pixel[..., k] % w_f).astype(np.float64), (pixel[..., k] // w_f).astype(np.float64), corner_w[..., k]) for k in range(4)]
+        for pu, pv, wgt in taps:
+            keep = valid & (pu >= 0) & (pu < w_f) & (pv >= 0) & (pv < h_f) & (wgt > 0)
+            for h, k in zip(*np.nonzero(keep), strict=True):
+                key = (int(owners[k]), (cam_index * h_f + int(pv[h, k])) * w_f + int(pu[h, k]))
+                sums[key] = sums.get(key, 0.0) + float(wgt[h, k])
+    return np.array([sums.get((int(r), int(c)), 0.0) for r, c in zip(e_row, e_col, strict=True)])
 
 
 def _check_region(out: _Checks, arrays: Mapping[str, np.ndarray], table: RegionTable, row: I64) -> None:

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import DepthPriorError, UsageError, unreadable
+from ..errors import DepthPriorError, UsageError
+from ..files import MISSING, FileRefused, read_regular
 from ..rig.config import RigConfig
 
 F64 = npt.NDArray[np.float64]
@@ -236,22 +237,38 @@ def _first(mask: npt.NDArray[np.bool_]) -> tuple[int, ...] | int:
     return index[0] if len(index) == 1 else index
 
 
+MAX_PRIOR_FILE_BYTES = 4 << 30
+"""A ``--depth-prior`` file read without a rig (a fleet manifest's, checked against each vehicle
+later) is at most 4 GiB; with the rig, at most what its largest allowed shape takes (below)."""
+NPY_HEADER_SLACK = 1 << 20
+"""Room for a ``.npy`` header (at most 4 GiB in format 3.0; numpy writes well under 1 MiB)."""
+
+
+def prior_file_limit(rig: RigConfig) -> int:
+    """The largest ``.npy`` a prior of ``rig`` can be: its per-pixel shape ``(n_cam, D, H_f,
+    W_f)`` in the widest real dtype (16 bytes), plus a header: anything larger is refused unread."""
+    w_f, h_f = rig.feature_size
+    return rig.n_cam * rig.depth.n_bins * h_f * w_f * 16 + NPY_HEADER_SLACK
+
+
 def read_depth_prior(path: str | Path, rig: RigConfig) -> DepthPrior:
     """``--depth-prior FILE.npy``: the checked prior and the file's sha256 (one-line
-    :class:`DepthPriorError` for a missing, unreadable, pickled or ill-shaped file)."""
-    values, sha = load_prior_file(path)
+    :class:`DepthPriorError` for a missing, unreadable, pickled or ill-shaped file; a FIFO, a
+    device or a file larger than any prior of ``rig`` is refused before it is read)."""
+    values, sha = load_prior_file(path, prior_file_limit(rig))
     return DepthPrior(check_prior(values, rig, str(path)), str(path), sha)
 
 
-def load_prior_file(path: str | Path) -> tuple[np.ndarray, str]:
+def load_prior_file(path: str | Path, limit: int = MAX_PRIOR_FILE_BYTES) -> tuple[np.ndarray, str]:
     """The array of a ``.npy`` prior file (loaded without pickle) and the file's sha256, unchecked
-    (one-line :class:`DepthPriorError` for a missing, unreadable, pickled or damaged file)."""
+    (one-line :class:`DepthPriorError` for a missing, unreadable, pickled or damaged file, and for
+    a FIFO, a device or a file of more than ``limit`` bytes, refused before it is read)."""
     path = Path(path)
     where = str(path)
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DepthPriorError(where, "", unreadable(exc, "a .npy file")) from None
+        data = read_regular(path, limit, "a .npy depth prior")
+    except FileRefused as exc:
+        raise DepthPriorError(where, "", "no such file" if exc.code == MISSING else exc.reason) from None
     if not data.startswith(b"\x93NUMPY"):
         raise DepthPriorError(where, "", "not a .npy file (save the prior with numpy.save)")
     import io
@@ -284,6 +301,10 @@ def prior_of_store(token: str, stored: np.ndarray | None, rig: RigConfig, where:
     return DepthPrior(raw, source, file_sha)
 
 
+PRIOR_DIMS: dict[int, tuple[str, ...]] = {1: ("depth_bin",), 2: ("camera", "depth_bin"), 4: ("camera", "depth_bin", "v", "u")}
+"""Zarr dimension names of a stored raw prior, by its rank."""
+
+
 def prior_dims(raw: F64) -> tuple[str, ...]:
     """Zarr dimension names of a stored raw prior."""
-    return {1: ("depth_bin",), 2: ("camera", "depth_bin"), 4: ("camera", "depth_bin", "v", "u")}[raw.ndim]
+    return PRIOR_DIMS[raw.ndim]

@@ -53,15 +53,63 @@ def frustum_points_bev(rig: RigConfig, cam_index: int) -> tuple[F64, npt.NDArray
         ``t + bins[d] * (R[:, 0] x_n + R[:, 1] y_n + R[:, 2])`` with ``(x_n, y_n, 1)`` the
         undistorted ray of feature pixel ``(u, v)``.
     """
+    ray_bev, ok, translation = _rays_bev(rig, cam_index, _feature_pixel_centres(rig))
+    depths = np.asarray(rig.depth.values(), dtype=np.float64)
+    points = translation + depths[:, None, None, None] * ray_bev[None]
+    return points, ok
+
+
+def _rays_bev(rig: RigConfig, cam_index: int, uv_feature: F64) -> tuple[F64, npt.NDArray[np.bool_], F64]:
+    """``(ray_bev (..., 3), ok (...), camera centre (3,))`` of feature pixels ``uv_feature``
+    ``(..., 2)``: the canonical formula of :func:`frustum_points_bev`, elementwise."""
     camera = rig.cameras[cam_index]
-    uv_image = feature_px_to_image_px(rig, camera, _feature_pixel_centres(rig))
+    uv_image = feature_px_to_image_px(rig, camera, uv_feature)
     ray_cam, ok = unproject_image_to_cam(camera, uv_image, 1.0)
     matrix = bev_from_cam_matrix(rig, camera)
     rotation, translation = matrix[:3, :3], matrix[:3, 3]
     ray_bev = rotation[:, 0] * ray_cam[..., 0:1] + rotation[:, 1] * ray_cam[..., 1:2] + rotation[:, 2]
-    depths = np.asarray(rig.depth.values(), dtype=np.float64)
-    points = translation + depths[:, None, None, None] * ray_bev[None]
-    return points, ok
+    return ray_bev, ok, translation
+
+
+def frustum_points_of(rig: RigConfig, cam_index: int, u: I64, v: I64, depth_bin: I64) -> tuple[F64, npt.NDArray[np.bool_]]:
+    """The frustum points of the feature pixels ``(u, v)`` at depth bins ``depth_bin`` of one camera
+    (``(n,)`` int arrays), by :func:`frustum_points_bev`'s formula, elementwise (the same bits).
+
+    Convention: returns ``points_bev`` ``(n, 3)`` float64 metres (BEV frame) and ``ok`` ``(n,)``."""
+    uv = np.stack([np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)], axis=-1)
+    ray_bev, ok, translation = _rays_bev(rig, cam_index, uv)
+    depths = np.asarray(rig.depth.values(), dtype=np.float64)[np.asarray(depth_bin, dtype=np.int64)]
+    return translation + depths[:, None] * ray_bev, ok
+
+
+def splat_corners(rig: RigConfig, points_bev: F64, ok: npt.NDArray[np.bool_], splat: str, rounding: str) -> tuple[I64, F64]:
+    """The BEV cells points ``(n, 3)`` splat to and their weights, as
+    :func:`reference_frustum_entries` decides them: ``(cells (n, c), weights (n, c))`` with
+    ``c`` = 1 (nearest) or 4 (bilinear), cell ``iy * nx + ix`` or -1 (no cell: outside the BEV
+    volume, no lens preimage, or weight 0)."""
+    bev = rig.bev
+    fx = (points_bev[:, 0] - bev.x.min) / bev.x.step
+    fy = (points_bev[:, 1] - bev.y.min) / bev.y.step
+    fz = (points_bev[:, 2] - bev.z.min) / bev.z.step
+    with np.errstate(invalid="ignore"):
+        inside = ok & _in_range(fx, bev.x.n, rounding) & _in_range(fy, bev.y.n, rounding) & _in_range(fz, bev.z.n, rounding)
+    fx, fy = np.where(inside, fx, 0.5), np.where(inside, fy, 0.5)  # parked: masked below
+    if splat == "nearest":
+        corners = [(_cell_index(fx, rounding), _cell_index(fy, rounding), np.ones(fx.size))]
+    else:
+        gx, gy = fx - 0.5, fy - 0.5
+        ix0, iy0 = np.floor(gx), np.floor(gy)
+        ax, ay = gx - ix0, gy - iy0
+        corners = [
+            (ix0 + ox, iy0 + oy, (ax if ox == 1 else 1.0 - ax) * (ay if oy == 1 else 1.0 - ay)) for ox in (0, 1) for oy in (0, 1)
+        ]
+    cells = np.full((fx.size, len(corners)), -1, dtype=np.int64)
+    weights = np.zeros((fx.size, len(corners)))
+    for k, (ix, iy, weight) in enumerate(corners):
+        good = inside & (ix >= 0) & (ix < bev.x.n) & (iy >= 0) & (iy < bev.y.n) & (weight > 0)
+        cells[good, k] = (iy[good] * bev.x.n + ix[good]).astype(np.int64)
+        weights[good, k] = weight[good]
+    return cells, weights
 
 
 @dataclass

@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BevcompileError, DependencyError, StoreError, UsageError
+from ..files import FileRefused, replace_file
 from ..grid.ipm import compute_sampling_grid
 from ..rig.config import RigConfig, parse_config
 from ..rig.geometry import bev_from_cam_matrix, bev_from_ego_matrix
@@ -365,7 +366,9 @@ def _save_png(fig: Any, out_path: Path) -> None:
     tmp = out_path.parent / f".{out_path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
-        os.replace(tmp, out_path)
+        replace_file(tmp, out_path)
+    except FileRefused as exc:
+        raise UsageError(f"--out {out_path}: {exc.reason}") from None
     except OSError as exc:
         raise UsageError(f"--out {out_path}: cannot write ({exc.strerror or exc})") from None
     finally:

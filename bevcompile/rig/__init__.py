@@ -7,5 +7,6 @@
 * :mod:`.presets` — model presets (``preset:``): the settings each model family fixes, with the
   repository, file and commit of every value.
 
-May import: :mod:`bevcompile.errors`. Nothing else of bevcompile (every product imports this).
+May import: :mod:`bevcompile.errors` and :mod:`bevcompile.files` (the reader of user-named files, which every
+package may import). Nothing else of bevcompile (every product imports this).
 """

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -30,6 +29,17 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, shown
+from ..files import (
+    DIRECTORY,
+    MISSING,
+    SPECIAL,
+    TOO_LARGE,
+    UNREADABLE,
+    FileRefused,
+    check_output_path,
+    read_regular,
+    replace_file,
+)
 from .presets import PRESETS, AugRule, Preset
 
 BEV_FRAME_EGO = "ego"
@@ -65,6 +75,19 @@ MAX_RESIZE = 16.0
 by more than 16 is a typo)."""
 MAX_IMAGE_SIDE = 32768
 """``image_size`` and ``input_size`` sides are at most this many pixels."""
+MIN_FOCAL_PX = 1.0
+MAX_FOCAL_PX = 1e6
+"""``fx`` and ``fy`` in [1, 10^6] pixels: under a pixel every pixel sees more than a radian, over a
+million (a 3 m lens on 3 um pixels) the rays are parallel to float precision; outside, the
+geometry overflows (``fy = 5e-324`` divides to infinity)."""
+PRINCIPAL_POINT_MARGIN = 4
+"""``cx`` in ``[-4 W, 5 W]`` and ``cy`` in ``[-4 H, 5 H]``: within four image sizes of the image (a
+crop can move it off the image, never far)."""
+MAX_DISTORTION_COEFF = 1e4
+"""``|k|`` of every distortion coefficient at most 10^4 (real calibrations stay within a few hundred)."""
+MAX_EXTENT_M = 10_000.0
+"""BEV bounds (``bev.x``, ``bev.y``, ``bev.z``), sampling heights and depth bins within 10 km: a
+BEV grid covers what the cameras see, not the planet."""
 _PLAIN_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
 """A number given as a string (JSON data, or ``1e-3``, which PyYAML leaves a string): plain ASCII
 decimal only (YAML 1.2 core schema), so ``"1_000.5"``, ``"١.٧٢٢"``, ``"１.５"``, ``" 1"`` are refused."""
@@ -591,24 +614,22 @@ def _read_text(path: str | Path, what: str) -> tuple[str, str]:
     if source == STDIN:
         return "<stdin>", _decode("<stdin>", _read_stdin(what), what)
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise ConfigError(source, "", "is a directory, expected a YAML file")
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(source, "", "is not a regular file (a device, pipe or socket), expected a YAML file")
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(source, "", f"is {info.st_size:,} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:  # grew after the stat
-            raise ConfigError(source, "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}")
-    except FileNotFoundError:
-        raise ConfigError(source, "", "file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(source, "", "is a directory, expected a YAML file") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read file ({exc.strerror or exc.__class__.__name__})") from None
+        raw = read_regular(path, MAX_CONFIG_BYTES, what)
+    except FileRefused as exc:
+        raise ConfigError(source, "", _refusal(exc, what)) from None
     return source, _decode(source, raw, what)
+
+
+def _refusal(exc: FileRefused, what: str) -> str:
+    """The config readers' wording of a refused file (:func:`bevcompile.files.open_regular`)."""
+    limit = f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not {what}"
+    return {
+        MISSING: "file not found",
+        DIRECTORY: "is a directory, expected a YAML file",
+        SPECIAL: "is not a regular file (a device, pipe or socket), expected a YAML file",
+        TOO_LARGE: f"is {exc.size:,} bytes, {limit}" if exc.size else limit,
+        UNREADABLE: f"cannot read file ({exc.detail})",
+    }.get(exc.code, exc.reason)
 
 
 def _parse_yaml(text: str, source: str, loader: type[_BoundedLoader] | None = None) -> Any:
@@ -683,12 +704,19 @@ def write_config_yaml(path: str | Path, data: Mapping[str, Any], header: Sequenc
     """Write :func:`dump_config_yaml` to ``path`` atomically (a temporary sibling, then a rename):
     a reader never sees half a file. ConfigError (one line) if the folder cannot be written."""
     target = Path(path)
+    special = check_output_path(target)  # a device, FIFO or socket: the rename would replace it
+    if special is not None:
+        raise ConfigError(str(target), "", special)
     text = dump_config_yaml(data, header)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        replace_file(tmp, target)
+    except FileRefused as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(str(target), "", exc.reason) from None
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -918,15 +946,18 @@ def _parse_distortion(ctx: _Ctx, data: Any, field: str) -> Distortion:
     _check_keys(ctx, data, field, ("model",), ("coeffs",))
     model = _string(ctx, data["model"], f"{field}.model")
     if model not in DISTORTION_MODELS:
-        raise ctx.fail(f"{field}.model", f"unknown model {model!r} (expected one of {', '.join(DISTORTION_MODELS)})")
+        raise ctx.fail(f"{field}.model", f"unknown model {shown(model)} (expected one of {', '.join(DISTORTION_MODELS)})")
     if model == "none":
         if "coeffs" in data and data["coeffs"] not in (None, [], ()):
             raise ctx.fail(f"{field}.coeffs", "model 'none' takes no coefficients")
         return Distortion("none", (), 0)
     if "coeffs" not in data:
-        raise ctx.fail(f"{field}.coeffs", f"missing required field for model {model!r}")
+        raise ctx.fail(f"{field}.coeffs", f"missing required field for model {shown(model)}")
     lengths = (4, 5, 8) if model == "opencv" else (4,)
     coeffs = _numbers(ctx, data["coeffs"], f"{field}.coeffs", lengths)
+    for i, coeff in enumerate(coeffs):
+        if abs(coeff) > MAX_DISTORTION_COEFF:
+            raise ctx.fail(f"{field}.coeffs[{i}]", f"|coefficient| must be at most {MAX_DISTORTION_COEFF:g}, got {coeff:g}")
     if model == "opencv":
         padded = tuple(coeffs + [0.0] * (8 - len(coeffs)))
         return Distortion("opencv", padded, len(coeffs))
@@ -1002,10 +1033,18 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
             raise ctx.fail(f"{field}.image_size[{i}]", f"must be in [1, {MAX_IMAGE_SIDE}] pixels, got {v}")
 
     k = _matrix(ctx, data["intrinsic"], f"{field}.intrinsic", 3, 3)
-    if k[0][0] <= 0:
-        raise ctx.fail(f"{field}.intrinsic[0][0]", f"fx must be > 0, got {k[0][0]:g}")
-    if k[1][1] <= 0:
-        raise ctx.fail(f"{field}.intrinsic[1][1]", f"fy must be > 0, got {k[1][1]:g}")
+    for (r, c), what in (((0, 0), "fx"), ((1, 1), "fy")):
+        if k[r][c] <= 0:
+            raise ctx.fail(f"{field}.intrinsic[{r}][{c}]", f"{what} must be > 0, got {k[r][c]:g}")
+        if not MIN_FOCAL_PX <= k[r][c] <= MAX_FOCAL_PX:
+            raise ctx.fail(f"{field}.intrinsic[{r}][{c}]", f"{what} must be in [{MIN_FOCAL_PX:g}, {MAX_FOCAL_PX:g}] pixels, got {k[r][c]:g}")
+    for (r, c), what, size in (((0, 2), "cx", width), ((1, 2), "cy", height)):
+        low, high = -PRINCIPAL_POINT_MARGIN * size, (PRINCIPAL_POINT_MARGIN + 1) * size
+        if not low <= k[r][c] <= high:
+            raise ctx.fail(
+                f"{field}.intrinsic[{r}][{c}]",
+                f"{what} must be in [{low:g}, {high:g}] pixels (within {PRINCIPAL_POINT_MARGIN} image sizes of the image), got {k[r][c]:g}",
+            )
     if k[2] != [0.0, 0.0, 1.0]:
         raise ctx.fail(f"{field}.intrinsic[2]", f"bottom row must be [0, 0, 1], got {k[2]}")
     if k[0][1] != 0.0:
@@ -1053,7 +1092,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
         raise ctx.fail(
             crop_field,
             f"crop window [{crop_left:g}, {crop_top:g}] + {window} lies outside the resized "
-            f"image of camera {name!r} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
+            f"image of camera {shown(name)} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
         )
     image_aug = ImageAug(
         float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom)
@@ -1089,9 +1128,9 @@ def _parse_sensors(ctx: _Ctx, data: Any, camera_names: Mapping[str, int]) -> tup
         if name == BEV_FRAME_EGO:
             raise ctx.fail(f"{field}.name", f"{BEV_FRAME_EGO!r} is the ego frame itself, not a sensor name")
         if name in camera_names:
-            raise ctx.fail(f"{field}.name", f"{name!r} is also the name of cameras[{camera_names[name]}]; sensor names must differ from camera names")
+            raise ctx.fail(f"{field}.name", f"{shown(name)} is also the name of cameras[{camera_names[name]}]; sensor names must differ from camera names")
         if name in seen:
-            raise ctx.fail(f"{field}.name", f"duplicate sensor name {name!r} (also sensors[{seen[name]}])")
+            raise ctx.fail(f"{field}.name", f"duplicate sensor name {shown(name)} (also sensors[{seen[name]}])")
         seen[name] = i
         description = None
         if item.get("description") is not None:
@@ -1104,6 +1143,9 @@ def _parse_sensors(ctx: _Ctx, data: Any, camera_names: Mapping[str, int]) -> tup
 def _parse_axis(ctx: _Ctx, value: Any, field: str, allow_two: bool) -> AxisSpec:
     values = _numbers(ctx, value, field, (2, 3) if allow_two else 3)
     lo, hi = values[0], values[1]
+    for i, bound in enumerate((lo, hi)):
+        if abs(bound) > MAX_EXTENT_M:
+            raise ctx.fail(f"{field}[{i}]", f"must be within +-{MAX_EXTENT_M:g} m, got {bound:g}")
     if lo >= hi:
         raise ctx.fail(field, f"min must be < max, got [{lo:g}, {hi:g}]")
     step = values[2] if len(values) == 3 else hi - lo
@@ -1139,40 +1181,59 @@ def _parse_polygons(ctx: _Ctx, items: list[Any], field: str) -> tuple[tuple[tupl
     return tuple(polygons)
 
 
-def _read_mask_file(ctx: _Ctx, name: str, field: str, base_dir: Path | None) -> Any:
+def _read_mask_file(ctx: _Ctx, name: str, field: str, base_dir: Path | None, shape: tuple[int, int]) -> Any:
     """The keep mask of file ``name`` (relative to ``base_dir``, the config's folder) as a 2-D
-    array (non-zero = kept); one-line ConfigError otherwise."""
+    array of ``shape`` ``(ny, nx)`` (non-zero = kept); one-line ConfigError otherwise. The shape
+    and type are checked from the file's header (the ``.npy`` header, the PNG's IHDR) before its
+    data is decoded: a small file that declares a huge array costs nothing."""
     import io
 
     import numpy as np
 
-    from .region import decode_png
+    from .region import decode_png, png_header
 
     suffix = Path(name).suffix.lower()
     if suffix not in MASK_SUFFIXES:
         raise ctx.fail(field, f"mask file {shown(name)} must be a .npy or .png file")
     path = Path(name) if Path(name).is_absolute() or base_dir is None else base_dir / name
     try:
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ctx.fail(field, f"mask file {shown(name)} is not a regular file")
-        if info.st_size > MAX_MASK_BYTES:
-            raise ctx.fail(field, f"mask file {shown(name)} is {info.st_size:,} bytes, larger than {MAX_MASK_BYTES >> 20} MiB")
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ctx.fail(field, f"mask file {shown(name)} not found (relative paths are relative to the config's folder)") from None
-    except OSError as exc:
-        raise ctx.fail(field, f"cannot read mask file {shown(name)} ({exc.strerror or exc.__class__.__name__})") from None
-    try:
-        if suffix == ".png":
+        raw = read_regular(path, MAX_MASK_BYTES, "a mask file")
+    except FileRefused as exc:
+        if exc.code == MISSING:
+            raise ctx.fail(field, f"mask file {shown(name)} not found (relative paths are relative to the config's folder)") from None
+        if exc.code == UNREADABLE:
+            raise ctx.fail(field, f"cannot read mask file {shown(name)} ({exc.detail})") from None
+        raise ctx.fail(field, f"mask file {shown(name)} {exc.reason}") from None
+
+    def wrong_shape(given: tuple[int, ...]) -> ConfigError:
+        text = " x ".join(str(n) for n in given)
+        return ctx.fail(field, f"mask file {shown(name)} is {text}, expected ny x nx = {shape[0]} x {shape[1]} ([iy, ix], row 0 = y_min)")
+
+    if suffix == ".png":
+        try:
+            width, height = png_header(raw)[:2]
+            if (height, width) != shape:
+                raise wrong_shape((height, width))
             return decode_png(raw)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ctx.fail(field, f"mask file {shown(name)}: {' '.join(str(exc).split())}") from None
+    buffer = io.BytesIO(raw)
+    try:  # the header first: shape and dtype before any data is read
+        version = np.lib.format.read_magic(buffer)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        declared, _fortran, dtype = read_header(buffer)
+    except Exception as exc:  # not a .npy header: ValueError, EOFError ...
+        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({' '.join(str(exc).split()) or exc.__class__.__name__})") from None
+    if not (dtype == np.bool_ or np.issubdtype(dtype, np.integer)):
+        raise ctx.fail(field, f"mask file {shown(name)} holds {dtype}: expected bool or integer (non-zero = kept)")
+    if tuple(declared) != shape:
+        raise wrong_shape(tuple(declared))
+    try:
         array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except ValueError as exc:
-        raise ctx.fail(field, f"mask file {shown(name)}: {' '.join(str(exc).split())}") from None
-    except Exception as exc:  # a damaged .npy: EOFError, OSError, UnpicklingError ...
-        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({exc.__class__.__name__})") from None
-    if not (array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer)):
-        raise ctx.fail(field, f"mask file {shown(name)} holds {array.dtype}: expected bool or integer (non-zero = kept)")
+    except Exception as exc:  # a truncated or damaged .npy: ValueError, EOFError, OSError ...
+        raise ctx.fail(field, f"mask file {shown(name)} is not a readable .npy file ({' '.join(str(exc).split()) or exc.__class__.__name__})") from None
     return array
 
 
@@ -1206,10 +1267,7 @@ def _parse_mask(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec, bas
     for key in ("shape", "sha256"):
         if key in data:
             raise ctx.fail(f"{field}.{key}", "only with runs (the resolved form of a mask)")
-    array = _read_mask_file(ctx, name, field, base_dir)
-    if array.shape != (y.n, x.n):
-        given = " x ".join(str(n) for n in array.shape)
-        raise ctx.fail(field, f"mask file {shown(name)} is {given}, expected ny x nx = {y.n} x {x.n} ([iy, ix], row 0 = y_min)")
+    array = _read_mask_file(ctx, name, field, base_dir, (y.n, x.n))
     content = mask_bytes(array)
     return content, name, mask_sha256(content)
 
@@ -1240,7 +1298,7 @@ def _parse_rings(ctx: _Ctx, value: Any, field: str, x: AxisSpec, y: AxisSpec) ->
 
 
 def _parse_region(ctx: _Ctx, value: Any, x: AxisSpec, y: AxisSpec, base_dir: Path | None) -> RegionSpec:
-    from .region import polygon_mask
+    from .region import polygon_kept_count
 
     field = "bev.region"
     data = _mapping(ctx, value, field)
@@ -1252,7 +1310,7 @@ def _parse_region(ctx: _Ctx, value: Any, x: AxisSpec, y: AxisSpec, base_dir: Pat
         keep = data["keep"]
         if isinstance(keep, list | tuple):
             polygons = _parse_polygons(ctx, list(keep), f"{field}.keep")
-            kept = int(polygon_mask(polygons, x, y).sum())
+            kept = polygon_kept_count(polygons, x, y)  # the runs of each row, never an (ny, nx) mask
         else:
             if not isinstance(keep, str | Mapping):
                 raise ctx.fail(f"{field}.keep", f"expected a list of polygons or a mask file name, got {_type_name(keep)}")
@@ -1273,7 +1331,7 @@ def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor], base_dir: Path |
         names = [sensor.name for sensor in sensors]
         if frame != BEV_FRAME_EGO and frame not in names:
             listed = f"one of the sensors: {', '.join(names)}" if names else "a sensor listed under sensors: (there is none)"
-            raise ctx.fail("bev.frame", f"unknown frame {frame!r}: expected {BEV_FRAME_EGO!r} or {listed}")
+            raise ctx.fail("bev.frame", f"unknown frame {shown(frame)}: expected {BEV_FRAME_EGO!r} or {listed}")
     x = _parse_axis(ctx, data["x"], "bev.x", allow_two=False)
     y = _parse_axis(ctx, data["y"], "bev.y", allow_two=False)
     z = _parse_axis(ctx, data["z"], "bev.z", allow_two=True)
@@ -1284,6 +1342,9 @@ def _parse_bev(ctx: _Ctx, data: Any, sensors: Sequence[Sensor], base_dir: Path |
             raise ctx.fail("bev.heights", "must hold at least one height")
         if len(set(hs)) != len(hs):
             raise ctx.fail("bev.heights", f"heights must be distinct, got {hs}")
+        for i, h in enumerate(hs):
+            if abs(h) > MAX_EXTENT_M:
+                raise ctx.fail(f"bev.heights[{i}]", f"must be within +-{MAX_EXTENT_M:g} m, got {h:g}")
         heights = tuple(hs)
     cells = x.n * y.n * len(heights)
     if cells > MAX_BEV_CELLS:
@@ -1304,6 +1365,8 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
         raise ctx.fail("depth.bins[0]", f"depths are distances in front of the camera and must be > 0, got {start:g}")
     if stop <= start:
         raise ctx.fail("depth.bins", f"stop must be > start, got [{start:g}, {stop:g}]")
+    if stop > MAX_EXTENT_M:
+        raise ctx.fail("depth.bins[1]", f"must be at most {MAX_EXTENT_M:g} m, got {stop:g}")
     ratio = (stop - start) / step
     if not math.isfinite(ratio) or ratio > 2 * MAX_DEPTH_BINS:
         raise ctx.fail("depth.bins", f"{ratio:.6g} depth bins is more than the limit of {MAX_DEPTH_BINS}")
@@ -1316,7 +1379,7 @@ def _parse_depth(ctx: _Ctx, data: Any) -> DepthSpec:
 def _parse_mapping(ctx: _Ctx, value: Any, field: str) -> str:
     mapping = _string(ctx, value, field)
     if mapping not in PIXEL_MAPPINGS:
-        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {mapping!r}")
+        raise ctx.fail(field, f"expected one of {', '.join(PIXEL_MAPPINGS)}, got {shown(mapping)}")
     return mapping
 
 
@@ -1338,7 +1401,7 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     if "size_rule" in data:
         size_rule = _string(ctx, data["size_rule"], "feature.size_rule")
         if size_rule not in SIZE_RULES:
-            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {size_rule!r}")
+            raise ctx.fail("feature.size_rule", f"expected one of {', '.join(SIZE_RULES)}, got {shown(size_rule)}")
     if "stride" in data:
         return FeatureSpec(_parse_stride(ctx, data["stride"], "feature.stride"), mapping, size_rule)
     items = _list(ctx, data["levels"], "feature.levels")
@@ -1390,7 +1453,7 @@ def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, An
             else:
                 text = _string(ctx, value, f"{field}.{key}")
                 if text not in choices[key]:
-                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {text!r}")
+                    raise ctx.fail(f"{field}.{key}", f"expected one of {', '.join(choices[key])}, got {shown(text)}")
                 items[key] = text
         out.append((target, tuple(sorted(items.items()))))
     return tuple(out)
@@ -1419,7 +1482,7 @@ def _with_preset(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Mapping[str, Any],
         return data, None
     name = _string(ctx, data["preset"], "preset")
     if name not in PRESETS:
-        raise ctx.fail("preset", f"unknown preset {name!r}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
+        raise ctx.fail("preset", f"unknown preset {shown(name)}: expected one of {', '.join(PRESETS)} (see bevcompile presets)")
     chosen = PRESETS[name]
     merged = dict(data)
     for section, values in chosen.fields.items():
@@ -1459,9 +1522,9 @@ def _ordered_cameras(ctx: _Ctx, cameras: list[Camera], data: Any, field: str) ->
     by_name = {cam.name: cam for cam in cameras}
     for i, name in enumerate(names):
         if name not in by_name:
-            raise ctx.fail(f"{field}[{i}]", f"no camera named {name!r} (cameras: {', '.join(by_name)})")
+            raise ctx.fail(f"{field}[{i}]", f"no camera named {shown(name)} (cameras: {', '.join(by_name)})")
         if names.index(name) != i:
-            raise ctx.fail(f"{field}[{i}]", f"camera {name!r} is named twice")
+            raise ctx.fail(f"{field}[{i}]", f"camera {shown(name)} is named twice")
     missing = [cam.name for cam in cameras if cam.name not in names]
     if missing:
         raise ctx.fail(field, f"lists {len(names)} of the {len(cameras)} cameras; missing {', '.join(missing)}")
@@ -1521,7 +1584,7 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
     for i, item in enumerate(camera_items):
         camera = _parse_camera(ctx, item, f"cameras[{i}]", shared_aug, chosen.image_aug if chosen is not None else None)
         if camera.name in seen:
-            raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {camera.name!r} (also cameras[{seen[camera.name]}])")
+            raise ctx.fail(f"cameras[{i}].name", f"duplicate camera name {shown(camera.name)} (also cameras[{seen[camera.name]}])")
         seen[camera.name] = i
         aug = camera.image_aug
         for level_index, level in enumerate(feature.all_levels if feature.size_rule == "exact" else ()):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,22 +85,92 @@ def cell_centres(x: AxisSpec, y: AxisSpec) -> tuple[npt.NDArray[np.float64], npt
     return np.broadcast_to(xc[None, :], (y.n, x.n)), np.broadcast_to(yc[:, None], (y.n, x.n))
 
 
-def polygon_mask(polygons: Sequence[Sequence[Sequence[float]]], x: AxisSpec, y: AxisSpec) -> Bool2:
-    """``(ny, nx)`` bool: cells whose centre is inside one of ``polygons`` (even-odd crossing rule,
-    half-open in y; see the module docstring)."""
-    xc, yc = cell_centres(x, y)
-    out = np.zeros((y.n, x.n), dtype=bool)
+SCAN_ELEMENTS = 1 << 22
+"""Edge x row crossings evaluated at once by :func:`polygon_intervals` (bounds its memory)."""
+
+
+def polygon_intervals(
+    polygons: Sequence[Sequence[Sequence[float]]], x: AxisSpec, y: AxisSpec
+) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """The cells inside each polygon as runs ``(iy, ix_start, ix_end)`` (``ix`` in ``[start, end)``),
+    in chunks of rows: a scanline form of the even-odd rule that never holds an ``(ny, nx)`` array.
+
+    Edge ``e`` toggles, in row ``iy``, exactly the cells with ``x_c < x_cross_e(iy)`` (the same
+    float64 ``x_cross`` as the rule, for the edges that span ``y_c``): a prefix ``[0, k_e)`` of the
+    row, ``k_e`` the number of centres below ``x_cross`` (``searchsorted``; the centres increase).
+    With the ``k`` of a polygon's edges sorted, ``k_(0) = 0``, a cell in ``[k_(i), k_(i+1))`` is
+    toggled ``E - i`` times: inside iff that is odd. Runs of different polygons may overlap."""
+    xc = x.min + (np.arange(x.n) + 0.5) * x.step
+    yc_all = y.min + (np.arange(y.n) + 0.5) * y.step
     for polygon in polygons:
         vertices = np.asarray(polygon, dtype=np.float64)
-        inside = np.zeros((y.n, x.n), dtype=bool)
-        for (x0, y0), (x1, y1) in zip(vertices, np.roll(vertices, -1, axis=0), strict=True):
-            if y0 == y1:
-                continue  # a horizontal edge never crosses the +x ray (half-open rule)
+        x0, y0 = vertices[:, 0], vertices[:, 1]
+        x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
+        slanted = y0 != y1  # a horizontal edge never crosses the +x ray (half-open rule)
+        x0, y0, x1, y1 = x0[slanted], y0[slanted], x1[slanted], y1[slanted]
+        n_edges = x0.size
+        if n_edges == 0:
+            continue
+        rows_per_chunk = max(1, SCAN_ELEMENTS // n_edges)
+        for first in range(0, y.n, rows_per_chunk):
+            yc = yc_all[first : first + rows_per_chunk][:, None]  # (rows, 1)
             spans = ((y0 <= yc) & (yc < y1)) | ((y1 <= yc) & (yc < y0))
-            x_cross = x0 + (yc - y0) * (x1 - x0) / (y1 - y0)
-            inside ^= spans & (xc < x_cross)
-        out |= inside
+            with np.errstate(invalid="ignore", over="ignore"):
+                x_cross = x0 + (yc - y0) * (x1 - x0) / (y1 - y0)
+            k = np.searchsorted(xc, np.where(np.isnan(x_cross), -np.inf, x_cross), side="left")
+            k = np.sort(np.where(spans, k, 0), axis=1)  # (rows, E): non-spanning edges toggle nothing
+            starts = np.concatenate([np.zeros((k.shape[0], 1), dtype=k.dtype), k[:, :-1]], axis=1)
+            odd = ((n_edges - np.arange(n_edges)) % 2 == 1)[None, :]
+            keep = odd & (k > starts)
+            rows = np.broadcast_to(np.arange(first, first + k.shape[0])[:, None], k.shape)
+            yield rows[keep].astype(np.int64), starts[keep].astype(np.int64), k[keep].astype(np.int64)
+
+
+def polygon_mask(polygons: Sequence[Sequence[Sequence[float]]], x: AxisSpec, y: AxisSpec) -> Bool2:
+    """``(ny, nx)`` bool: cells whose centre is inside one of ``polygons`` (even-odd crossing rule,
+    half-open in y; see the module docstring), painted from the runs of :func:`polygon_intervals`
+    a block of rows at a time."""
+    rows, starts, ends = _all_runs(polygons, x, y)
+    out = np.zeros((y.n, x.n), dtype=bool)
+    block = max(1, SCAN_ELEMENTS // (x.n + 1))
+    bounds = np.searchsorted(rows, np.arange(0, y.n + block, block))  # rows are sorted
+    for i, first in enumerate(range(0, y.n, block)):
+        n_rows = min(block, y.n - first)
+        part = slice(bounds[i], bounds[i + 1])
+        delta = np.zeros((n_rows, x.n + 1), dtype=np.int32)
+        np.add.at(delta, (rows[part] - first, starts[part]), 1)
+        np.add.at(delta, (rows[part] - first, ends[part]), -1)
+        out[first : first + n_rows] = np.cumsum(delta, axis=1)[:, : x.n] > 0
     return out
+
+
+def _all_runs(
+    polygons: Sequence[Sequence[Sequence[float]]], x: AxisSpec, y: AxisSpec
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Every run of :func:`polygon_intervals`, sorted by row."""
+    parts = list(polygon_intervals(polygons, x, y))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    rows, starts, ends = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    order = np.argsort(rows, kind="stable")
+    return rows[order], starts[order], ends[order]
+
+
+def polygon_kept_count(polygons: Sequence[Sequence[Sequence[float]]], x: AxisSpec, y: AxisSpec) -> int:
+    """``polygon_mask(...).sum()`` without the mask: the length of the union of the runs of
+    :func:`polygon_intervals` (memory in the runs, not the cells: a 10^8-cell grid costs what
+    its rows do)."""
+    rows, starts, ends = _all_runs(polygons, x, y)
+    if not rows.size:
+        return 0
+    width = x.n + 1  # the rows laid end to end on one line: row r's runs lie in [r * width, r * width + nx]
+    a, b = rows * width + starts, rows * width + ends
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    reach = np.maximum.accumulate(b)
+    before = np.r_[np.int64(-1), reach[:-1]]
+    return int(np.maximum(b - np.maximum(a, before), 0).sum())
 
 
 def ring_factors(rings: Sequence[Any], x: AxisSpec, y: AxisSpec) -> npt.NDArray[np.int64]:
@@ -212,43 +282,53 @@ def mask_from_runs(runs: Sequence[int], size: int) -> bytes | None:
     return np.repeat(values.astype(np.uint8), np.asarray(runs, dtype=np.int64)).tobytes()
 
 
+def png_header(raw: bytes) -> tuple[int, int, int, int, int]:
+    """``(width, height, bit depth, colour type, interlace)`` of a PNG's IHDR chunk (the first
+    chunk), read before any pixel data. ValueError with a one-line reason for a file that is not
+    a PNG."""
+    if raw[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG file (bad signature)")
+    if len(raw) < 33 or raw[12:16] != b"IHDR":
+        raise ValueError("PNG without an IHDR chunk")
+    (length,) = struct.unpack(">I", raw[8:12])
+    if length != 13:
+        raise ValueError("PNG IHDR chunk is not 13 bytes")
+    width, height, depth, colour, _compression, _filter, interlace = struct.unpack(">IIBBBBB", raw[16:29])
+    return width, height, depth, colour, interlace
+
+
 def decode_png(raw: bytes) -> npt.NDArray[np.uint8]:
     """A non-interlaced 8-bit PNG (grey, grey+alpha, RGB, RGBA, palette) as ``(height, width)``
     uint8: the grey value, the max of R, G, B, or the palette index (alpha ignored). ValueError
-    with a one-line reason for anything else."""
-    if raw[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ValueError("not a PNG file (bad signature)")
+    with a one-line reason for anything else. The pixel data is inflated no further than the
+    size the header declares (a small file cannot inflate to gigabytes)."""
+    width, height, depth, colour, interlace = png_header(raw)
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(colour)
+    if channels is None or depth != 8 or interlace != 0:
+        raise ValueError(f"PNG of bit depth {depth}, colour type {colour}, interlace {interlace}: only 8-bit non-interlaced PNGs are read")
     pos = 8
-    header: tuple[int, ...] | None = None
     data = bytearray()
     while pos + 8 <= len(raw):
         (length,) = struct.unpack(">I", raw[pos : pos + 4])
         chunk = raw[pos + 4 : pos + 8]
-        body = raw[pos + 8 : pos + 8 + length]
-        pos += 12 + length
-        if chunk == b"IHDR":
-            if len(body) != 13:
-                raise ValueError("PNG IHDR chunk is not 13 bytes")
-            header = struct.unpack(">IIBBBBB", body)
-        elif chunk == b"IDAT":
-            data += body
+        if chunk == b"IDAT":
+            data += raw[pos + 8 : pos + 8 + length]
         elif chunk == b"IEND":
             break
-    if header is None:
-        raise ValueError("PNG without an IHDR chunk")
-    width, height, depth, colour, _compression, _filter, interlace = header
-    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(colour)
-    if channels is None or depth != 8 or interlace != 0:
-        raise ValueError(f"PNG of bit depth {depth}, colour type {colour}, interlace {interlace}: only 8-bit non-interlaced PNGs are read")
+        pos += 12 + length
+    expected = height * (width * channels + 1)
     try:
-        pixels = zlib.decompress(bytes(data))
+        inflate = zlib.decompressobj()
+        pixels = inflate.decompress(bytes(data), expected + 1)
     except zlib.error as exc:
         raise ValueError(f"PNG data does not decompress ({exc})") from None
     stride = width * channels
-    if len(pixels) != height * (stride + 1):
-        raise ValueError(f"PNG data holds {len(pixels)} bytes, expected {height * (stride + 1)}")
+    if len(pixels) > expected or inflate.unconsumed_tail:
+        raise ValueError(f"PNG data holds more than the {expected} bytes its header declares")
+    if len(pixels) != expected:
+        raise ValueError(f"PNG data holds {len(pixels)} bytes, expected {expected}")
     rows = np.frombuffer(pixels, dtype=np.uint8).reshape(height, stride + 1)
-    out = np.zeros((height, stride), dtype=np.int64)
+    out = np.zeros((height, stride), dtype=np.uint8)  # one byte a sample; one row at a time in int64
     prev = np.zeros(stride, dtype=np.int64)
     for r in range(height):
         kind, line = int(rows[r, 0]), rows[r, 1:].astype(np.int64)

@@ -41,6 +41,7 @@ import numpy as np
 from .._version import __version__
 from ..conventions import CONVENTIONS, REGION_CONVENTIONS
 from ..errors import BevcompileError, StoreError, UsageError, hash_pair
+from ..files import JSONRefused, loads_strict
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
 from .coords import coordinate_arrays, same_coordinate
@@ -437,7 +438,7 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
 
     # Probe every folder on its own (StoreReader.damaged_nodes() would stop at the first
     # corrupt zarr.json of a group, hiding its healthy siblings).
-    n_damaged = 0
+    n_damaged = 0 if strict_metadata(report, path, "", ROOT) is not None else 1
     try:
         group_dirs = reader.child_dirs()
     except StoreError as exc:
@@ -492,6 +493,9 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
         loaded.group_attrs[group] = gattrs
         summary.key_attrs = key_attributes(gattrs)
         _group_config_check(report, group, gattrs.get(GROUP_CONFIG_ATTR), attrs.get("config_sha256"))
+        if strict_metadata(report, path, group, f"{group}/") is None:
+            n_damaged += 1
+        namers = plugin_functions(group, "dimension_names").functions
         try:
             names = reader.child_dirs(group)
         except StoreError as exc:
@@ -528,6 +532,9 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             if foreign:
                 n_damaged += 1
                 report.add("node_metadata", key, False, f"file(s) that are no chunk of this array: {', '.join(foreign)}")
+            meta = strict_metadata(report, path, key, key)
+            if meta is None or not array_metadata(report, key, meta, len(info.shape), gattrs, namers):
+                n_damaged += 1
             try:
                 data = reader.read(group, name)
             except StoreError as exc:
@@ -547,15 +554,96 @@ def _load_store(path: Path, progress: Callable[[int], None] | None) -> Inspected
             (loaded.coordinates[group] if name in coordinate_names else readable)[name] = data
         loaded.arrays[group] = readable
     if not n_damaged:
-        report.add("node_metadata", ROOT, True, "every group and array folder has readable metadata")
+        report.add(
+            "node_metadata", ROOT, True,
+            "every group and array folder has readable metadata, in strict JSON (no NaN or Infinity, duplicate key or "
+            "byte-order mark), every array the writer's fill_value 0 and the dimension_names its group's plug-ins give",
+        )
     return loaded
+
+
+def strict_metadata(report: StoreReport, store: Path, node: str, where: str) -> dict[str, Any] | None:
+    """The ``zarr.json`` of ``node`` (``""`` the root, ``group``, ``group/array``) parsed as strict
+    JSON (:func:`bevcompile.files.loads_strict`: no NaN or Infinity, no duplicate key, no
+    byte-order mark; zarr and Python's json accept all three, the docs promise strict JSON);
+    None, with a failed ``metadata_json`` check naming the node and what is wrong, otherwise.
+    A file that cannot be read at all is the node checks' to report (None, no check)."""
+    try:
+        raw = read_metadata_file(store / node / "zarr.json" if node else store / "zarr.json")
+    except StoreError:
+        return None
+    try:
+        meta = loads_strict(raw)
+    except JSONRefused as exc:
+        reason = str(exc)
+        if "NaN" in reason or "Infinity" in reason or "overflows" in reason:
+            reason = f"{_nonfinite_path(raw) or 'a value'} is not a finite number ({reason})"
+        report.add("metadata_json", where, False, f"zarr.json is not strict JSON: {reason}")
+        return None
+    if not isinstance(meta, dict):
+        report.add("metadata_json", where, False, f"zarr.json is not a JSON object ({type(meta).__name__})")
+        return None
+    return meta
+
+
+def _nonfinite_path(raw: bytes) -> str | None:
+    """The key path of the first NaN / Infinity in a (lenient) parse of ``raw``, e.g.
+    ``attributes.norm_int16.max_error_px``."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop(0)
+        if isinstance(item, float) and not math.isfinite(item):
+            return where or "the document"
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(item))
+    return None
+
+
+def array_metadata(
+    report: StoreReport, key: str, meta: Mapping[str, Any], ndim: int, group_attrs: Mapping[str, Any],
+    namers: Sequence[tuple[str, Callable[..., Any]]],
+) -> bool:
+    """``array_metadata``: the array's ``fill_value`` is the writer's 0 (a read of a missing chunk
+    is refused, but a reader that fills it gets 0, never a tampered NaN), and its
+    ``dimension_names`` are those the group's plug-ins give (``dimension_names_<group>(name,
+    ndim, attrs)``; xarray labels the axes by them). False (with a failed check) otherwise."""
+    fill = meta.get("fill_value")
+    problems = []
+    if not (type(fill) in (int, float, bool) and fill == 0):
+        problems.append(f"fill_value {_short(fill)}, the writer's is 0")
+    name = key.split("/", 1)[1]
+    stored = meta.get("dimension_names")
+    for module_name, fn in namers:
+        try:
+            expected = fn(name, ndim, group_attrs)
+        except Exception as exc:  # a plug-in that cannot name them: the contract checks say why
+            problems.append(f"{module_name}.dimension_names raised {_exc_line(exc)}")
+            break
+        if expected is None:
+            continue
+        if list(stored or []) != list(expected):
+            problems.append(f"dimension_names {_short(stored)}, {module_name} names them {_short(list(expected))}")
+        break
+    for problem in problems:
+        report.add("array_metadata", key, False, problem)
+    return not problems
 
 
 def _group_config_check(report: StoreReport, group: str, group_sha: Any, root_sha: Any) -> None:
     """``group_config``: the group was built from the config of the root (a group copied in from
     another rig's store, or left by a mixed write, names another)."""
     if group_sha is None:
-        report.notes.append(f"{group}/ records no {GROUP_CONFIG_ATTR} (built before groups recorded their config): a group copied from another store cannot be detected")
+        report.add(
+            "group_config", f"{group}/", False,
+            f"records no {GROUP_CONFIG_ATTR}: nothing proves it was built from the root's config (a copy from another "
+            "store with the attribute removed, or a store of bevcompile < 0.3); rebuild it",
+        )
         return
     if group_sha == root_sha:
         report.add("group_config", f"{group}/", True, f"built from the root's config ({hash_pair(group_sha, root_sha)[0]})")

@@ -293,13 +293,14 @@ class LoadedStore:
         group = StoreGroup(self._reader, name, verify=self._verify, identity=self._identity)
         group_sha = group.attrs.get(GROUP_CONFIG_ATTR)
         root_sha = self._reader.root_attrs.get("config_sha256")
-        if group_sha is not None and group_sha != root_sha:  # never serve a group of another car
-            ours, root = hash_pair(group_sha, root_sha)
+        if group_sha != root_sha:  # never serve a group of another car, nor one that does not say whose it is
             command = GROUP_COMMANDS.get(name)
-            raise StoreError(
-                f"{self.path}: group {name}/ was built from another config (config_sha256 {ours}, the store's {root})"
-                + (f"; run `{command}` to rebuild it" if command else "")
-            )
+            if group_sha is None:
+                why = f"records no {GROUP_CONFIG_ATTR}, so nothing proves it was built from this store's config"
+            else:
+                ours, root = hash_pair(group_sha, root_sha)
+                why = f"was built from another config (config_sha256 {ours}, the store's {root})"
+            raise StoreError(f"{self.path}: group {name}/ {why}" + (f"; run `{command}` to rebuild it" if command else ""))
         self._groups[name] = group
         return group
 

@@ -24,6 +24,10 @@ from that level's ``grid`` group); the runner renames the array paths of their r
   A ``rebuild`` with a third parameter ``rebuild(rig, attrs, arrays)`` also gets the group's
   readable stored arrays: for products derived from values that no config rebuilds (the learned
   values ``bevcompile absorb`` wrote into ``matrix/``), which it re-derives from them.
+* ``dimension_names(name, ndim, attrs) -> tuple[str, ...] | None`` — the zarr ``dimension_names``
+  the build gives the group's array ``name`` of rank ``ndim`` (``attrs``: the group's attributes;
+  None: no array of this group). Plain ``inspect`` compares each stored array's with the first
+  module's answer (``array_metadata``).
 
 The runners (``bevcompile.store.inspection``, ``bevcompile.store.verify``) catch every exception a plug-in
 raises and turn it into a failed check, so a damaged store never produces a traceback.

@@ -60,6 +60,7 @@ from ..errors import (
     printable,
     shown,
 )
+from ..files import MAX_JSON_DEPTH, check_output_path, json_depth
 from .coords import coordinate_arrays, is_coordinate
 
 STORE_FORMAT = "bevcompile/1"
@@ -147,6 +148,9 @@ def output_file(out: str | Path, option: str = "--out") -> Path | None:
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"{option} {path} is a directory; give a file name such as {path / 'out'}")
+    special = check_output_path(path)  # a device, FIFO or socket: the rename would replace it
+    if special is not None:
+        raise StoreError(f"{option} {path}: {special}")
     folder = path.parent
     if not folder.is_dir():
         raise StoreError(f"{option} {path}: its folder {folder} does not exist (no folder is created for a file)")
@@ -171,8 +175,15 @@ def check_out_dir(out_dir: str | Path) -> None:
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             raise StoreError(f"--out {shown(str(folder), 80)}: path too long ({_os_reason(exc)})") from None
-    if len(os.fsencode(os.path.abspath(folder))) >= 4000:  # PATH_MAX 4096, with the store and its temporaries
-        raise StoreError(f"--out {shown(str(folder), 80)}: path too long for the file system ({len(str(folder)):,} characters)")
+    try:
+        absolute = os.fsencode(os.path.abspath(folder))
+    except FileNotFoundError:  # os.getcwd(): the working folder was deleted
+        raise StoreError(f"--out {shown(str(folder), 80)}: the current folder no longer exists; cd into an existing folder") from None
+    if len(absolute) >= 4000:  # PATH_MAX 4096, with the store and its temporaries
+        raise StoreError(
+            f"--out {shown(str(folder), 80)}: path too long for the file system ({len(absolute):,} bytes as an absolute path, "
+            "at most 3,999 with room for the store's name)"
+        )
     if folder.name.endswith(STORE_SUFFIX) or _has_zarr_json(folder):
         raise UsageError(f"--out {folder} is a zarr store; --out takes the folder that holds stores")
     try:
@@ -554,7 +565,7 @@ def _holder_text(raw: bytes) -> str:
     try:
         info = json.loads(raw)
         pid, host, command, since = int(info["pid"]), str(info["host"]), str(info["command"]), str(info["since"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return "another process"
     return printable(f"pid {pid} on {host} ({command}, since {since})", 160)
 
@@ -745,16 +756,15 @@ def write_groups(
                 zarr.consolidate_metadata(str(tmp))
             for key in sizes:
                 sizes[key] = _dir_bytes(tmp / key)
-            _swap_into_place(tmp, path)
+            _swap_into_place(tmp, path, str(link))
         except BaseException as exc:
-            if getattr(exc, STORE_WRITTEN_ATTR, None):  # interrupted while the old copy was deleted
+            if getattr(exc, STORE_WRITTEN_ATTR, None):  # the new store is in place: an interrupt after the swap
                 setattr(exc, STORE_WRITTEN_ATTR, str(link))
-                COMPLETED_WRITES.append(str(link))
+                raise
             _remove_temporary(tmp)
             if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
                 raise StoreError(f"{parent}: cannot write store ({_os_reason(exc)})") from None
             raise
-    COMPLETED_WRITES.append(str(link))
     return WriteReport(link, existed, tuple(kept), sizes, dropped_groups=dropped, consolidated=consolidate, target=path if path != link else None)
 
 
@@ -800,14 +810,13 @@ def install_store(built: str | Path, path: str | Path) -> None:
         if os.path.lexists(path) and not is_store(path):
             raise StoreError(f"{path}: exists and is not a store; it is not replaced (remove it, or choose another folder)")
         try:
-            _swap_into_place(built, path)
+            _swap_into_place(built, path, str(path))
         except BaseException as exc:
             if getattr(exc, STORE_WRITTEN_ATTR, None):
-                COMPLETED_WRITES.append(str(path))
+                raise
             if isinstance(exc, OSError) and not isinstance(exc, BevcompileError):
                 raise StoreError(f"{path}: cannot put the new store in place ({_os_reason(exc)})") from None
             raise
-    COMPLETED_WRITES.append(str(path))
 
 
 def remove_folder(folder: str | Path) -> None:
@@ -901,51 +910,90 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
-def _swap_into_place(tmp: Path, path: Path) -> None:
+def _swap_into_place(tmp: Path, path: Path, record: str) -> None:
     """Put ``tmp`` at ``path``. An existing store is exchanged with it in one step (so a reader
     always finds a complete store at ``path``), or, where the OS cannot exchange, moved aside
-    first; the old copy is deleted after. Ctrl-C / SIGTERM are held back during the swap; one
-    that arrives while the old copy is deleted is re-raised marked :data:`STORE_WRITTEN_ATTR`
-    (the new store is complete; the next write removes the rest)."""
-    if not os.path.lexists(path):
-        os.rename(tmp, path)
-        return
-    old = path.parent / f".{path.name}{OLD_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
-    with _signals_held():
-        if _exchange(tmp, path):  # tmp now holds the previous store: name it as the old copy
-            try:
-                os.rename(tmp, old)
-            except OSError:
-                old = tmp
-        else:
-            os.rename(path, old)
-            try:
+    first; the old copy is deleted after. Ctrl-C / SIGTERM are held back during the swap, and the
+    write is recorded (``record`` appended to :data:`COMPLETED_WRITES`) before they are let
+    through: a signal that was waiting, or one that arrives while the old copy is deleted, is
+    re-raised marked :data:`STORE_WRITTEN_ATTR` (the new store is complete; the next write removes
+    the rest), and a failure to delete the old copy is no failure of the write."""
+    old: Path | None = None
+    done = False
+    try:
+        with _signals_held():
+            if not os.path.lexists(path):
                 os.rename(tmp, path)
-            except BaseException:
-                os.rename(old, path)
-                raise
+            else:
+                old = path.parent / f".{path.name}{OLD_MARK}{_writer_tag()}-{uuid.uuid4().hex[:8]}"
+                if _exchange(tmp, path):  # tmp now holds the previous store: name it as the old copy
+                    try:
+                        os.rename(tmp, old)
+                    except OSError:
+                        old = tmp
+                else:
+                    os.rename(path, old)
+                    try:
+                        os.rename(tmp, path)
+                    except BaseException:
+                        os.rename(old, path)
+                        raise
+            COMPLETED_WRITES.append(record)
+            done = True
+    except BaseException as exc:
+        if done:  # a signal that waited for the mask to lift: the new store is in place
+            setattr(exc, STORE_WRITTEN_ATTR, record)
+        raise
+    if old is None:
+        return
     try:
         shutil.rmtree(old, ignore_errors=True)
+    except OSError:  # the new store is in place; a leftover old copy is removed by the next write
+        pass
     except BaseException as exc:
-        setattr(exc, STORE_WRITTEN_ATTR, str(path))
+        setattr(exc, STORE_WRITTEN_ATTR, record)
         raise
 
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Block SIGINT and SIGTERM in this thread for the block (delivered right after it)."""
+    """Hold SIGINT and SIGTERM back for the block and deliver them right after it.
+
+    A signal mask is per thread, and a process-directed signal goes to any thread that does not
+    block it (zarr's I/O thread): Python then runs the handler in the main thread at once, mask
+    or not. So in the main thread the handlers themselves are swapped for one that only records
+    the signal, and the recorded one is handed to the previous handler when the block ends;
+    elsewhere (no handlers can be set) the thread's mask is used."""
     import signal
 
-    held = {signal.SIGINT, signal.SIGTERM}
-    try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
-        yield
+    held = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        try:
+            previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(held))
+        except (AttributeError, ValueError, OSError):  # no POSIX signal masks here
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         return
+    pending: list[int] = []
+    previous = {int(sig): signal.getsignal(sig) for sig in held}
+    swapped = {sig: handler for sig, handler in previous.items() if handler is not None}  # None: not set from Python
+    for sig in swapped:
+        signal.signal(sig, lambda signum, frame: pending.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in swapped.items():
+            signal.signal(sig, handler)
+        if pending:
+            handler = swapped[pending[0]]
+            if callable(handler):
+                handler(pending[0], None)  # raises KeyboardInterrupt / the CLI's Terminated
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), pending[0])
 
 
 # --------------------------------------------------------------------------------------
@@ -1003,8 +1051,9 @@ def _file_kind(mode: int) -> str:
 def read_metadata_file(path: str | Path, limit: int = MAX_METADATA_BYTES) -> bytes:
     """The bytes of a store's metadata file, read only when it is a regular file (links
     followed) of at most ``limit`` bytes: a FIFO would block the reader forever, a link to
-    ``/dev/zero`` never end. :class:`StoreError` otherwise (``FileNotFoundError`` kept as the
-    cause for a missing file)."""
+    ``/dev/zero`` never end; and JSON nested at most :data:`bevcompile.files.MAX_JSON_DEPTH`
+    levels (checked without parsing: every reader, zarr's included, parses it after this).
+    :class:`StoreError` otherwise (``FileNotFoundError`` kept as the cause for a missing file)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -1028,7 +1077,13 @@ def read_metadata_file(path: str | Path, limit: int = MAX_METADATA_BYTES) -> byt
             total += len(block)
         if total > limit:
             raise StoreError(f"{path}: more than the {limit >> 20} MiB a metadata file may have")
-        return b"".join(chunks)
+        raw = b"".join(chunks)
+        depth = json_depth(raw)  # before any parser sees it: 200,000 '[' would exhaust the recursion limit
+        if depth > MAX_JSON_DEPTH:
+            raise StoreError(f"{path}: JSON nested {depth:,} levels deep, more than {MAX_JSON_DEPTH}")
+        return raw
+    except StoreError:
+        raise
     except OSError as exc:
         raise StoreError(f"{path}: cannot read ({_os_reason(exc)})") from None
     finally:

@@ -55,3 +55,57 @@ def test_progress_bar_is_silent_off_a_terminal_and_phases_are_optional() -> None
     calls: list[int] = []
     start_phase(calls.append, "a plain callable has no phases")  # no error, nothing recorded
     assert calls == []
+
+
+def test_control_characters_reach_no_terminal_and_failure_lines_keep_the_cap(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """issue 31: an ESC in a folder name was printed raw in "wrote ...", the inspect table and its
+    failure lines; two failure lines were 1,050 and 1,092 characters (the store path came after
+    the 1,000 cap)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..rigs import small_rig_data, write_yaml
+
+    runner = CliRunner()
+    out = tmp_path / "esc\x1b[31mred"
+    out.mkdir()
+    config = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out)])
+    assert result.exit_code == 0 and "\x1b" not in result.stdout
+    assert "esc\\x1b[31mred/small.zarr" in " ".join(result.stdout.split())
+    meta = json.loads((out / "small.zarr" / "zarr.json").read_text())
+    meta["attributes"]["format"] = "f" * 3000
+    (out / "small.zarr" / "zarr.json").write_text(json.dumps(meta))
+    result = runner.invoke(app, ["inspect", str(out)])
+    assert result.exit_code == 1 and "\x1b" not in result.stdout + result.stderr
+    assert "\\x1b[31" in result.stdout  # the table's store cell (folded where the log is narrow)
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"{tmp_path}/esc\\x1b[31mred/small.zarr: /: format: ") and all(len(line) <= 1000 for line in lines)
+    assert lines[0].endswith("more characters)")
+
+
+def test_a_python_warning_is_one_line_without_a_source_line(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """issue 31: `matrix` printed numpy's "RuntimeWarning: overflow encountered in divide" and the
+    source line; any warning that reaches the terminal is one line."""
+    import numpy as np
+    from typer.testing import CliRunner
+
+    import bevcompile.cli.grid_cmd as grid_cmd
+    from bevcompile.cli import app
+
+    from ..rigs import small_rig_data, write_yaml
+
+    real = grid_cmd.run_grid
+
+    def noisy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        np.array([1e308]) / np.array([1e-308])  # overflow encountered in divide
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid_cmd, "run_grid", noisy)
+    config = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    result = CliRunner().invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == "warning: overflow encountered in divide (RuntimeWarning)\n"

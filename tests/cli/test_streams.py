@@ -5,6 +5,7 @@ as a path, output files that cannot be written. Each runs the real console scrip
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,69 @@ def test_verify_and_render_take_a_folder_holding_exactly_one_store(folder: Path)
     assert (result.returncode, result.stderr) == (2, "error: two: holds 2 stores (a.zarr, b.zarr); verify one of them\n")
     result = _sh("bevcompile render .", folder)
     assert result.returncode == 2 and result.stderr.startswith("error: .: not a store, and holds no <name>.zarr store")
+
+
+# --------------------------------------------------------------------------------------
+# issue 31: help and version on full or closed pipes, stderr that cannot be written, a working
+# folder that was deleted or is too deep, empty values, an unreadable store
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", ["--help", "--version", "grid --help", "import kalibr --help"])
+def test_help_and_version_on_a_full_stdout_are_one_line_exit_2(folder: Path, args: str) -> None:
+    """They raised OSError with a traceback (exit 1); docs/errors.md: a full stdout is exit 2."""
+    result = _sh(f"bevcompile {args} > /dev/full", folder)
+    assert (result.returncode, result.stderr) == (2, "error: cannot write to standard output (No space left on device); nothing was written\n")
+
+
+@pytest.mark.parametrize("args", ["--help", "--version", "grid --help"])
+def test_help_and_version_into_a_pipe_whose_reader_left_end_with_141(folder: Path, args: str) -> None:
+    """`bevcompile --help | head -1` exited 1 (Typer's sys.exit on EPIPE); any tool the pipe stopped is 141."""
+    result = _sh(f"set -o pipefail; bevcompile {args} | true", folder)
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_a_stderr_that_cannot_be_written_keeps_the_exit_code(folder: Path) -> None:
+    """The error line is lost, the exit code is not (was 1: the print raised; 120 on the interpreter's last flush)."""
+    assert _sh("bevcompile grid nope.yaml 2> /dev/full", folder).returncode == 2
+    assert _sh("bevcompile inspect out --quiet > /dev/null 2> /dev/full", folder).returncode == 0
+    assert _sh("bevcompile matrix small.yaml --out out --topk 0 --align 0 2> /dev/full", folder).returncode == 2
+
+
+def test_a_deleted_working_folder_is_one_line(folder: Path) -> None:
+    """It raised FileNotFoundError in the --out check (os.getcwd() fails)."""
+    result = _sh("mkdir -p gone && cd gone && rmdir ../gone && bevcompile grid ../small.yaml --out . --quiet", folder)
+    assert (result.returncode, result.stderr) == (2, "error: --out '.': the current folder no longer exists; cd into an existing folder\n")
+
+
+def test_a_working_folder_deeper_than_path_max_names_its_length(folder: Path) -> None:
+    """It said "(1 characters)": the length of '.', not of the path the store would have."""
+    deep = "/".join(["d" * 200] * 21)  # 4,220 bytes below the folder (made one level at a time: mkdir -p refuses it)
+    result = _sh(f"for i in $(seq 21); do mkdir -p {'d' * 200} && cd {'d' * 200}; done && bevcompile grid --out . --quiet", folder)
+    assert result.returncode == 2
+    length = len(os.fsencode(str(folder / deep)))
+    assert result.stderr == (
+        f"error: --out '.': path too long for the file system ({length:,} bytes as an absolute path, at most 3,999 with room for the store's name)\n"
+    )
+
+
+@pytest.mark.parametrize("args", ["grid small.yaml --out ''", "matrix small.yaml --out=", "inspect ''"])
+def test_an_empty_value_is_refused_not_read_as_the_current_folder(folder: Path, args: str) -> None:
+    """`--out ''` (an unset variable) silently wrote into the current folder."""
+    result = _sh(f"bevcompile {args}", folder)
+    assert result.returncode == 2 and result.stderr.startswith("error: bevcompile: ") and "empty" in result.stderr
+    assert not (folder / "small.zarr").exists()
+
+
+def test_a_store_this_user_cannot_read_is_a_failed_inspect_not_a_usage_error(folder: Path) -> None:
+    """It was exit 2 (Typer's "path is not readable"): a store that cannot be read is damaged, exit 1."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop the capability that reads any folder")
+    _sh("rm -rf locked && mkdir locked && cp -r out/small.zarr locked/ && chmod 000 locked/small.zarr", folder)
+    try:
+        drop = "setpriv --inh-caps=-dac_override,-dac_read_search --bounding-set=-dac_override,-dac_read_search"
+        result = _sh(f"{drop} {BIN} inspect locked/small.zarr --quiet", folder)
+    finally:
+        os.chmod(folder / "locked" / "small.zarr", 0o755)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("locked/small.zarr: /: root_metadata: store root unreadable") and "Permission denied" in result.stderr

@@ -84,3 +84,16 @@ def test_bad_index_files_are_one_line_errors(tmp_path: Path, content: str | None
 def test_distribution_skips_missing_and_non_finite_values() -> None:
     assert distribution([3.0, None, 1.0, float("inf"), 2.0, 4.0]) == (1.0, 2.5, 4.0)
     assert distribution([None]) is None
+
+
+def test_a_fleet_index_that_is_a_fifo_or_nested_too_deep_is_one_line(tmp_path: Path) -> None:
+    """issue 31: every user-named file is read only when regular, and JSON without recursion."""
+    import os
+
+    os.mkfifo(tmp_path / "fleet.json")
+    with pytest.raises(UsageError, match=r"fleet\.json: is a FIFO, not a regular file \(a fleet index is a file\)$"):
+        read_index(tmp_path)
+    (tmp_path / "fleet.json").unlink()
+    (tmp_path / "fleet.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UsageError, match=r"not a readable fleet index \(ValueError: nested 100,000 levels deep, more than 64\)$"):
+        read_index(tmp_path)

@@ -150,3 +150,61 @@ def test_a_config_on_standard_input(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(NUSCENES_YAML.read_bytes())))
     rig = load_config("-")
     assert rig.name == "nuscenes" and rig.source == "-"
+
+
+# --------------------------------------------------------------------------------------
+# issue 31: degenerate geometry is refused by physical sense (docs/config.md states the bounds)
+# --------------------------------------------------------------------------------------
+
+
+def _camera0(data: dict, key: str, value: object) -> dict:  # type: ignore[type-arg]
+    data["cameras"][0][key] = value
+    return data
+
+
+def _intrinsic(r: int, c: int, value: float):  # type: ignore[no-untyped-def]
+    def edit(data: dict) -> dict:  # type: ignore[type-arg]
+        data["cameras"][0]["intrinsic"][r][c] = value
+        return data
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "message"),
+    [
+        (_intrinsic(1, 1, 5e-324), "cameras[0].intrinsic[1][1]", "fy must be in [1, 1e+06] pixels, got 4.94066e-324"),
+        (_intrinsic(0, 0, 1e300), "cameras[0].intrinsic[0][0]", "fx must be in [1, 1e+06] pixels, got 1e+300"),
+        (_intrinsic(0, 2, -(2.0**63)), "cameras[0].intrinsic[0][2]", "cx must be in [-6400, 8000] pixels (within 4 image sizes of the image)"),
+        (_intrinsic(1, 2, 1e6), "cameras[0].intrinsic[1][2]", "cy must be in [-3600, 4500] pixels"),
+        (lambda d: _camera0(d, "distortion", {"model": "opencv", "coeffs": [1e300, 0, 0, 0, 0]}), "cameras[0].distortion.coeffs[0]",
+         "|coefficient| must be at most 10000, got 1e+300"),
+        (lambda d: d["bev"].update(heights=[0.0, 1e300]) or d, "bev.heights[1]", "must be within +-10000 m, got 1e+300"),
+        (lambda d: d["bev"].update(x=[-1e300, 1e300, 1e298]) or d, "bev.x[0]", "must be within +-10000 m, got -1e+300"),
+        (lambda d: d["depth"].update(bins=[1.0, 1e300, 1e297]) or d, "depth.bins[1]", "must be at most 10000 m, got 1e+300"),
+    ],
+)
+def test_degenerate_geometry_is_refused_with_its_bound(edit, field: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    """issue 31: each was accepted silently, exit 0 (fy = 5e-324 made `matrix` print numpy's
+    overflow RuntimeWarning with a source line)."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(edit(nuscenes_data()), source="rig.yaml")
+    assert str(info.value).startswith(f"rig.yaml: {field}: {message}"), str(info.value)
+
+
+def test_long_quoted_values_are_cut_and_the_cut_counts_the_line() -> None:
+    """issue 31: distortion.model and preset quoted 200,000 characters, then the line cap said
+    "(67 more characters)" of a 200,000-character value."""
+    data = nuscenes_data()
+    data["cameras"][0]["distortion"] = {"model": "x" * 200_000}
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="rig.yaml")
+    message = str(info.value)
+    assert len(message) < 300 and "(200,000 characters)" in message, message
+    data = nuscenes_data()
+    data["preset"] = "p" * 200_000
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, source="rig.yaml")
+    assert len(str(info.value)) < 400 and "(200,000 characters)" in str(info.value)
+    error = ConfigError("rig.yaml", "name", "y" * 5000)
+    assert str(error).endswith(f"({5000 + len('rig.yaml: name: ') - 970:,} more characters)") and len(str(error)) <= 1000

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from bevcompile.cli import app
@@ -172,6 +174,70 @@ def test_bad_mask_files_fail_in_one_line(tmp_path: Path) -> None:
         assert lines[-1].startswith(f"error: {path}: bev.region.keep: "), result.output
         assert message in lines[-1], result.output
         assert "Traceback" not in result.output
+
+
+def _png(width: int, height: int, idat: bytes) -> bytes:
+    """A grey 8-bit PNG of the declared size holding ``idat`` (whatever it inflates to)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def test_mask_files_are_judged_by_their_header_before_their_data(tmp_path: Path) -> None:
+    """issue 31: a 0.9 MB PNG of 30000 x 30000 took 1.8 GB before it was refused (and was called
+    "not a readable .npy file (MemoryError)"). The declared size is checked first: a PNG or .npy
+    header of the wrong shape or dtype is refused before any data is inflated or loaded; a PNG
+    whose data inflates past what its header declares stops there."""
+    import zlib
+
+    (tmp_path / "huge.png").write_bytes(_png(30000, 30000, zlib.compress(b"\0" * 4096)))
+    (tmp_path / "bomb.png").write_bytes(_png(24, 24, zlib.compress(b"\0" * (64 << 20))))  # 64 MiB for 600 bytes
+    header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 1), np.uint8)) | {"shape": (30000, 30000)}
+    with open(tmp_path / "huge.npy", "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)  # 900 MB declared, no data
+    with open(tmp_path / "float.npy", "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(np.zeros((24, 24))))
+    for name, message in (
+        ("huge.png", "mask file 'huge.png' is 30000 x 30000, expected ny x nx = 24 x 24"),
+        ("bomb.png", "mask file 'bomb.png': PNG data holds more than the 600 bytes its header declares"),
+        ("huge.npy", "mask file 'huge.npy' is 30000 x 30000, expected ny x nx = 24 x 24"),
+        ("float.npy", "mask file 'float.npy' holds float64: expected bool or integer"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config(region_data({"keep": name}), source="rig.yaml", base_dir=tmp_path)
+        assert str(info.value).startswith(f"rig.yaml: bev.region.keep: {message}"), str(info.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 40), st.integers(1, 40), st.sampled_from([0.5, 0.25, 1.0, 0.3]),
+    st.lists(st.lists(st.tuples(st.integers(-50, 50), st.integers(-50, 50)), min_size=3, max_size=8), min_size=1, max_size=3),
+)
+def test_scanline_polygon_mask_equals_the_rule_cell_by_cell(nx: int, ny: int, step: float, polygons: list[list[tuple[int, int]]]) -> None:
+    """The scanline form (runs per row, never an (ny, nx) temporary per edge) decides every cell
+    as the even-odd rule of the module docstring evaluated on every centre, ties included
+    (vertices on half-cell multiples put centres on edges and vertices)."""
+    from bevcompile.rig.config import AxisSpec
+    from bevcompile.rig.region import cell_centres, polygon_kept_count
+
+    x = AxisSpec(-nx * step / 2, nx * step / 2, step, nx)
+    y = AxisSpec(-ny * step / 2, ny * step / 2, step, ny)
+    scaled = [[(vx * step / 4, vy * step / 4) for vx, vy in polygon] for polygon in polygons]
+    xc, yc = cell_centres(x, y)
+    want = np.zeros((ny, nx), dtype=bool)
+    for polygon in scaled:  # the rule, literally: every centre against every edge
+        inside = np.zeros((ny, nx), dtype=bool)
+        vertices = np.asarray(polygon, dtype=np.float64)
+        for (x0, y0), (x1, y1) in zip(vertices, np.roll(vertices, -1, axis=0), strict=True):
+            if y0 != y1:
+                inside ^= (((y0 <= yc) & (yc < y1)) | ((y1 <= yc) & (yc < y0))) & (xc < x0 + (yc - y0) * (x1 - x0) / (y1 - y0))
+        want |= inside
+    assert np.array_equal(polygon_mask(scaled, x, y), want)
+    assert polygon_kept_count(scaled, x, y) == int(want.sum())
 
 
 def test_expand_of_cells_inverts_the_table() -> None:

@@ -8,13 +8,14 @@ import shutil
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from bevcompile._version import __version__
 from bevcompile.errors import UsageError
-from bevcompile.grid.build import run_grid
+from bevcompile.grid.build import group_dimension_names, run_grid
 from bevcompile.rig.config import RigConfig, config_sha256, parse_config
 from bevcompile.store import plugins as checks_api
 from bevcompile.store.inspection import InspectReport, StoreReport, inspect_paths, inspect_store, resolve_store_paths
@@ -376,7 +377,9 @@ def test_strict_cannot_rebuild_an_array_no_plugin_owns(small_copy: Path, monkeyp
     arrays = {name: reader.read("grid", name) for name in reader.arrays("grid")}
     arrays["extra"] = np.zeros(3, dtype=np.float32)
     rig = parse_config(reader.root_attrs["config"])
-    write_groups(small_copy, root_attrs=root_attributes(rig), groups={"grid": rigs.group_data(arrays, reader.group_attrs("grid"))})
+    group = rigs.group_data(arrays, reader.group_attrs("grid"))
+    group.dims.update({name: group_dimension_names("grid", name, a.ndim, region=False) for name, a in arrays.items() if name != "extra"})
+    write_groups(small_copy, root_attrs=root_attributes(rig), groups={"grid": group})
     assert _failures(inspect_store(small_copy)) == [("grid/", "contract")]  # arrays not produced by these build_options: extra
     assert _failures(inspect_store(small_copy, strict=True)) == [("grid/", "contract"), ("grid/extra", "cannot_rebuild")]
 
@@ -498,9 +501,14 @@ def test_files_that_are_no_chunk_of_an_array_fail(small_copy: Path) -> None:
     }
 
 
-def test_plain_inspect_fails_a_group_copied_from_another_rigs_store_and_load_refuses_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["grid", "frustum", "ray"])
+@pytest.mark.parametrize("provenance", ["other", "removed", "rewritten"])
+def test_plain_inspect_fails_a_group_copied_from_another_rigs_store_and_load_refuses_it(tmp_path: Path, mode: str, provenance: str) -> None:
     """Two rigs that differ only in one camera's mounting (same shapes): a ``matrix/`` copied from
-    the other car's store passes every shape and plug-in invariant, but not ``group_config``."""
+    the other car's store passes every shape and plug-in invariant. Its ``config_sha256`` names the
+    other config (``group_config`` fails), or was removed (fails too: nothing proves whose it is)
+    or rewritten to the root's (issue 31: 114/114 passed). ``values_match_config`` re-derives a
+    few rows from the root's config and fails in every case."""
     from bevcompile.errors import StoreError
     from bevcompile.matrix.build import MatrixOptions, run_matrix
     from bevcompile.store.loader import load
@@ -509,32 +517,63 @@ def test_plain_inspect_fails_a_group_copied_from_another_rigs_store_and_load_ref
     theirs = rigs.small_rig_data()
     theirs["cameras"][0]["sensor2ego"][0][3] += 0.05  # 5 cm further forward
     for data, out in ((ours, tmp_path / "ours"), (theirs, tmp_path / "theirs")):
-        run_matrix(parse_config(data), out, MatrixOptions(mode="grid", align=1))
+        run_matrix(parse_config(data), out, MatrixOptions(mode=mode, align=1, topk=8))
     store = tmp_path / "ours" / "small.zarr"
     assert inspect_store(store).passed
     shutil.rmtree(store / "matrix")
     shutil.copytree(tmp_path / "theirs" / "small.zarr" / "matrix", store / "matrix")
-    failed = [c for c in inspect_store(store).checks if not c.passed]  # the consolidated copy still lists the old group
-    assert [(c.name, c.array) for c in failed] == [("consolidated_metadata", "/"), ("group_config", "matrix/")]
-    damage.reconsolidate(store)  # a copy by a tool that re-consolidates: only the group's config tells
+    meta = json.loads((store / "matrix" / "zarr.json").read_text())
+    if provenance == "removed":
+        del meta["attributes"]["config_sha256"]
+    elif provenance == "rewritten":
+        meta["attributes"]["config_sha256"] = json.loads((store / "zarr.json").read_text())["attributes"]["config_sha256"]
+    (store / "matrix" / "zarr.json").write_text(json.dumps(meta))
+    damage.reconsolidate(store)  # a copy by a tool that re-consolidates: only the group's provenance tells
     report = inspect_store(store)
-    failed = [c for c in report.checks if not c.passed]
-    assert [(c.name, c.array) for c in failed] == [("group_config", "matrix/")]
-    assert "built from another config (config_sha256 " in failed[0].reason
-    with pytest.raises(StoreError, match=r"group matrix/ was built from another config .*; run `bevcompile matrix` to rebuild it"):
-        load(store)["matrix"]
+    failed = {(c.name, c.array): c.reason for c in report.checks if not c.passed}
+    assert set(failed) == ({("group_config", "matrix/")} if provenance != "rewritten" else set()) | {("values_match_config", "matrix/coo_val")}
+    assert "built from another rig's geometry" in failed[("values_match_config", "matrix/coo_val")]
+    if provenance == "other":
+        assert "built from another config (config_sha256 " in failed[("group_config", "matrix/")]
+        with pytest.raises(StoreError, match=r"group matrix/ was built from another config .*; run `bevcompile matrix` to rebuild it"):
+            load(store)["matrix"]
+    elif provenance == "removed":
+        assert failed[("group_config", "matrix/")].startswith("records no config_sha256")
+        with pytest.raises(StoreError, match=r"group matrix/ records no config_sha256, so nothing proves .*; run `bevcompile matrix`"):
+            load(store)["matrix"]
 
 
-def test_a_group_without_a_recorded_config_is_a_note_not_a_failure(small_copy: Path) -> None:
-    """Stores built before groups recorded their config stay readable (and say what cannot be checked)."""
-    damage.edit_attr(small_copy, "grid", ["config_sha256"], None)
+def test_values_match_config_passes_every_kind_of_matrix(tmp_path: Path) -> None:
+    """The spot check re-derives what the build wrote, whatever the mode, splat, rounding,
+    normalisation, K, row compaction or region (a false failure would fail a healthy store)."""
+    from bevcompile.matrix.build import MatrixOptions, run_matrix
+
+    region = rigs.small_rig_data()
+    region["bev"]["region"] = {"keep": [[[-12.0, -6.0], [12.0, -6.0], [12.0, 6.0], [-12.0, 6.0]]], "rings": [{"beyond_m": 4, "factor": 2}]}
+    cases = [
+        (rigs.small_rig(heights=(0.0, 1.0)), MatrixOptions(mode="grid", splat="nearest", normalize="mean", topk=0)),
+        (rigs.small_rig(), MatrixOptions(mode="frustum", splat="nearest", rounding="trunc", normalize="sum", topk=3, compact_rows=True)),
+        (parse_config(region), MatrixOptions(mode="ray", splat="bilinear", normalize="mean", topk=0)),
+        (parse_config(region), MatrixOptions(mode="grid", splat="bilinear", normalize="sum", topk=4)),
+    ]
+    for i, (rig, options) in enumerate(cases):
+        run_matrix(rig, tmp_path / str(i), options)
+        report = inspect_store(tmp_path / str(i) / f"{rig.name}.zarr")
+        (check,) = [c for c in report.checks if c.name == "values_match_config"]
+        assert report.passed and check.passed, [c for c in report.checks if not c.passed]
+        assert " entries re-derived from the stored config" in check.reason
+
+
+def test_a_group_without_a_recorded_config_fails_group_config(small_copy: Path) -> None:
+    """issue 31: a group whose config_sha256 was removed passed plain inspect and --strict with a
+    note; nothing proves it belongs to this store (0.3 writes it into every group)."""
     meta = json.loads((small_copy / "grid" / "zarr.json").read_text())
     del meta["attributes"]["config_sha256"]
     (small_copy / "grid" / "zarr.json").write_text(json.dumps(meta))
     damage.reconsolidate(small_copy)
-    report = inspect_store(small_copy)
-    assert report.passed
-    assert any(n.startswith("grid/ records no config_sha256") for n in report.notes)
+    for strict in (False, True):
+        report = inspect_store(small_copy, strict=strict)
+        assert _failures(report) == [("grid/", "group_config")]
 
 
 NEW_DAMAGE: dict[str, tuple[Callable[[Path, Path], object], str, str]] = {
@@ -595,3 +634,63 @@ def test_a_lidar_frame_store_passes_inspect_strict_and_verify(tmp_path: Path) ->
     damage.edit_attr(store, "", ["config"], config)
     damage.edit_attr(store, "", ["config_sha256"], config_sha256(parse_config(config)))
     assert ("grid/coords", "coords_match_config") in _failures(inspect_store(store))
+
+
+def _edit_text(store: Path, node: str, edit: Callable[[str], str]) -> None:
+    path = store / node / "zarr.json" if node else store / "zarr.json"
+    path.write_text(edit(path.read_text()))
+
+
+def _edit_json(store: Path, node: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    path = store / node / "zarr.json" if node else store / "zarr.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))  # json.dumps writes NaN / Infinity: not JSON
+
+
+METADATA_DAMAGE: dict[str, tuple[Callable[[Path], None], str, str, str]] = {
+    # issue 31: each passed plain inspect (array-level Infinity and a group without config_sha256 passed --strict too)
+    "NaN in a root attribute": (
+        lambda s: _edit_json(s, "", lambda m: m["attributes"].update(extra=float("nan"))), "/", "metadata_json", "attributes.extra is not a finite number"),
+    "Infinity in a group attribute": (
+        lambda s: _edit_json(s, "grid", lambda m: m["attributes"]["norm_int16"].update(note=float("inf"))),
+        "grid/", "metadata_json", "attributes.norm_int16.note is not a finite number"),
+    "-Infinity in an array attribute": (
+        lambda s: _edit_json(s, "grid/valid", lambda m: m["attributes"].update(note=float("-inf"))), "grid/valid", "metadata_json", "attributes.note"),
+    "fill_value NaN": (lambda s: _edit_json(s, "grid/coords", lambda m: m.update(fill_value="NaN")), "grid/coords", "array_metadata", 'fill_value "NaN", the writer\'s is 0'),
+    "renamed dimension_names": (
+        lambda s: _edit_json(s, "grid/coords", lambda m: m.update(dimension_names=["cam", "height", "y", "x", "uv"])),
+        "grid/coords", "array_metadata", "dimension_names"),
+    "swapped dimension_names": (
+        lambda s: _edit_json(s, "grid/valid", lambda m: m.update(dimension_names=["camera", "height", "x", "y"])),
+        "grid/valid", "array_metadata", "bevcompile.grid.checks.base names them"),
+    "a byte-order mark": (lambda s: _edit_text(s, "", lambda t: "\ufeff" + t), "/", "metadata_json", "byte-order mark"),
+    "a duplicate key": (lambda s: _edit_text(s, "", lambda t: t.replace('"node_type"', '"zarr_format": 3, "node_type"', 1)), "/", "metadata_json", "duplicate key 'zarr_format'"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(METADATA_DAMAGE))
+def test_metadata_that_is_not_strict_or_not_the_writers_fails_plain_inspect(small_copy: Path, label: str) -> None:
+    """Every zarr.json is strict JSON (no NaN/Infinity, duplicate key or BOM: zarr and Python's
+    json read all three), every array has the writer's fill_value and the dimension_names its
+    group's plug-in gives; each failure names the node."""
+    damage_fn, array, check, reason = METADATA_DAMAGE[label]
+    damage_fn(small_copy)
+    report = inspect_store(small_copy)
+    failed = [(c.array, c.name, c.reason) for c in report.failures]
+    assert [(a, n) for a, n, _ in failed] == [(array, check)], failed
+    assert reason in failed[0][2], failed
+
+
+def test_a_root_zarr_json_nested_200000_deep_is_a_failed_check_not_a_recursion_error(small_copy: Path) -> None:
+    """issue 31: inspect/verify raised RecursionError (diff and grid said it in one line)."""
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    _edit_text(small_copy, "", lambda t: t.replace('"attributes": {', '"attributes": {"deep": ' + "[" * 200_000 + "]" * 200_000 + ", ", 1))
+    result = CliRunner().invoke(app, ["inspect", str(small_copy), "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert f"{small_copy}: /: root_metadata: " in result.stderr and "JSON nested 200,00" in result.stderr
+    result = CliRunner().invoke(app, ["verify", str(small_copy), "--quiet"])
+    assert result.exit_code == 2 and "JSON nested 200,00" in result.stderr and result.stderr.count("\n") == 1

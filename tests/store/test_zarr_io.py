@@ -276,6 +276,61 @@ def test_an_interrupt_after_the_swap_says_the_store_was_written(tmp_path: Path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.zarr"]
 
 
+@pytest.mark.parametrize("existing", [True, False])
+def test_a_sigterm_held_during_the_swap_says_the_store_was_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool) -> None:
+    """issue 31: a SIGTERM that waited for the swap's signal mask was raised as the mask lifted,
+    before the write was recorded: the command said "no store was left half-written" (or "cannot
+    write store") though the new store was complete. The write is recorded inside the mask."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    from bevcompile.cli import app
+
+    from ..rigs import write_yaml
+
+    config = write_yaml(tmp_path / "small.yaml", small_rig_data())
+    out = tmp_path / "out"
+    runner = CliRunner()
+    if existing:
+        assert runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet"]).exit_code == 0
+    real_rename = store_module.os.rename
+
+    def rename(a, b):  # type: ignore[no-untyped-def]
+        real_rename(a, b)
+        if Path(b).name == "small.zarr":  # the new store is in place; the signal waits for the mask
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(store_module, "_exchange", lambda a, b: False)  # the two-rename swap: a rename puts it in place
+    monkeypatch.setattr(store_module.os, "rename", rename)
+    result = runner.invoke(app, ["grid", str(config), "--out", str(out), "--quiet", "--align-corners"])
+    assert result.exit_code == 143, result.output
+    store = out / "small.zarr"
+    assert result.stderr == f"error: terminated (SIGTERM); {store} was already written completely (its old copy is removed by the next write)\n"
+    assert open_store(store).group_attrs("grid")["align_corners"] is True
+
+
+def test_a_failure_to_delete_the_old_copy_is_no_failure_of_the_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 31: an interrupted deletion of the old copy surfaced as "cannot write store (Bad file
+    descriptor)", exit 2, though the new store was complete."""
+    import errno
+
+    rig = small_rig()
+    run_grid(rig, tmp_path)
+    real_rmtree = store_module.shutil.rmtree
+
+    def failing_rmtree(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if ".old-" in str(path):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module.shutil, "rmtree", failing_rmtree)
+    result = run_grid(rig, tmp_path, align_corners=True)
+    assert result.store == tmp_path / "small.zarr"
+    assert open_store(tmp_path / "small.zarr").group_attrs("grid")["align_corners"] is True
+
+
 def test_another_configs_store_is_refused_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import bevcompile.grid.build as build_module
     import bevcompile.matrix.build as matrix_module

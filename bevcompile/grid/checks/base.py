@@ -33,6 +33,7 @@ from ...rig.config import RigConfig
 from ...rig.geometry import project_bev_to_feature
 from ...rig.region import RegionTable, expand_of_cells
 from ...store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, clamped_format_rows, compare, same_recorded
+from ..build import group_dimension_names
 from ..formats import FORMAT_ARRAYS
 from ..ipm import (
     INVALID_PX,
@@ -111,6 +112,14 @@ def _fmt(value: float) -> str:
 # --------------------------------------------------------------------------------------
 # check_grid
 # --------------------------------------------------------------------------------------
+
+
+def dimension_names_grid(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The ``dimension_names`` the writer gives ``grid/<name>`` (its formats included; None for an
+    array no build writes: the contract check reports it)."""
+    region = "region" in attrs
+    known = set(BASE_ARRAYS) | {a for names in FORMAT_ARRAYS.values() for a in names} | (set(REGION_ARRAYS) if region else set())
+    return group_dimension_names("grid", name, ndim, region=region) if name in known else None
 
 
 @region_plugin("grid")

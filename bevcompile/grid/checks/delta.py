@@ -15,6 +15,7 @@ import numpy as np
 
 from ...rig.config import RigConfig
 from ...store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, same_recorded
+from ..build import group_dimension_names
 from ..delta import (
     LUT_ARRAYS,
     N_TERMS,
@@ -115,6 +116,15 @@ def _delta_lut(rig: RigConfig, arrays: Mapping[str, np.ndarray], attrs: Mapping[
         raise _Bad(f"arrays not produced by these build_options: {', '.join(extra)}")
     lut = DeltaLUT(block_slot, coef, scale, res8_slot, res16_slot, res8, res16, basis, block, cells, f16, cell_pos)
     return lut, bound
+
+
+def dimension_names_delta(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The ``dimension_names`` the writer gives ``delta/<name>`` (None: no such array; the
+    contract check reports it)."""
+    try:
+        return group_dimension_names("delta", name, ndim, region="region" in attrs)
+    except KeyError:
+        return None
 
 
 @region_plugin("delta")

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...rig.config import RigConfig
 from ...store.plugins import REBUILT_ATTRS, Check, CheckContext, VerifyRow, same_recorded
+from ..build import group_dimension_names
 from ..gather import (
     band_switches,
     bilinear_corners,
@@ -122,6 +123,15 @@ def logical_gather_tables(rig: RigConfig, arrays: Mapping[str, np.ndarray], attr
     ``index`` int32, ``weight`` float32, ``codes`` uint8 (all ``(n_cam * n_h * ny * nx, 4)``) and
     ``lut`` float32 ``(L,)``. ValueError (one line) for a table that breaks the contract."""
     return _gather_rows(rig, arrays, attrs)
+
+
+GATHER_ARRAYS = ("index", "weight", "weight_u8", "lut", "cell_valid", "perm", "perm_inverse")
+"""Every array a gather/ build may write (which ones, its build_options decide)."""
+
+
+def dimension_names_gather(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The ``dimension_names`` the writer gives ``gather/<name>`` (None for an array no build writes)."""
+    return group_dimension_names("gather", name, ndim, region="region" in attrs) if name in GATHER_ARRAYS else None
 
 
 @region_plugin("gather")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, shown
 from ..config import (
     _NAME_RE,
     _check_rotation,
@@ -79,7 +79,7 @@ def rig_data(
 def check_name(name: str, source: str, what: str = "--name") -> str:
     """A store name (file-name safe), as ``parse_config`` requires of ``name``."""
     if not _NAME_RE.fullmatch(name):
-        raise ConfigError(source, what, f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {name!r}")
+        raise ConfigError(source, what, f"must be a file-name-safe identifier (letters, digits, '.', '_', '-'), got {shown(name)}")
     return name
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, shown
 from ..config import _Ctx, _integer, _list, _mapping, _numbers, _string, read_config_data
 from ._common import IDENTITY, Matrix4, check_name, compose, invert, pose_fields, rig_data, rigid_matrix, template_data
 
@@ -60,7 +60,7 @@ class KalibrOptions:
 
 def check_body(body: str, source: str, field: str = "--body") -> str:
     if body not in ("imu", BODY_AUTO) and not _CAM_KEY.match(body):
-        raise ConfigError(source, field, f"must be imu, camK (cam0, cam1, ...) or auto, got {body!r}")
+        raise ConfigError(source, field, f"must be imu, camK (cam0, cam1, ...) or auto, got {shown(body)}")
     return body
 
 
@@ -86,19 +86,19 @@ def _camera(ctx: _Ctx, data: Any, key: str, name: str) -> dict[str, Any]:
     if model in UNSUPPORTED_CAMERA_MODELS:
         raise ctx.fail(
             f"{key}.camera_model",
-            f"{model!r} is not supported: bevcompile's lens models are OpenCV's (Kalibr pinhole with radtan, equidistant or none)",
+            f"{shown(model)} is not supported: bevcompile's lens models are OpenCV's (Kalibr pinhole with radtan, equidistant or none)",
         )
     if model not in CAMERA_MODELS:
-        raise ctx.fail(f"{key}.camera_model", f"unknown camera model {model!r} (Kalibr: pinhole, omni, ds, eucm)")
+        raise ctx.fail(f"{key}.camera_model", f"unknown camera model {shown(model)} (Kalibr: pinhole, omni, ds, eucm)")
     fu, fv, pu, pv = _numbers(ctx, data["intrinsics"], f"{key}.intrinsics", 4)
     for i, (label, value) in enumerate((("fu", fu), ("fv", fv))):
         if value <= 0:
             raise ctx.fail(f"{key}.intrinsics[{i}]", f"focal length {label} must be > 0, got {value:g}")
     dist_model = _string(ctx, data["distortion_model"], f"{key}.distortion_model")
     if dist_model in UNSUPPORTED_DISTORTION_MODELS:
-        raise ctx.fail(f"{key}.distortion_model", f"{dist_model!r} is not supported (radtan, equidistant or none)")
+        raise ctx.fail(f"{key}.distortion_model", f"{shown(dist_model)} is not supported (radtan, equidistant or none)")
     if dist_model not in DISTORTION_MODELS:
-        raise ctx.fail(f"{key}.distortion_model", f"unknown distortion model {dist_model!r} (Kalibr: radtan, equidistant, fov, none)")
+        raise ctx.fail(f"{key}.distortion_model", f"unknown distortion model {shown(dist_model)} (Kalibr: radtan, equidistant, fov, none)")
     ours, n_coeffs = DISTORTION_MODELS[dist_model]
     coeffs = _numbers(ctx, data["distortion_coeffs"], f"{key}.distortion_coeffs", n_coeffs)
     size = _list(ctx, data["resolution"], f"{key}.resolution", 2)

@@ -19,12 +19,14 @@ numbers copied exactly) and ``LIDAR_TOP`` a rig sensor (same pose fields). ``sam
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, shown
+from ...files import MISSING, FileRefused, JSONRefused, open_regular, raw_decode_strict, strict_decoder
 from ..config import _Ctx, _integer, _mapping, _matrix, _numbers, _string
 from ._common import check_name, rig_data, template_data
 
@@ -33,6 +35,8 @@ DEFAULT_CAMERAS = ("CAM_FRONT", "CAM_FRONT_RIGHT", "CAM_FRONT_LEFT", "CAM_BACK",
 LIDAR_CHANNELS = ("LIDAR_TOP",)
 TABLES = ("scene", "sample", "sample_data", "calibrated_sensor", "sensor", "log")
 READ_CHUNK = 1 << 20
+MAX_TABLE_BYTES = 16 << 30
+"""A table file is at most 16 GiB (v1.0-trainval's ``sample_data.json`` is about 1 GiB)."""
 MAX_RECORD_BYTES = 1 << 24
 """A single table record larger than this is not a nuScenes record (bounds the stream's buffer)."""
 
@@ -46,13 +50,14 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
 
     ConfigError ``<path>: [<index>]: ...`` for a file that is not a JSON array of values."""
     source = str(path)
-    decoder = json.JSONDecoder()
-    try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below; open errors are reported apart)
-    except FileNotFoundError:
-        raise ConfigError(source, "", "file not found (is --dataroot/--version right?)") from None
-    except OSError as exc:
-        raise ConfigError(source, "", f"cannot read file ({exc.strerror or exc})") from None
+    decoder = strict_decoder()
+    try:  # a regular file of bounded size (a FIFO would block the first read)
+        binary, _size = open_regular(path, MAX_TABLE_BYTES, "a nuScenes table")
+    except FileRefused as exc:
+        if exc.code == MISSING:
+            raise ConfigError(source, "", "file not found (is --dataroot/--version right?)") from None
+        raise ConfigError(source, "", exc.reason) from None
+    fh = io.TextIOWrapper(binary, encoding="utf-8")
     with fh:
         buffer, pos, index, done = "", 0, 0, False
 
@@ -95,10 +100,12 @@ def iter_json_array(path: str | Path) -> Iterator[tuple[int, Any]]:
                     raise ConfigError(source, f"[{index}]", "file ends inside the array (truncated?)")
             while True:
                 try:
-                    record, end = decoder.raw_decode(buffer, pos)
+                    record, end = raw_decode_strict(decoder, buffer, pos)
                     if end == len(buffer) and fill():  # a number may go on in the next chunk
                         continue
                     break
+                except JSONRefused as exc:  # nested too deep, NaN, a 5,000-digit number, a duplicate key
+                    raise ConfigError(source, f"[{index}]", f"invalid JSON ({exc})") from None
                 except json.JSONDecodeError as exc:
                     if len(buffer) - pos > MAX_RECORD_BYTES:
                         raise ConfigError(source, f"[{index}]", f"invalid JSON ({exc.msg})") from None
@@ -121,7 +128,7 @@ def _records(path: Path, want: Mapping[str, Any] | None = None) -> Iterator[tupl
 def _one(path: Path, key: str, value: Any, what: str) -> tuple[str, Mapping[str, Any]]:
     for where, record in _records(path, {key: value}):
         return where, record
-    raise ConfigError(str(path), "", f"no record with {key} {value!r} ({what})")
+    raise ConfigError(str(path), "", f"no record with {key} {shown(value)} ({what})")
 
 
 def _by_token(path: Path, tokens: set[str]) -> dict[str, tuple[str, Mapping[str, Any]]]:
@@ -132,7 +139,7 @@ def _by_token(path: Path, tokens: set[str]) -> dict[str, tuple[str, Mapping[str,
             found[token] = (where, record)
     missing = sorted(tokens - set(found))
     if missing:
-        raise ConfigError(str(path), "", f"no record with token {missing[0]!r}")
+        raise ConfigError(str(path), "", f"no record with token {shown(missing[0])}")
     return found
 
 
@@ -164,7 +171,7 @@ def nuscenes_rig(
     log_token = _string(ctx, scene_record.get("log_token"), f"{scene_where}.log_token")
     sample_where, sample = _one(paths["sample"], "token", first_sample, f"first sample of {scene}")
     if sample.get("scene_token") != scene_token:
-        raise ConfigError(str(paths["sample"]), f"{sample_where}.scene_token", f"is {sample.get('scene_token')!r}, not the token of {scene} ({scene_token})")
+        raise ConfigError(str(paths["sample"]), f"{sample_where}.scene_token", f"is {shown(sample.get('scene_token'))}, not the token of {scene} ({scene_token})")
     _, log = _one(paths["log"], "token", log_token, f"log of {scene}")
 
     key_frames = [(w, r) for w, r in _records(paths["sample_data"], {"sample_token": first_sample}) if r.get("is_key_frame") is True]
@@ -190,7 +197,7 @@ def nuscenes_rig(
     for channel in cameras:
         if channel not in by_channel or by_channel[channel][4] != "camera":
             have = sorted(c for c, v in by_channel.items() if v[4] == "camera")
-            raise ConfigError(str(paths["sample_data"]), "--cameras", f"{scene} has no camera {channel!r} (cameras: {', '.join(have)})")
+            raise ConfigError(str(paths["sample_data"]), "--cameras", f"{scene} has no camera {shown(channel)} (cameras: {', '.join(have)})")
         sd_where, sd, cs_where, cs, _ = by_channel[channel]
         intrinsic = _matrix(cs_ctx, cs.get("camera_intrinsic"), f"{cs_where}.camera_intrinsic", 3, 3)
         width = _integer(sd_ctx, sd.get("width"), f"{sd_where}.width")

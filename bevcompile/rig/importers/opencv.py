@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, shown
 from ..config import _Ctx, _integer, _list, _mapping, _number, _string, read_config_data, read_opencv_yaml
 from ._common import Matrix4, check_name, invert, pose_fields, rigid_matrix
 
@@ -34,6 +34,9 @@ EXTRINSICS = ("ego-to-cam", "cam-to-ego")
 LENSES = ("auto", "opencv", "fisheye")
 FISHEYE_MODELS = ("equidistant", "fisheye", "kannala_brandt")
 OPENCV_MODELS = ("plumb_bob", "rational_polynomial", "radtan", "opencv")
+MAX_RVEC_ANGLE = 1000.0
+"""Largest rotation-vector angle read (radians; OpenCV writes ``[0, pi]``): beyond it ``cos`` and
+``sin`` of the angle carry no precision, and ``1e308`` would overflow the norm."""
 KEYS = (
     "camera_matrix", "distortion_coefficients", "distortion_model", "image_width", "image_height",
     "R", "T", "rvec", "tvec", "cam_from_ego", "ego_from_cam",
@@ -87,7 +90,11 @@ def _rotation(ctx: _Ctx, value: Any, field: str) -> list[list[float]]:
     if shape == (3, 3):
         return rows
     if shape in ((3, 1), (1, 3)):
-        return rodrigues(_flat(rows))
+        rvec = _flat(rows)
+        angle = math.hypot(*rvec)  # no overflow, unlike sqrt(sum of squares): 1e308 stays finite
+        if not angle <= MAX_RVEC_ANGLE:
+            raise ctx.fail(field, f"a rotation vector of {angle:g} rad: expected at most {MAX_RVEC_ANGLE:g} (cv2.Rodrigues gives angles in [0, pi])")
+        return rodrigues(rvec)
     raise ctx.fail(field, f"expected a 3x3 rotation matrix or a 3-vector (Rodrigues), got {shape[0]}x{shape[1]}")
 
 
@@ -125,7 +132,7 @@ def _distortion(ctx: _Ctx, data: Mapping[str, Any], lens: str) -> dict[str, Any]
         if model is not None:
             model = _string(ctx, model, "distortion_model").lower()
             if model not in FISHEYE_MODELS + OPENCV_MODELS:
-                raise ctx.fail("distortion_model", f"unknown model {model!r} (plumb_bob, rational_polynomial, equidistant, fisheye)")
+                raise ctx.fail("distortion_model", f"unknown model {shown(model)} (plumb_bob, rational_polynomial, equidistant, fisheye)")
         lens = "fisheye" if model in FISHEYE_MODELS else "opencv"
     if lens == "fisheye":
         if len(coeffs) != 4:
@@ -149,9 +156,9 @@ def opencv_camera(data: Any, *, source: str, extrinsics: str = "ego-to-cam", len
     ``image_size``, ``sensor2ego``). ConfigError ``<source>: <key>: ...``."""
     ctx = _Ctx(source)
     if extrinsics not in EXTRINSICS:
-        raise ConfigError(source, "--extrinsics", f"must be one of {', '.join(EXTRINSICS)}, got {extrinsics!r}")
+        raise ConfigError(source, "--extrinsics", f"must be one of {', '.join(EXTRINSICS)}, got {shown(extrinsics)}")
     if lens not in LENSES:
-        raise ConfigError(source, "--lens", f"must be one of {', '.join(LENSES)}, got {lens!r}")
+        raise ConfigError(source, "--lens", f"must be one of {', '.join(LENSES)}, got {shown(lens)}")
     data = _mapping(ctx, data, "")
     if not any(k in data for k in KEYS):
         raise ctx.fail("", f"holds no camera calibration (none of {', '.join(KEYS)})")
@@ -189,7 +196,7 @@ def merge_camera(rig: Mapping[str, Any], camera: str, fields: Mapping[str, Any],
         missing = [k for k, f in (("camera_matrix", "intrinsic"), ("image_width", "image_size"), ("R", "sensor2ego")) if f not in fields]
         if missing:
             raise ConfigError(
-                source, missing[0], f"missing: camera {camera!r} is not in {base_source} ({', '.join(map(str, names))}), so the file must give all of it"
+                source, missing[0], f"missing: camera {shown(camera)} is not in {base_source} ({', '.join(map(str, names))}), so the file must give all of it"
             )
         index = len(cameras)
         entry = {"name": camera}

@@ -150,7 +150,7 @@ def test_bad_records_name_the_table_record_and_field(tmp_path: Path) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=20), st.booleans()), max_size=4), max_size=12),
+    st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20), st.booleans()), max_size=4), max_size=12),
     st.integers(1, 9),
 )
 def test_streamed_tables_equal_json_load_for_any_chunking(records: list[dict[str, Any]], chunk: int) -> None:
