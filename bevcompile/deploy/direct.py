@@ -43,6 +43,9 @@ from .onnx_graph import _require_onnx, scan_graph
 from .plan import plan_for_target
 from .targets import TargetProfile, load_profile
 
+CALIBRATION_MAX_BYTES = 16 << 30
+"""A ``--calibration`` file larger than this is refused before it is read (it is memory-mapped)."""
+
 
 def _feeds(inputs: dict[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
     """The graph's inputs from the ``(N, n_cam, ...)`` arrays (rank 4: ``(N * n_cam, ...)``)."""
@@ -66,10 +69,13 @@ def calibration_inputs(store: Any, options: ox.ExportOptions, frustum: bool) -> 
     rng = np.random.default_rng(options.seed + 1)
     for name in options.calibration:
         path = Path(name)
-        if not path.is_file():
-            raise UsageError(f"--calibration {name}: not a readable .npy file")
+        from ..files import FileRefused, check_regular
+
         try:
+            check_regular(path, CALIBRATION_MAX_BYTES, "a .npy file of features")
             array = np.load(path, allow_pickle=False, mmap_mode="r")
+        except FileRefused as exc:
+            raise UsageError(f"--calibration {name}: not a readable .npy file ({exc.reason})") from None
         except (OSError, ValueError) as exc:
             raise UsageError(f"--calibration {name}: not a readable .npy file ({exc})") from None
         if array.ndim == 4:

@@ -56,6 +56,8 @@ INT8_ROUTES = ("qdq", "toolchain-calibration", "none")
 scales bevcompile calibrated; ``toolchain-calibration`` — the float graph plus a calibration set
 (``<out>.calib/``) that the toolchain's own quantiser reads; ``none`` — no int8 route."""
 TOOLCHAINS = ("none", "onnxruntime", "rknn", "openvino", "litert")
+PROFILE_MAX_BYTES = 1 << 20
+"""A profile file larger than this is refused before it is read."""
 LIMIT_KEYS = {
     "gather.max_indices": "count",
     "gather.max_axis": "count",
@@ -265,14 +267,15 @@ def load_profile(name_or_path: str) -> TargetProfile:
     """
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         path = Path(name_or_path)
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"--target {name_or_path}: no such profile file (a bundled name is one of {', '.join(profile_names())})")
         where = str(path)
+        from ..files import FileRefused, read_regular
+
         try:
-            with path.open("rb") as fh:
-                raw = fh.read(1 << 20)
-        except OSError as exc:
-            raise TargetError(where, "", f"cannot read ({exc.strerror or exc})") from None
+            raw = read_regular(path, PROFILE_MAX_BYTES, "a target profile .toml")
+        except FileRefused as exc:
+            raise TargetError(where, "", exc.reason) from None
     else:
         entry = _profile_dir().joinpath(f"{name_or_path}.toml")
         if not entry.is_file():

@@ -146,3 +146,19 @@ def test_verify_map_adds_the_graph_of_each_named_target(ray_store: Path) -> None
     assert snr("target:openvino") > 120 > snr("target:rk3588") > 60 > snr("target:openvino/int8") > 30
     bad = runner.invoke(app, ["verify", str(ray_store), "--target", "rk3588"])
     assert bad.exit_code == 2 and "--map" in bad.stderr
+
+
+def test_a_fifo_named_as_profile_or_calibration_is_refused_at_once(ray_store: Path, tmp_path: Path) -> None:
+    """--target FILE.toml and --calibration FILE.npy go through the one reader of user-named files: a
+    FIFO is refused in one line (never read, never waited on)."""
+    import os
+
+    fifo = tmp_path / "profile.toml"
+    os.mkfifo(fifo)
+    result = runner.invoke(app, ["targets", str(fifo)])
+    assert result.exit_code == 2 and "is a FIFO, not a regular file" in result.stderr
+    npy = tmp_path / "features.npy"
+    os.mkfifo(npy)
+    result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--weights", "int8",
+                                 "--calibration", str(npy), "--channels", "8", "--out", str(tmp_path / "x.onnx")])
+    assert result.exit_code == 2 and "is a FIFO, not a regular file" in result.stderr
