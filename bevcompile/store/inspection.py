@@ -609,13 +609,16 @@ def array_metadata(
     report: StoreReport, key: str, meta: Mapping[str, Any], ndim: int, group_attrs: Mapping[str, Any],
     namers: Sequence[tuple[str, Callable[..., Any]]],
 ) -> bool:
-    """``array_metadata``: the array's ``fill_value`` is the writer's 0 (a read of a missing chunk
+    """``array_metadata``: the array's ``fill_value`` is the writer's 0 (``""`` for a string coordinate array; a read of a missing chunk
     is refused, but a reader that fills it gets 0, never a tampered NaN), and its
     ``dimension_names`` are those the group's plug-ins give (``dimension_names_<group>(name,
     ndim, attrs)``; xarray labels the axes by them). False (with a failed check) otherwise."""
     fill = meta.get("fill_value")
     problems = []
-    if not (type(fill) in (int, float, bool) and fill == 0):
+    if meta.get("data_type") == "string":  # the coordinate arrays of names (store.coords): the writer's fill is ""
+        if fill != "":
+            problems.append(f"fill_value {_short(fill)}, the writer's is \"\" (a string array)")
+    elif not (type(fill) in (int, float, bool) and fill == 0):
         problems.append(f"fill_value {_short(fill)}, the writer's is 0")
     name = key.split("/", 1)[1]
     stored = meta.get("dimension_names")
