@@ -34,7 +34,8 @@ $(NPU_ENVS)/%/.installed: toolchains/%.txt
 	$(NPU_ENVS)/$*/bin/python -m pip install -q --upgrade pip
 	$(NPU_ENVS)/$*/bin/pip install -q --no-deps -r toolchains/$*.txt
 	@touch $@
-npu-envs: $(NPU_ENVS)/rknn/.installed $(NPU_ENVS)/openvino/.installed
+npu-envs:  # the installs wait on the network, not the CPU: side by side
+	@$(MAKE) --no-print-directory -j2 $(NPU_ENVS)/rknn/.installed $(NPU_ENVS)/openvino/.installed
 npu-envs-all: npu-envs $(NPU_ENVS)/litert/.installed
 
 ## make npu-check: every target x product x precision on the nuScenes rig and dense-6cam, built and run on the real
@@ -44,7 +45,9 @@ npu-check: $(STAMP_TEST) npu-envs-all
 
 ## make test: install with test extras (OpenCV, PyTorch 2.13.0 CPU, onnx) and the RKNN + OpenVINO toolchain venvs, lint,
 ## type-check, run the suite (tests/deploy/test_toolchains.py builds on both toolchains)
-test: $(STAMP_TEST) npu-envs
+NPU_TEST_ENVS := $(NPU_ENVS)/rknn/.installed $(NPU_ENVS)/openvino/.installed
+test:  # the three installs wait on the network more than on the CPU: side by side
+	@$(MAKE) --no-print-directory -j3 $(STAMP_TEST) $(NPU_TEST_ENVS)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	BEVCOMPILE_REQUIRE_TOOLCHAINS=rknn,openvino HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/pytest -n 2 -q
