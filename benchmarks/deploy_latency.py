@@ -146,7 +146,10 @@ def openvino_latencies(paths: list[Path], feeds_path: Path, names: list[str], re
     return [float(v) for v in values]
 
 
-def scipy_latency(store: Any, features: np.ndarray, repeat: int) -> float:
+def scipy_rows(store: Any, rig: str, channels: int, features: np.ndarray, repeat: int) -> dict[str, Any]:
+    """scipy's CSR ``W @ X`` and the GridSample graph (onnxruntime, 1 thread) timed interleaved in this
+    process: the scipy row with its ratio (``--scipy-only`` adds it to rows measured before)."""
+    import onnxruntime as ort
     import scipy.sparse as sp
 
     from bevcompile.deploy.lift import product_lift
@@ -154,14 +157,24 @@ def scipy_latency(store: Any, features: np.ndarray, repeat: int) -> float:
     lift = product_lift(store, "ell")
     w = sp.csr_matrix((lift.value, (lift.row, lift.pixel)), shape=(lift.n_rows, lift.n_pixels))
     x = np.ascontiguousarray(np.moveaxis(features[0], 1, -1).reshape(lift.n_pixels, -1))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(grid_sample_model(store, features), options, providers=["CPUExecutionProvider"])
+    feeds = {"features": features}
     for _ in range(3):
+        session.run(None, feeds)
         w @ x
-    times = []
+    base, spmm = [], []
     for _ in range(repeat):
         t = time.perf_counter()
+        session.run(None, feeds)
+        base.append(time.perf_counter() - t)
+        t = time.perf_counter()
         w @ x
-        times.append(time.perf_counter() - t)
-    return float(np.median(times) * 1e3)
+        spmm.append(time.perf_counter() - t)
+    ms = float(np.median(spmm) * 1e3)
+    return {"rig": rig, "channels": channels, "product": "ell", "graph": "scipy CSR W @ X (1 thread, in-process)", "ort_1": ms, "ort_all": None,
+            "openvino": None, "ort_1_ratio": ms / float(np.median(base) * 1e3), "ort_all_ratio": None, "openvino_ratio": None, "timing": "interleaved"}
 
 
 def graphs(store_path: Path, store: Any, channels: int, work: Path) -> list[tuple[str, str, bytes]]:
@@ -191,10 +204,23 @@ def graphs(store_path: Path, store: Any, channels: int, work: Path) -> list[tupl
     return out
 
 
+def _save(rows: list[dict[str, Any]], repeat: int, merge: bool) -> dict[str, Any]:
+    """Write the result file now (after every rig and C: a long run that dies keeps what it measured);
+    ``merge``: the rows of the file this run does not redo are kept."""
+    keep = []
+    if merge and RESULTS.is_file():
+        done = {(r["rig"], r["channels"]) for r in rows}
+        keep = [r for r in json.loads(RESULTS.read_text())["rows"] if (r["rig"], r["channels"]) not in done]
+    result = {"machine": machine(), "repeat": repeat, "rows": keep + rows}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from bevcompile.store.loader import load
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="latency-") as tmp:
         folder = Path(tmp)
         for rig in args.rigs:
@@ -204,6 +230,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rng = np.random.default_rng(0)
                 w_f, h_f = store.feature_size
                 features = rng.random((1, store.rig.n_cam, channels, h_f, w_f), dtype=np.float32)
+                if args.scipy_only:
+                    new = scipy_rows(store, rig, channels, features, args.repeat)
+                    data = json.loads(RESULTS.read_text())
+                    data["rows"] = [r for r in data["rows"] if not (r["rig"] == rig and r["channels"] == channels and "scipy" in r["graph"])] + [new]
+                    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+                    print(f"{rig} C={channels} scipy {new['ort_1']:.1f} ms ({new['ort_1_ratio']:.2f}x)", flush=True)
+                    continue
                 feeds = {"features": features}
                 work = folder / f"{rig}-{channels}"
                 work.mkdir()
@@ -218,21 +251,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     path.write_bytes(model)
                     paths.append(path)
                 models = [model for _, _, model in kept]
-                one = ort_latencies(models, feeds, 1, args.repeat)
-                every = ort_latencies(models, feeds, os.cpu_count() or 1, args.repeat)
-                ov = [None] * len(kept) if args.no_openvino else openvino_latencies(paths, work / "feeds.npz", ["features"], args.repeat, work)
+                sequential = features.size > BIG_INPUT  # held at once they would not fit: one session at a time
+                if sequential:
+                    one = [ort_latencies([m], feeds, 1, args.repeat)[0] for m in models]
+                    every = [ort_latencies([m], feeds, os.cpu_count() or 1, args.repeat)[0] for m in models]
+                else:
+                    one = ort_latencies(models, feeds, 1, args.repeat)
+                    every = ort_latencies(models, feeds, os.cpu_count() or 1, args.repeat)
+                if args.no_openvino:
+                    ov: list[float | None] = [None] * len(kept)
+                elif sequential:
+                    ov = [openvino_latencies([path], work / "feeds.npz", ["features"], args.repeat, work)[0] for path in paths]
+                else:
+                    ov = openvino_latencies(paths, work / "feeds.npz", ["features"], args.repeat, work)
                 base = {"ort_1": one[0], "ort_all": every[0], "openvino": ov[0]}
                 for (product, label, _), t1, tn, to in zip(kept, one, every, ov, strict=True):
-                    row: dict[str, Any] = {"rig": rig, "channels": channels, "product": product, "graph": label, "ort_1": t1, "ort_all": tn, "openvino": to}
+                    row: dict[str, Any] = {"rig": rig, "channels": channels, "product": product, "graph": label, "ort_1": t1, "ort_all": tn, "openvino": to,
+                                           "timing": "sequential" if sequential else "interleaved"}
                     for key in ("ort_1", "ort_all", "openvino"):
                         row[f"{key}_ratio"] = row[key] / base[key] if row[key] is not None and base[key] else None
                     rows.append(row)
                     print(f"{rig:10s} C={channels:3d} {product:8s} {label:45s} ort1 {t1:8.2f} ms ({row['ort_1_ratio']:.2f}x)  ortN {tn:8.2f} ms"
                           + (f"  ov {to:8.2f} ms ({row['openvino_ratio']:.2f}x)" if to is not None else ""), flush=True)
-                scipy_ms = scipy_latency(store, features, args.repeat)
-                rows.append({"rig": rig, "channels": channels, "product": "ell", "graph": "scipy CSR W @ X (1 thread, in-process; not interleaved)", "ort_1": scipy_ms,
-                             "ort_all": None, "openvino": None, "ort_1_ratio": scipy_ms / base["ort_1"], "ort_all_ratio": None, "openvino_ratio": None})
-    return {"machine": machine(), "repeat": args.repeat, "rows": rows}
+                rows.append(scipy_rows(store, rig, channels, features, args.repeat))
+                _save(rows, args.repeat, args.merge)
+    return _save(rows, args.repeat, args.merge)
 
 
 def table(path: Path = RESULTS) -> str:
@@ -245,8 +288,11 @@ def table(path: Path = RESULTS) -> str:
         ratio = r.get(f"{key}_ratio")
         return f"{r[key]:.1f} ms ({ratio:.2f}x)" if ratio is not None else f"{r[key]:.1f} ms"
 
-    out = [[r["rig"], r["channels"], r["product"], r["graph"], cell(r, "ort_1"), cell(r, "ort_all"), cell(r, "openvino")] for r in data["rows"]]
-    return f"Median of {data['repeat']} runs; ratios to the GridSample graph of the same rig, C and runtime. Measured on {data['machine']}.\n\n" + markdown_table(header, out, right=(4, 5, 6))
+    out = [[r["rig"], r["channels"], r["product"], r["graph"] + (" *" if r.get("timing") == "sequential" and "scipy" not in r["graph"] else ""),
+            cell(r, "ort_1"), cell(r, "ort_all"), cell(r, "openvino")] for r in data["rows"]]
+    return (f"Median of {data['repeat']} runs; ratios to the GridSample graph of the same rig, C and runtime; the graphs of one rig and C timed "
+            f"interleaved (* one after the other: held at once they would not fit in memory). Measured on {data['machine']}.\n\n"
+            + markdown_table(header, out, right=(4, 5, 6)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--no-openvino", action="store_true")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--merge", action="store_true", help="keep the result file's rows of the rigs and C this run does not redo")
+    parser.add_argument("--scipy-only", action="store_true", help="only (re)measure the scipy CSR rows into the result file")
     args = parser.parse_args(argv)
     if args.table:
         print(table())
         return 0
-    result = run(args)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    run(args)
     print(table())
     return 0
 
