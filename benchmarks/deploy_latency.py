@@ -288,8 +288,10 @@ def table(path: Path = RESULTS) -> str:
         ratio = r.get(f"{key}_ratio")
         return f"{r[key]:.1f} ms ({ratio:.2f}x)" if ratio is not None else f"{r[key]:.1f} ms"
 
+    rig_order = {rig: i for i, rig in enumerate(RIGS)}
+    rows = sorted(data["rows"], key=lambda r: (rig_order.get(r["rig"], len(rig_order)), r["channels"]))  # stable: measured order within
     out = [[r["rig"], r["channels"], r["product"], r["graph"] + (" *" if r.get("timing") == "sequential" and "scipy" not in r["graph"] else ""),
-            cell(r, "ort_1"), cell(r, "ort_all"), cell(r, "openvino")] for r in data["rows"]]
+            cell(r, "ort_1"), cell(r, "ort_all"), cell(r, "openvino")] for r in rows]
     return (f"Median of {data['repeat']} runs; ratios to the GridSample graph of the same rig, C and runtime; the graphs of one rig and C timed "
             f"interleaved (* one after the other: held at once they would not fit in memory). Measured on {data['machine']}.\n\n"
             + markdown_table(header, out, right=(4, 5, 6)))

@@ -316,3 +316,21 @@ def test_console_block_syntax() -> None:
         (14, "false", [], 1),
         (16, "cat <<'EOF'\nx: 1\nEOF", ["x: 1"], 0),
     ]
+
+
+RESULT_TABLES = [
+    # (page, script that prints the table from its committed result file)
+    ("docs/deploy.md", "benchmarks/npu_check.py"),
+    ("docs/deploy.md", "benchmarks/deploy_latency.py"),
+]
+
+
+@pytest.mark.parametrize(("page", "script"), RESULT_TABLES, ids=[s for _, s in RESULT_TABLES])
+def test_benchmark_tables_are_printed_from_their_result_files(page: str, script: str) -> None:
+    """A measured table in the docs is ``<script> --table``'s output, verbatim: re-measuring and
+    forgetting the page (or editing a figure by hand) fails here."""
+    result = subprocess.run([sys.executable, str(ROOT / script), "--table"], cwd=ROOT / "benchmarks", stdout=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 0
+    table = result.stdout.strip()
+    assert table.count("\n|") > 3, table
+    assert table in (ROOT / page).read_text(), f"{page} does not hold `{script} --table`'s output; paste it again"

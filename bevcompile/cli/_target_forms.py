@@ -47,13 +47,14 @@ def _run_target(inputs: Any, target: str, weights: str) -> np.ndarray:
     return np.asarray(out.reshape(c, -1).T)  # (ny * nx, C)
 
 
-def register_target_forms(targets: list[str]) -> list[str]:
-    """Register ``target:<name>`` (and ``target:<name>/int8`` for a QDQ target) for each target;
-    returns the form names."""
+def target_forms(targets: list[str]) -> list[Any]:
+    """The forms ``target:<name>`` (and ``target:<name>/int8`` for a QDQ target) of each target, for
+    :func:`~bevcompile.report.precision.precision_map`'s ``extra_forms``: mapped for one call, never
+    registered (the registry is the process's; a --target must not leak into a later map)."""
     from ..deploy.targets import load_profile
-    from ..report.precision import PrecisionForm, register_form
+    from ..report.precision import PrecisionForm
 
-    names = []
+    forms = []
     for target in targets:
         profile = load_profile(target)
         variants = []
@@ -78,6 +79,5 @@ def register_target_forms(targets: list[str]) -> list[str]:
             def compute(inputs: Any, profile_name: str = profile.name, w: str = weights) -> np.ndarray:
                 return _run_target(inputs, profile_name, w)
 
-            register_form(PrecisionForm(name, "matrix", f"the {profile.name} graph of the ELL ({weights}), run by onnxruntime", available, compute), replace=True)
-            names.append(name)
-    return names
+            forms.append(PrecisionForm(name, "matrix", f"the {profile.name} graph of the ELL ({weights}), run by onnxruntime", available, compute))
+    return forms

@@ -72,12 +72,11 @@ def verify(
         from ..errors import UsageError
 
         raise UsageError("--target adds a target's graph to the precision map: use it with --map")
-    if targets:
-        from ._target_forms import register_target_forms
-
-        register_target_forms(targets)
     if precision:
-        _precision_map(store, rig, seed=seed, channels=channels, bands=bands, json_output=json_output, quiet=quiet)
+        from ._target_forms import target_forms
+
+        extra = target_forms(targets) if targets else []
+        _precision_map(store, rig, seed=seed, channels=channels, bands=bands, json_output=json_output, quiet=quiet, extra_forms=extra)
         return
     with progress_bar(f"verifying {store.name}", None, enabled=not (quiet or json_output)) as advance:
         report = verify_store(store, seed=seed, channels=channels, expected_rig=rig, progress=advance)
@@ -91,7 +90,7 @@ def verify(
         raise CheckFailed(f"{store}: verify failed: {why}")
 
 
-def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: str, json_output: bool, quiet: bool) -> None:
+def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: str, json_output: bool, quiet: bool, extra_forms: list[Any]) -> None:
     """``verify --map``: the precision map's band and camera tables (or its JSON)."""
     from ..report.precision import parse_bands, precision_map, summaries_table
     from ..store.loader import load
@@ -102,7 +101,7 @@ def _precision_map(store: Path, rig: Any, *, seed: int, channels: int, bands: st
     if rig is not None:
         check_not_stale(store, rig, load(store).root_attrs.get("config_sha256"))
     with progress_bar(f"mapping the precision of {store.name}", None, enabled=not (quiet or json_output)) as advance:
-        pmap = precision_map(store, seed=seed, channels=channels, bands=edges, progress=advance)
+        pmap = precision_map(store, seed=seed, channels=channels, bands=edges, extra_forms=extra_forms, progress=advance)
     if json_output:
         print_json(pmap.to_json())
         return

@@ -543,10 +543,12 @@ def precision_map(
     channels: int = DEFAULT_CHANNELS,
     bands: str | Sequence[float] | None = None,
     forms: Sequence[str] | None = None,
+    extra_forms: Sequence[PrecisionForm] = (),
     progress: Callable[[int], None] | None = None,
 ) -> PrecisionMap:
     """The precision map of the store at ``path``: every registered, available form (or the
-    ``forms`` named) against its family's float64 reference on verify's seeded inputs."""
+    ``forms`` named), then ``extra_forms`` (mapped for this call only, the registry untouched),
+    against its family's float64 reference on verify's seeded inputs."""
     edges = parse_bands(bands)
     store = load(path)
     rig = store.rig
@@ -564,8 +566,10 @@ def precision_map(
     if rig.bev.region is not None and store.has_group("gather"):
         out.notes.append("gather forms are not mapped for a bev.region store (its tables hold the kept cells only)")
     references: dict[str, F64] = {}
-    for name in wanted:
-        form = FORMS[name]
+    for form in [FORMS[name] for name in wanted] + list(extra_forms):
+        name = form.name
+        if form.family not in FAMILIES:
+            raise ValueError(f"precision form {name!r}: unknown family {form.family!r}")
         family = FAMILIES[form.family]
         if not (family.available(inputs) and form.available(inputs)):
             continue

@@ -146,6 +146,8 @@ def test_verify_map_adds_the_graph_of_each_named_target(ray_store: Path) -> None
     assert snr("target:openvino") > 120 > snr("target:rk3588") > 60 > snr("target:openvino/int8") > 30
     bad = runner.invoke(app, ["verify", str(ray_store), "--target", "rk3588"])
     assert bad.exit_code == 2 and "--map" in bad.stderr
+    plain = runner.invoke(app, ["verify", str(ray_store), "--map", "--channels", "4", "--json"])
+    assert plain.exit_code == 0 and not any(f["form"].startswith("target:") for f in json.loads(plain.stdout)["forms"])
 
 
 def test_a_fifo_named_as_profile_or_calibration_is_refused_at_once(ray_store: Path, tmp_path: Path) -> None:

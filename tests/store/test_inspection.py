@@ -642,10 +642,18 @@ def _edit_text(store: Path, node: str, edit: Callable[[str], str]) -> None:
 
 
 def _edit_json(store: Path, node: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit ``node``'s zarr.json; for a node below the root, also drop the root's consolidated copy
+    (a store without one is only a note) so that the damage is the one check's to find, not the
+    consolidated_metadata check's too ("stale consolidated metadata" is that check's case)."""
     path = store / node / "zarr.json" if node else store / "zarr.json"
     meta = json.loads(path.read_text())
     edit(meta)
     path.write_text(json.dumps(meta))  # json.dumps writes NaN / Infinity: not JSON
+    if node:
+        root_path = store / "zarr.json"
+        root = json.loads(root_path.read_text())
+        if root.pop("consolidated_metadata", None) is not None:
+            root_path.write_text(json.dumps(root))
 
 
 METADATA_DAMAGE: dict[str, tuple[Callable[[Path], None], str, str, str]] = {
