@@ -26,18 +26,24 @@ FLOAT32_CULL_MARGIN_M = 0.01
 by the float64 rays never drops a point the float32 in-range test keeps."""
 
 
-def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
+def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str, *, flip: bool = False) -> Camera:
     """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
-    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
+    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole) and,
+    unless the restatement states the model's flip (``flip``: Fast-BEV's), without ``image_aug.flip``.
 
     Raises:
-        UsageError: the camera has a distortion model.
+        UsageError: the camera has a distortion model, or flips its image where ``flip`` is False.
     """
     camera = rig.cameras[cam_index]
     if camera.distortion.model != "none":
         raise UsageError(
             f"--precision float32 restates {restates}; camera {camera.name} has a "
             f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    if camera.image_aug.flip and not flip:
+        raise UsageError(
+            f"--precision float32 restates {restates} without a flipped image; camera {camera.name} "
+            "has image_aug.flip (use --precision float64, which follows the flip)"
         )
     return camera
 
