@@ -94,7 +94,9 @@ def fastbev_lut_torch(
     commit b0603230c89f7ef4d422672cb6fda476727aa78b).
 
     ``cameras``: per camera ``rotation_wxyz``, ``translation``, ``intrinsic``, ``resize``, ``crop``
-    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
+    (the test-time augmentation) and optionally ``flip`` (True: the second pass of
+    ``TestTimeAugImageMultiViewImage``, the image mirrored by ``img_transform``; needs ``input_size``
+    ``(fW, fH)``, the crop window); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
     (:func:`mmdet3d_sensor2lidar`) of one static pose, or of one sample's ego poses when the
     camera and ``lidar`` dicts hold ``ego2global`` = ``(rotation matrix, translation)`` (the ego
     pose when that sensor fired). Returns the LUT in Fast-BEV's volume order
@@ -151,6 +153,19 @@ def fastbev_projected_torch(
         rot, tran = mmdet3d_sensor2lidar(cam, lidar, *lidar.get("ego2global", (None, (0.0, 0.0, 0.0))), *cam.get("ego2global", (None, (0.0, 0.0, 0.0))))
         post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
         post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
+        f_w, f_h = cam["input_size"] if cam.get("flip", False) else cam.get("input_size", (0, 0))  # crop = (left, top, left + fW, top + fH)
+        if cam.get("flip", False):
+            a = torch.Tensor([[-1, 0], [0, 1]])
+            b = torch.Tensor([f_w, 0])  # crop[2] - crop[0]
+            post_rot = a.matmul(post_rot)
+            post_tran = a.matmul(post_tran) + b
+        a = torch.Tensor([[np.cos(0.0), np.sin(0.0)], [-np.sin(0.0), np.cos(0.0)]])  # get_rot(test_rotate = 0)
+        b = torch.Tensor([f_w, f_h]) / 2
+        b = a.matmul(-b) + b
+        post_rot = a.matmul(post_rot)
+        post_tran = a.matmul(post_tran) + b
+        post_tran[0] = post_tran[0] + 0  # pad (0, 0, 0, 0): left
+        post_tran[1] = post_tran[1] + 0  # top
         ret_rot, ret_tran = np.eye(3), np.zeros(3)
         ret_rot[:2, :2] = post_rot.numpy()
         ret_tran[:2] = post_tran.numpy()
