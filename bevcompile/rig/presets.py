@@ -311,8 +311,9 @@ _register(Preset(
     notes=(
         "BEVDepth pools with its own voxel_pooling CUDA op; the BEVPoolv2 arrays hold the same point -> voxel assignment.",
         "Precision: the released checkpoints were trained with PyTorch Lightning precision=16 (bevdepth/exps/base_cli.py @1f0d954), "
-        "so get_geometry's matmuls ran in float16 under autocast; this preset reproduces BEVDepth's float32 path (interop precision float32), "
-        "not float16.",
+        "so get_geometry's matmuls ran in float16 under autocast; this preset's interop arrays reproduce BEVDepth's float32 path (interop "
+        "precision float32); bevcompile matrix --precision float16 reproduces the float16 one (points that overflow float16 beyond ~41 m "
+        "are dropped, as BEVDepth's CPU run drops them): tests/matrix/test_lift16.py.",
     ),
 ))
 
