@@ -376,10 +376,8 @@ def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
     }
     if options.precision != "float64":
         attrs["precision"] = options.precision
-        attrs["points"] = {
-            "get_points": "Fast-BEV's get_points in float32: arange(n) * float32(step) + (origin - n / 2 * float32(step)), origin the centre of the points' range",
-            "cell_centres": "float32 of the float64 cell centres (a store built before get_points was restated)",
-        }[options.points]
+        if options.points == "get_points":  # a store built before (cell centres) has no such attribute: its rebuild neither
+            attrs["points"] = "Fast-BEV's get_points in float32: arange(n) * float32(step) + (origin - n / 2 * float32(step)), origin the centre of the points' range"
     if any(camera.image_aug.flip for camera in rig.cameras):
         attrs["flip"] = FLIP_CONVENTIONS["image_flip"]
     if rig.bev.region is not None:

@@ -4,6 +4,7 @@ feature level (Fast-BEV's multi-stride volumes)."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +345,31 @@ def test_a_flipped_image_is_restated_in_float32_by_fastbev_only() -> None:
         build_bevpoolv2(rig, BevPoolOptions(precision="float32"))
     with pytest.raises(UsageError, match=refusal.format("PETR's pinhole position embedding")):
         build_petr_coords(rig, PetrOptions(precision="float32"))
+
+
+def test_float32_points_restate_get_points_and_older_float32_stores_still_pass(tmp_path: Path) -> None:
+    """The float32 voxel points are ``get_points``' own float32 arithmetic: on the 0.8 m nuScenes
+    grid (not exact in float32) 78 of the 128 x (and y) points differ by one ulp from the float32 of
+    the cell centres, which moves 1 of the 16,384 LUT cells. A float32 store built before (its
+    build_options record no ``points``, its LUT the cell centres') still passes inspect and
+    ``--strict``: it is rebuilt with the arithmetic it was built with."""
+    from bevcompile.interop.fastbev import fastbev_points_float32
+
+    rig = rigs.nuscenes_rig()
+    centres = (rig.bev.x.min + (np.arange(rig.bev.nx) + 0.5) * rig.bev.x.step).astype(np.float32)
+    assert int(np.count_nonzero(fastbev_points_float32(rig.bev.x) != centres)) == 78
+    new = build_fastbev_lut(rig, FastBevOptions("last", "float32")).lut
+    old = build_fastbev_lut(rig, FastBevOptions("last", "float32", points="cell_centres")).lut
+    assert int(np.count_nonzero(new != old)) == 1
+    store = run_grid(rig, tmp_path).store
+    run_export_interop(store, {"fastbev-lut": FastBevOptions("last", "float32").to_dict()})
+    damage.rewrite_array(store, "interop/fastbev_lut", old)
+    meta_path = store / "interop" / "zarr.json"  # the group as the earlier tool wrote it: no points option, no points attribute
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["build_options"]["fastbev-lut"] = {"overlap": "last", "precision": "float32"}
+    del meta["attributes"]["fastbev-lut"]["points"]
+    meta_path.write_text(json.dumps(meta, indent=2))
+    damage.reconsolidate(store)
+    assert inspect_store(store).passed and inspect_store(store, strict=True).passed
+    damage.rewrite_array(store, "interop/fastbev_lut", new)  # the get_points LUT under the old options: caught
+    assert ("fastbev_matches_rebuild", "interop/fastbev_lut") in [(c.name, c.array) for c in inspect_store(store).failures]
