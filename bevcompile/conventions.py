@@ -37,3 +37,16 @@ REGION_CONVENTIONS: dict[str, str] = {
 }
 """The conventions of a BEV region (``bev.region``): recorded in a store's root ``conventions``
 only when its config has a region, so stores without one keep their bytes."""
+
+LEVEL_GRID_CONVENTIONS: dict[str, str] = {
+    "feature_level_grids": "Feature level grids (feature.levels[l].bev): level l samples its own BEV cells and heights, in bev.frame, instead of those of bev:; its grid_l<l>/, gather_l<l>/, delta_l<l>/ and its Fast-BEV LUT fastbev_lut_l<l> are laid out on that grid ([..., ny_l, nx_l]; interop/ names its axes height_l<l>, y_l<l>, x_l<l>); matrix/ and the BEVPoolv2 arrays use bev: (level 0).",
+}
+"""The convention of per-level BEV grids: recorded in a store's root ``conventions`` only when a
+feature level has its own grid, so other stores keep their bytes."""
+
+FLIP_CONVENTIONS: dict[str, str] = {
+    "image_flip": "Image flip (image_aug flip: true): after the resize and crop the input is mirrored left-right as Fast-BEV's img_transform states it: input pixel u_in becomes W_crop - u_in (W_crop = input width - pad right; post_rot = [[-1, 0], [0, 1]] @ post_rot, post_tran = [[-1, 0], [0, 1]] @ post_tran + [W_crop, 0]) and v_in is unchanged; the mirrored image's column j holds column W_crop - 1 - j, so a point sits one input pixel right of the exact mirror, as in the model.",
+}
+"""The convention of ``image_aug.flip``: recorded in a store's root ``conventions`` only when a
+camera flips, so other stores keep their bytes."""
+

@@ -94,7 +94,9 @@ def fastbev_lut_torch(
     commit b0603230c89f7ef4d422672cb6fda476727aa78b).
 
     ``cameras``: per camera ``rotation_wxyz``, ``translation``, ``intrinsic``, ``resize``, ``crop``
-    (the test-time augmentation); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
+    (the test-time augmentation) and optionally ``flip`` (True: the second pass of
+    ``TestTimeAugImageMultiViewImage``, the image mirrored by ``img_transform``; needs ``input_size``
+    ``(fW, fH)``, the crop window); the camera -> lidar pose is mmdet3d's ``sensor2lidar``
     (:func:`mmdet3d_sensor2lidar`) of one static pose, or of one sample's ego poses when the
     camera and ``lidar`` dicts hold ``ego2global`` = ``(rotation matrix, translation)`` (the ego
     pose when that sensor fired). Returns the LUT in Fast-BEV's volume order
@@ -151,6 +153,19 @@ def fastbev_projected_torch(
         rot, tran = mmdet3d_sensor2lidar(cam, lidar, *lidar.get("ego2global", (None, (0.0, 0.0, 0.0))), *cam.get("ego2global", (None, (0.0, 0.0, 0.0))))
         post_rot = torch.eye(2) * cam["resize"]  # img_transform: float32 tensors
         post_tran = torch.zeros(2) - torch.Tensor(cam["crop"])
+        f_w, f_h = cam["input_size"] if cam.get("flip", False) else cam.get("input_size", (0, 0))  # crop = (left, top, left + fW, top + fH)
+        if cam.get("flip", False):
+            a = torch.Tensor([[-1, 0], [0, 1]])
+            b = torch.Tensor([f_w, 0])  # crop[2] - crop[0]
+            post_rot = a.matmul(post_rot)
+            post_tran = a.matmul(post_tran) + b
+        a = torch.Tensor([[np.cos(0.0), np.sin(0.0)], [-np.sin(0.0), np.cos(0.0)]])  # get_rot(test_rotate = 0)
+        b = torch.Tensor([f_w, f_h]) / 2
+        b = a.matmul(-b) + b
+        post_rot = a.matmul(post_rot)
+        post_tran = a.matmul(post_tran) + b
+        post_tran[0] = post_tran[0] + 0  # pad (0, 0, 0, 0): left
+        post_tran[1] = post_tran[1] + 0  # top
         ret_rot, ret_tran = np.eye(3), np.zeros(3)
         ret_rot[:2, :2] = post_rot.numpy()
         ret_tran[:2] = post_tran.numpy()
@@ -248,3 +263,60 @@ def petr_position_coords_torch(
     coords_mask = coords_mask.permute(0, 2, 1)
     coords3d = coords3d.permute(0, 3, 4, 2, 1).contiguous().view(n, -1, h, w)
     return coords3d.numpy(), coords_mask.numpy()
+
+
+def bevdepth_geometry_float16(
+    cameras: list[dict[str, Any]],
+    final_dim: tuple[int, int] = (256, 704),
+    downsample_factor: int = 16,
+    d_bound: Sequence[float] = (2.0, 58.0, 0.5),
+    bounds: Sequence[Sequence[float]] = ((-51.2, 51.2, 0.8), (-51.2, 51.2, 0.8), (-5.0, 3.0, 8.0)),
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """BEVDepth's ``create_frustum`` + ``get_geometry`` + voxel index as its float16 training runs
+    them (Megvii-BaseDetection/BEVDepth bevdepth/layers/backbones/base_lss_fpn.py @
+    d78c7b58b10b9ada940462ba83ab24d99cae5833; PyTorch Lightning ``precision=16``, bevdepth/exps/base_cli.py:
+    CUDA autocast), in torch on the CPU, autocast's casts written out: every ``matmul`` takes its
+    inputs in float16 and returns float16 (``ida_mat.inverse()``, ``torch.inverse(intrin_mat)`` stay
+    float32: ``inverse`` is on neither autocast list); ``points[..., :2] * points[..., 2:3]`` multiplies
+    the float16 tensors; ``bda_mat`` (the identity at test time: no BEV augmentation) @ points in
+    float16; ``((geom - (voxel_coord - voxel_size / 2)) / voxel_size).int()`` with the float32 buffers
+    (float16 ``geom`` promoted to float32), kept iff ``0 <= index < voxel_num``.
+
+    ``cameras``: per camera ``intrinsic`` (3x3), ``sensor2ego`` (4x4, camera -> ego; made float32),
+    ``resize`` and ``crop`` (BEVDepth's test-time ``ida_mat``). Returns per camera the voxel index
+    ``(z * ny + y) * nx + x`` of every frustum point ``(D, fH, fW)`` (-1 where dropped: out of range,
+    and the overflowed points, whose inf / NaN ``.int()`` gives ``INT_MIN`` on x86) and the float16
+    points ``(D, fH, fW, 3)`` as float32."""
+    import torch
+
+    ogf_h, ogf_w = final_dim
+    fh, fw = ogf_h // downsample_factor, ogf_w // downsample_factor
+    d = torch.arange(*d_bound, dtype=torch.float).view(-1, 1, 1).expand(-1, fh, fw)
+    xs = torch.linspace(0, ogf_w - 1, fw, dtype=torch.float).view(1, 1, fw).expand(d.shape[0], fh, fw)
+    ys = torch.linspace(0, ogf_h - 1, fh, dtype=torch.float).view(1, fh, 1).expand(d.shape[0], fh, fw)
+    frustum = torch.stack((xs, ys, d, torch.ones_like(d)), -1)  # D x H x W x 4 (float32 buffer)
+    voxel_size = torch.Tensor([row[2] for row in bounds])
+    voxel_coord = torch.Tensor([row[0] + row[2] / 2.0 for row in bounds])
+    voxel_num = [int((row[1] - row[0]) / row[2]) for row in bounds]
+    bda_mat = torch.eye(4)
+    voxels, points_out = [], []
+    for cam in cameras:
+        ida_mat = torch.eye(4)
+        ida_mat[:2, :2] = torch.eye(2) * cam["resize"]
+        ida_mat[:2, 3] = torch.zeros(2) - torch.Tensor(cam["crop"])
+        intrin_mat = torch.eye(4)
+        intrin_mat[:3, :3] = torch.Tensor(np.asarray(cam["intrinsic"], dtype=np.float64))
+        sensor2ego_mat = torch.Tensor(np.asarray(cam["sensor2ego"], dtype=np.float64))
+        points = ida_mat.inverse().half().matmul(frustum.unsqueeze(-1).half())  # autocast: matmul in float16
+        points = torch.cat((points[..., :2, :] * points[..., 2:3, :], points[..., 2:, :]), -2)
+        combine = sensor2ego_mat.half().matmul(torch.inverse(intrin_mat).half())
+        points = combine.matmul(points)
+        geom = (bda_mat.half() @ points).squeeze(-1)[..., :3]
+        index = ((geom - (voxel_coord - voxel_size / 2.0)) / voxel_size).int()
+        kept = torch.ones(index.shape[:-1], dtype=torch.bool)
+        for axis in range(3):
+            kept &= (index[..., axis] >= 0) & (index[..., axis] < voxel_num[axis])
+        flat = (index[..., 2] * voxel_num[1] + index[..., 1]) * voxel_num[0] + index[..., 0]
+        voxels.append(torch.where(kept, flat, -1).numpy())
+        points_out.append(geom.float().numpy())
+    return voxels, points_out

@@ -106,9 +106,10 @@ def matrix(
         str,
         typer.Option(
             "--precision",
-            metavar="float64|float32",
-            help="--mode frustum: float64 (exact geometry) or float32 (BEVDet's own float32 lift: every point in the voxel "
-            "of BEVDet's float32 run; linspace feature mapping, pinhole cameras). Recorded in build_options.",
+            metavar="float64|float32|float16",
+            help="--mode frustum: float64 (exact geometry), float32 (BEVDet's own float32 lift: every point in the voxel "
+            "of BEVDet's float32 run) or float16 (BEVDepth's get_geometry as its float16 training computes it; points whose "
+            "float16 geometry overflows are dropped); linspace feature mapping, pinhole cameras. Recorded in build_options.",
         ),
     ] = "float64",
     force: ForceOption = False,

@@ -22,10 +22,16 @@ def _summary(fields: dict[str, Any]) -> dict[str, str]:
     n_x = round((x[1] - x[0]) / x[2]) if len(x) == 3 else "?"
     n_y = round((y[1] - y[0]) / y[2]) if len(y) == 3 else "?"
     heights = bev.get("heights", [0.0])
+    grids = []
+    for level in levels:  # feature.levels[l].bev: a level's own grid
+        own = level.get("bev") or {}
+        lx, ly = own.get("x", x), own.get("y", y)
+        if own and len(lx) == 3 and len(ly) == 3:
+            grids.append(f"{round((lx[1] - lx[0]) / lx[2])}x{round((ly[1] - ly[0]) / ly[2])} @ {lx[2]:.3g} m")
     return {
         "frame": str(bev.get("frame", "ego")),
         "feature": f"s{strides} {feature.get('pixel_mapping', 'stride')}" + ("" if size_rule == "exact" else f" {size_rule}"),
-        "bev": f"{n_x}x{n_y} x {len(heights)} @ {x[2]:g} m" if len(x) == 3 else "-",
+        "bev": (f"{n_x}x{n_y} x {len(heights)} @ {x[2]:g} m" if len(x) == 3 else "-") + "".join(f", {g}" for g in grids),
     }
 
 

@@ -164,7 +164,7 @@ def _gather_tables(store: LoadedStore, source: str, level: int = 0) -> tuple[np.
     stored, ``row_of_cell[cell]`` = the table row of flat cell ``((cam*n_h + ih)*ny + iy)*nx + ix``
     (``gather/perm_inverse``, or ``arange(n_cells)``).
     """
-    n_h, ny, nx = store.bev_shape
+    n_h, ny, nx = store.level_bev_shape(level)
     gather_name, grid_name = level_group("gather", level), level_group("grid", level)
     region = grid_region_tables(store, level)
     logical = (store.rig.n_cam, n_h, ny, nx, 4) if region is None else (store.rig.n_cam, n_h, int(region[0].shape[0]), 4)
@@ -333,7 +333,7 @@ class GridGather(nn.Module):
         self.level = level
         self.n_cam = loaded.rig.n_cam
         self.feature_size = loaded.level_feature_size(level)
-        self.bev_shape = loaded.bev_shape
+        self.bev_shape = loaded.level_bev_shape(level)
         self.reduce = reduce
         self.collapse_heights = collapse_heights
         index, weight, row_of_cell, used, layout = _gather_tables(loaded, source, level)

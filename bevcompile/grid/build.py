@@ -721,16 +721,21 @@ def check_grid_memory(rig: RigConfig, what: str = "bevcompile grid", block: int 
     if block is not None and block > 0:
         padded_ny = -(-rig.bev.ny // block) * block
         padded_nx = -(-rig.bev.nx // block) * block
-        padded = rig.n_levels * rig.n_cam * len(rig.bev.heights) * padded_ny * padded_nx
+        padded = sum(
+            rig.n_cam * len(level.bev.heights) * (-(-level.bev.ny // block) * block) * (-(-level.bev.nx // block) * block)
+            for level in (rig.level(i) for i in range(rig.n_levels))
+        )
         if padded > samples:
             samples = padded
             padding = f" (padded to {padded_ny} x {padded_nx} by --block {block})"
+    grids = (
+        f"{rig.n_levels} feature levels of their own grids ({rig.bev.ny} x {rig.bev.nx} cells at level 0)"
+        if rig.has_level_grids
+        else (f"{rig.n_levels} feature levels x " if rig.n_levels > 1 else "") + f"{rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} cells"
+    )
     refuse_beyond_memory(
         GRID_BYTES_BASE + GRID_BYTES_PER_SAMPLE * samples,
-        f"{rig.source}: {what} of "
-        + (f"{rig.n_levels} feature levels x " if rig.n_levels > 1 else "")
-        + f"{rig.n_cam} cameras x {len(rig.bev.heights)} heights x {rig.bev.ny} x {rig.bev.nx} "
-        f"cells{padding} = {samples:,} samples",
+        f"{rig.source}: {what} of {grids}{padding} = {samples:,} samples",
         "use coarser bev steps or fewer heights" + (" or a smaller --block" if padding else ""),
     )
 
@@ -797,15 +802,20 @@ def run_grid(
 
 
 def total_grid_cells(rig: RigConfig) -> int:
-    """Samples of ``bevcompile grid``: camera x height x BEV cell, at every feature level."""
-    return rig.n_levels * rig.n_cam * len(rig.bev.heights) * rig.bev.ny * rig.bev.nx
+    """Samples of ``bevcompile grid``: camera x height x BEV cell, at every feature level (each
+    level on its own grid when ``feature.levels[l].bev`` gives one)."""
+    levels = [rig.level(i).bev for i in range(rig.n_levels)]
+    return sum(rig.n_cam * len(bev.heights) * bev.ny * bev.nx for bev in levels)
 
 
 def product_grid_samples(rig: RigConfig) -> int:
     """Samples ``bevcompile grid`` projects (its progress total): :func:`total_grid_cells`, or with
     a ``bev.region`` camera x height x kept (super-)cell at every feature level."""
-    lattice = product_lattice_shape(rig.bev)
-    return rig.n_levels * rig.n_cam * len(rig.bev.heights) * lattice[0] * lattice[1]
+    total = 0
+    for bev in (rig.level(i).bev for i in range(rig.n_levels)):
+        lattice = product_lattice_shape(bev)
+        total += rig.n_cam * len(bev.heights) * lattice[0] * lattice[1]
+    return total
 
 
 def as_float_list(values: np.ndarray) -> list[float]:

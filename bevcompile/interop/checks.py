@@ -377,7 +377,7 @@ def _verify_petr(ctx: CheckContext, arrays: Mapping[str, np.ndarray], options: P
     """Every stored PETR point projected back through the rig (its pose and lens model): the
     input pixel it lands on against the pixel PETR lifted it from, and its camera depth against
     the depth bin (pixels with a ray only)."""
-    from ..rig.geometry import cam_from_bev_matrix, project_cam_to_image, transform_points
+    from ..rig.geometry import cam_from_bev_matrix, image_px_to_input_px, project_cam_to_image, transform_points
 
     rig = ctx.rig.level(0)  # PETR's position_level
     coords = np.asarray(arrays[PETR_COORDS_ARRAY], dtype=np.float64)
@@ -394,8 +394,7 @@ def _verify_petr(ctx: CheckContext, arrays: Mapping[str, np.ndarray], options: P
         ray = coords[cam_index].any(axis=0)
         points_cam = transform_points(cam_from_bev_matrix(rig, camera), points[cam_index])
         uv, ok = project_cam_to_image(camera, points_cam)
-        aug = camera.image_aug
-        uv_in = np.stack([uv[..., 0] * aug.resize - aug.crop_left, uv[..., 1] * aug.resize - aug.crop_top], axis=-1)
+        uv_in = np.stack(image_px_to_input_px(camera, uv), axis=-1)
         keep = ray[None] & ok
         got_px.append(uv_in[keep])
         ref_px.append(np.broadcast_to(want[None], uv_in.shape)[keep])

@@ -19,6 +19,7 @@ from ..files import FileRefused, check_output_path, replace_file
 from ..parallel import resolve_jobs
 from ..rig.config import RigConfig
 from ..rig.region import region_table
+from ..store.coords import level_axis_names
 from .bevpoolv2 import (
     BEVPOOL_ARRAYS,
     BEVPOOL_PREFIX,
@@ -38,6 +39,7 @@ from .fastbev import (
     FastBevOptions,
     fastbev_attrs,
     fastbev_level_arrays,
+    level_of_array,
 )
 from .petr import PETR_ARRAYS, PETR_COORDS_ARRAY, PETR_MASK_ARRAY, PetrOptions, build_petr_coords, petr_attrs
 
@@ -49,16 +51,19 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut", "petr-coords3d")
 # --------------------------------------------------------------------------------------
 
 
-def interop_dimension_names(name: str) -> tuple[str, ...]:
+def interop_dimension_names(name: str, rig: RigConfig | None = None) -> tuple[str, ...]:
     """``interop/`` axes of the array ``name``: BEVPoolv2's kept ``point`` s and ``interval`` s,
     Fast-BEV's ``(height, y, x)`` voxels (``(x, y, height)`` in its own voxel order, ``_xyz``; the
-    same for every feature level ``_l<l>``), PETR's ``(camera, coord, feature_y, feature_x)``."""
+    same for every feature level ``_l<l>``, except a level with its own BEV grid in ``rig``
+    (``feature.levels[l].bev``), whose axes are ``height_l<l>``, ``y_l<l>``, ``x_l<l>``), PETR's
+    ``(camera, coord, feature_y, feature_x)``."""
     if name.startswith(BEVPOOL_PREFIX):
         return ("interval",) if name.startswith(BEVPOOL_PREFIX + "interval_") else ("point",)
-    if name.startswith(FASTBEV_LUT_XYZ_ARRAY):
-        return ("x", "y", "height")
     if name.startswith((FASTBEV_LUT_ARRAY, FASTBEV_N_VIEWS_ARRAY)):
-        return ("height", "y", "x")
+        level = level_of_array(name)
+        own = rig is not None and 0 < level < rig.n_levels and rig.feature.levels[level].bev is not None
+        height, y, x = level_axis_names(level) if own else ("height", "y", "x")
+        return (x, y, height) if name.startswith(FASTBEV_LUT_XYZ_ARRAY) else (height, y, x)
     if name == PETR_COORDS_ARRAY:
         return ("camera", "petr_coord", "feature_y", "feature_x")
     if name == PETR_MASK_ARRAY:
@@ -309,7 +314,7 @@ def run_export_interop(
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
-        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: interop_dimension_names(name) for name in arrays})},
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: interop_dimension_names(name, rig) for name in arrays})},
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []

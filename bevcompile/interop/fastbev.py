@@ -28,16 +28,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..conventions import FLIP_CONVENTIONS
 from ..errors import UsageError
 from ..grid.ipm import SamplingGrid, compute_sampling_grid
 from ..matrix.lift32 import pinhole_for_float32
-from ..rig.config import INTEROP_CHOICES, RigConfig
+from ..rig.config import INTEROP_CHOICES, AxisSpec, RigConfig
 from ..rig.geometry import cam_from_bev_matrix
 from ..rig.region import region_table
 from .bevpoolv2 import INT32_MAX
 
 OVERLAP_POLICIES = INTEROP_CHOICES["fastbev-lut"]["overlap"]
 PRECISIONS = INTEROP_CHOICES["fastbev-lut"]["precision"]
+FLOAT32_POINTS = ("get_points", "cell_centres")
+"""``FastBevOptions.points``: the float32 voxel points of Fast-BEV's ``get_points``, or (stores built
+before it was restated) the float32 of the float64 cell centres."""
 
 
 FASTBEV_LUT_ARRAY = "fastbev_lut"
@@ -60,11 +64,17 @@ class FastBevOptions:
     ``precision``: ``float64`` (default: the nearest pixel of the float64 grid, the VALID RULE,
     ties rounded half up) or ``float32`` (Fast-BEV's own op sequence in float32, see
     :func:`fastbev_lut_float32`). ``xyz_layout``: also write the LUT in Fast-BEV's voxel order
-    ``(X, Y, Z)`` (``fastbev_lut_xyz``)."""
+    ``(X, Y, Z)`` (``fastbev_lut_xyz``). ``points`` (float32 only): how the float32 voxel points
+    are made: ``get_points`` (Fast-BEV's own float32 arithmetic, :func:`fastbev_points_float32`;
+    every float32 build records it) or ``cell_centres`` (the float32 of the float64 cell centres:
+    what float32 stores built before ``get_points`` was restated hold, which record no ``points``;
+    the two differ only where the step or the points are not exact in float32, e.g. 1 of 16,384
+    cells on the 0.8 m nuScenes grid, and the 2/3 m grid of Fast-BEV R50 v4's level 1)."""
 
     overlap: str = "first"
     precision: str = "float64"
     xyz_layout: bool = False
+    points: str = "get_points"
 
     def validate(self) -> None:
         if self.overlap not in OVERLAP_POLICIES:
@@ -73,13 +83,16 @@ class FastBevOptions:
             raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not isinstance(self.xyz_layout, bool):
             raise UsageError(f"fastbev-lut xyz_layout must be a boolean, got {self.xyz_layout!r}")
+        if self.points not in FLOAT32_POINTS:
+            raise UsageError(f"fastbev-lut points must be one of {', '.join(FLOAT32_POINTS)}, got {self.points!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """The recorded build options; the defaults of later options are left out, so stores
-        written before they existed keep their bytes."""
+        written before they existed keep their bytes (``points`` is recorded with float32 only)."""
         out: dict[str, Any] = {"overlap": self.overlap}
         if self.precision != "float64":
             out["precision"] = self.precision
+            out["points"] = self.points
         if self.xyz_layout:
             out["xyz_layout"] = True
         return out
@@ -88,13 +101,16 @@ class FastBevOptions:
     def from_dict(cls, data: Any) -> FastBevOptions:
         if not isinstance(data, dict):
             raise UsageError(f"fastbev-lut build_options must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"overlap", "precision", "xyz_layout"}
+        unknown = set(data) - {"overlap", "precision", "xyz_layout", "points"}
         if unknown:
             raise UsageError(f"unknown fastbev-lut build option(s): {', '.join(sorted(unknown))}")
+        precision = str(data.get("precision", "float64"))
         options = cls(
             overlap=str(data.get("overlap", "first")),
-            precision=str(data.get("precision", "float64")),
+            precision=precision,
             xyz_layout=data.get("xyz_layout", False),
+            # a float32 store that records no points was built with the cell centres' float32
+            points=str(data.get("points", "cell_centres" if precision == "float32" else "get_points")),
         )
         options.validate()
         return options
@@ -178,14 +194,21 @@ def fastbev_projection_float32(rig: RigConfig, cam_index: int) -> npt.NDArray[np
     """Fast-BEV's float32 ``projection`` (3 x 4) of one camera, restated (``rts2proj`` +
     ``_compute_projection``): ``viewpad = post_rot @ K`` with ``post_rot = float32(resize)`` (a torch
     tensor), ``viewpad[:, 2] += post_tran = -crop``, ``lidar2img = float32(viewpad @ cam_from_bev)``
-    in float64, then ``diag(1/s, 1/s, 1) @ lidar2img[:3]`` in float32 (``intrinsic[:2] /= stride``)."""
-    camera = pinhole_for_float32(rig, cam_index, "Fast-BEV's pinhole projection")
+    in float64, then ``diag(1/s, 1/s, 1) @ lidar2img[:3]`` in float32 (``intrinsic[:2] /= stride``).
+    ``image_aug.flip`` (``img_transform``'s flip, the second pass of ``TestTimeAugImageMultiViewImage``):
+    ``post_rot = diag(-resize, resize)``, ``post_tran = (float32(crop_left + W_crop), -crop_top)``
+    (Sense-GVT/Fast-BEV mmdet3d/datasets/pipelines/transforms_3d.py @feacd87)."""
+    camera = pinhole_for_float32(rig, cam_index, "Fast-BEV's pinhole projection", flip=True)
     aug = camera.image_aug
     resize = float(np.float32(aug.resize))
     k = np.array(camera.intrinsic, dtype=np.float64)
     viewpad = np.eye(4)
-    viewpad[:3, :3] = np.diag([resize, resize, 1.0]) @ k
-    viewpad[0, 2] += -float(np.float32(aug.crop_left))
+    if aug.flip:  # img_transform: post_rot = [[-1, 0], [0, 1]] @ post_rot, post_tran = [[-1, 0], [0, 1]] @ post_tran + [W_crop, 0]
+        viewpad[:3, :3] = np.diag([-resize, resize, 1.0]) @ k
+        viewpad[0, 2] += float(np.float32(aug.crop_left) + np.float32(aug.crop_width))
+    else:
+        viewpad[:3, :3] = np.diag([resize, resize, 1.0]) @ k
+        viewpad[0, 2] += -float(np.float32(aug.crop_left))
     viewpad[1, 2] += -float(np.float32(aug.crop_top))
     lidar2img = (viewpad @ cam_from_bev_matrix(rig, camera)).astype(np.float32)
     scale = np.float32(1.0) / np.float32(rig.feature.stride)
@@ -194,9 +217,27 @@ def fastbev_projection_float32(rig: RigConfig, cam_index: int) -> npt.NDArray[np
     return projection
 
 
+def fastbev_points_float32(axis: AxisSpec) -> npt.NDArray[np.float32]:
+    """Fast-BEV's ``get_points`` along one BEV axis in float32 (Sense-GVT/Fast-BEV
+    mmdet3d/models/detectors/fastbev.py @b060323): ``new_origin = origin - n / 2 * voxel_size`` and
+    ``points = arange(n) * voxel_size + new_origin``, every operation a float32 tensor op (one
+    rounding each), with ``voxel_size = float32(step)`` and ``origin = float32(min + step / 2 + n step / 2)``,
+    the centre of the voxel points' range (the cell centres are Fast-BEV's voxel points:
+    ``KittiSetOrigin``'s ``point_cloud_range`` centre for a preset's grid). For a step and points that
+    float32 holds exactly (0.5 m, 1 m) this is the float32 of the cell centres; for 2/3 m it is not
+    (``float32(2/3) i`` rounds)."""
+    f32 = np.float32
+    size = f32(axis.step)
+    origin = f32(axis.min + axis.step / 2.0 + axis.n * axis.step / 2.0)
+    new_origin = origin - f32(axis.n) / f32(2.0) * size
+    out: npt.NDArray[np.float32] = np.arange(axis.n).astype(f32) * size + new_origin
+    return out
+
+
 def fastbev_lut_float32(rig: RigConfig, options: FastBevOptions | None = None) -> FastBevLut:
     """The LUT Fast-BEV's own code computes, in its float32 arithmetic (``backproject_inplace``):
-    the voxel points in float32, ``p = projection @ (x, y, z, 1)`` (:func:`fastbev_projection_float32`;
+    the voxel points in float32 (:func:`fastbev_points_float32`; the heights ``float32(bev.heights)``),
+    ``p = projection @ (x, y, z, 1)`` (:func:`fastbev_projection_float32`;
     products summed in order), ``u = round(p0 / p2)``, ``v = round(p1 / p2)`` rounded half to even
     (``torch.round``), valid iff ``0 <= u < W_f``, ``0 <= v < H_f`` and ``p2 > 0``; then the overlap
     policy (``last`` = Fast-BEV's loop, later cameras overwriting). Pinhole cameras only."""
@@ -205,8 +246,11 @@ def fastbev_lut_float32(rig: RigConfig, options: FastBevOptions | None = None) -
     bev = rig.bev
     w_f, h_f = rig.feature_size
     n_h = len(bev.heights)
-    xs = (bev.x.min + (np.arange(bev.nx, dtype=np.float64) + 0.5) * bev.x.step).astype(np.float32)
-    ys = (bev.y.min + (np.arange(bev.ny, dtype=np.float64) + 0.5) * bev.y.step).astype(np.float32)
+    if options.points == "get_points":
+        xs, ys = fastbev_points_float32(bev.x), fastbev_points_float32(bev.y)
+    else:
+        xs = (bev.x.min + (np.arange(bev.nx, dtype=np.float64) + 0.5) * bev.x.step).astype(np.float32)
+        ys = (bev.y.min + (np.arange(bev.ny, dtype=np.float64) + 0.5) * bev.y.step).astype(np.float32)
     hs = np.asarray(bev.heights, dtype=np.float64).astype(np.float32)
     z, y, x = np.meshgrid(hs, ys, xs, indexing="ij")  # (n_h, ny, nx)
     coords = np.full((rig.n_cam, n_h, bev.ny, bev.nx, 2), -2.0, dtype=np.float64)
@@ -332,6 +376,10 @@ def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
     }
     if options.precision != "float64":
         attrs["precision"] = options.precision
+        if options.points == "get_points":  # a store built before (cell centres) has no such attribute: its rebuild neither
+            attrs["points"] = "Fast-BEV's get_points in float32: arange(n) * float32(step) + (origin - n / 2 * float32(step)), origin the centre of the points' range"
+    if any(camera.image_aug.flip for camera in rig.cameras):
+        attrs["flip"] = FLIP_CONVENTIONS["image_flip"]
     if rig.bev.region is not None:
         attrs["region"] = {
             "rule": FASTBEV_REGION_RULE,
@@ -347,6 +395,7 @@ def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
         attrs["levels"] = [
             {"level": i, "arrays": [f"fastbev_lut{'' if i == 0 else f'_l{i}'}"], "feature_size": list(lut.feature_size),
              "n_seen": lut.n_seen, "n_overlap": lut.n_overlap}
+            | ({"shape": list(lut.lut.shape), "heights": list(rig.level(i).bev.heights)} if rig.has_level_grids else {})
             for i, lut in enumerate(luts)
         ]
     return attrs

@@ -41,7 +41,13 @@ import numpy.typing as npt
 from ..errors import UsageError
 from ..matrix.lift32 import pinhole_for_float32
 from ..rig.config import INTEROP_CHOICES, INTEROP_INT_OPTIONS, RigConfig
-from ..rig.geometry import bev_from_cam_matrix, cam_from_bev_matrix, transform_points, unproject_image_to_cam
+from ..rig.geometry import (
+    bev_from_cam_matrix,
+    cam_from_bev_matrix,
+    input_px_to_image_px,
+    transform_points,
+    unproject_image_to_cam,
+)
 
 PETR_COORDS_ARRAY = "petr_coords3d"
 PETR_MASK_ARRAY = "petr_coords_mask"
@@ -194,10 +200,9 @@ def _points_float64(rig: RigConfig, cam_index: int, depths: np.ndarray) -> tuple
     """``(D, H_f, W_f, 3)`` BEV-frame points of one camera in float64 through its lens model, and
     ``(H_f, W_f)`` whether the lens gives each pixel a ray."""
     camera = rig.cameras[cam_index]
-    aug = camera.image_aug
     u_in, v_in = petr_input_px(rig)
     uv_in = np.stack(np.broadcast_arrays(u_in[None, :], v_in[:, None]), axis=-1)  # (H_f, W_f, 2)
-    uv_image = np.stack([(uv_in[..., 0] + aug.crop_left) / aug.resize, (uv_in[..., 1] + aug.crop_top) / aug.resize], axis=-1)
+    uv_image = input_px_to_image_px(camera, uv_in[..., 0], uv_in[..., 1])
     ray_cam, ok = unproject_image_to_cam(camera, uv_image, 1.0)  # (x, y, 1): the point at depth d is d times it
     points_cam = ray_cam[None] * depths[:, None, None, None]
     points = transform_points(bev_from_cam_matrix(rig, camera), points_cam)

@@ -7,6 +7,8 @@
 * :mod:`.ray` — the ray mode (frustum points folded over depth with a prior) as an ``EntryStream``.
 * :mod:`.prior` — the ray mode's depth prior: read, checked, normalised per pixel, recorded.
 * :mod:`.scatter` — ``np.add.at``'s scatter-add without the GIL, for the streams' worker threads.
+* :mod:`.lift32` / :mod:`.lift16` — upstream lifts in the model's own dtype (``--precision float32``:
+  BEVDet's float32 lift; ``float16``: BEVDepth's ``get_geometry`` under float16 autocast, emulated).
 * :mod:`.layout` — ELL, row tiles, per-row int8.
 * :mod:`.reference` — deliberately naive references (full build, BEVDet-style pooling, grid pooling).
 * :mod:`.checks` — the ``inspect`` / ``verify`` / ``--strict`` plug-in of ``matrix/``.

@@ -90,7 +90,7 @@ from .layout import (
     tile_layout,
     tile_scales_and_int8,
 )
-from .lift32 import PRECISIONS
+from .lift32 import PRECISIONS, RESTATES
 from .precision import (
     Fp16Rule,
     decoded_errors,
@@ -186,7 +186,10 @@ class MatrixOptions:
     precision: str = "float64"
     """``float64``: bevcompile's exact geometry; ``float32``: the frustum points in BEVDet's own float32
     op sequence (:func:`bevcompile.matrix.lift32.bevdet_points_float32`; ``mode="frustum"``, a
-    ``linspace`` feature mapping, pinhole cameras), so the voxel of every point is BEVDet's float32 run's."""
+    ``linspace`` feature mapping, pinhole cameras), so the voxel of every point is BEVDet's float32 run's;
+    ``float16``: BEVDepth's ``get_geometry`` as its float16 training computes it
+    (:func:`bevcompile.matrix.lift16.bevdepth_points_float16`, same conditions; points whose float16
+    geometry overflows are dropped, as BEVDepth's CPU run drops them)."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -219,8 +222,8 @@ class MatrixOptions:
             Fp16Rule.parse(self.fp16_rows)
         elif self.fp16_rows is not None:
             raise UsageError(f"--fp16-rows applies to --quantize mixed only (--quantize {self.quantize or 'none'})")
-        if self.precision == "float32" and self.mode != "frustum":
-            raise UsageError(f"--precision float32 restates BEVDet's float32 lift: --mode frustum only (--mode {self.mode})")
+        if self.precision in RESTATES and self.mode != "frustum":
+            raise UsageError(f"--precision {self.precision} restates {RESTATES[self.precision]}: --mode frustum only (--mode {self.mode})")
         return self
 
     def fp16_rule(self) -> Fp16Rule | None:
@@ -228,7 +231,7 @@ class MatrixOptions:
         return Fp16Rule.parse(self.fp16_rows) if self.quantize == "mixed" and self.fp16_rows is not None else None
 
     def to_dict(self) -> dict[str, Any]:
-        """``build_options`` (``depth_prior`` only in ray mode, ``precision`` only when float32: the other builds' options are unchanged)."""
+        """``build_options`` (``depth_prior`` only in ray mode, ``precision`` only when float32 or float16: the other builds' options are unchanged)."""
         out = asdict(self)
         if self.mode != "ray":
             del out["depth_prior"]

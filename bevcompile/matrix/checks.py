@@ -1004,7 +1004,7 @@ def verify_matrix(ctx: CheckContext, arrays: Mapping[str, np.ndarray], attrs: Ma
         if mode == "frustum":
             assert depth is not None
             pooled = bev_pool(rig, ctx.features, depth, splat=options.splat, rounding=options.rounding, normalize=options.normalize, precision=options.precision)
-            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding}{', float32 points' if options.precision == 'float32' else ''})"
+            note = f"reference: BEVDet-style voxel pooling ({options.splat}, {options.rounding}{f', {options.precision} points' if options.precision != 'float64' else ''})"
         elif mode == "ray":
             assert prior_dense is not None
             pooled = bev_pool(rig, ctx.features, prior_dense, splat=options.splat, rounding=options.rounding, normalize=options.normalize)

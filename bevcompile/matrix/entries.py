@@ -37,7 +37,8 @@ from ..parallel import ordered_map
 from ..progress import ProgressFn
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_image_to_cam
-from .lift32 import FLOAT32_CULL_MARGIN_M, bevdet_points_float32, scaled_float32
+from .lift16 import FLOAT16_CULL_MARGIN_M, bevdepth_points_float16
+from .lift32 import FLOAT32_CULL_MARGIN_M, RESTATES, bevdet_points_float32, scaled_float32
 from .region import RegionStream
 from .scatter import scatter_add
 from .topk import Entries, Histogram, hist_bins, local_rows, select_topk, stream_topk
@@ -439,27 +440,41 @@ def block_coordinates(
     return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
 
 
-def check_float32_lift(rig: RigConfig) -> None:
-    """Refuse a float32 build of a rig that BEVDet's float32 lift does not describe (UsageError):
-    a feature mapping other than ``linspace`` (a lens model is refused per camera when lifted)."""
+def check_float32_lift(rig: RigConfig, precision: str = "float32") -> None:
+    """Refuse a reduced-precision build of a rig that the restated lift (BEVDet's float32 lift,
+    BEVDepth's float16 ``get_geometry``) does not describe (UsageError): a feature mapping other
+    than ``linspace`` (a lens model is refused per camera when lifted)."""
     if rig.feature.pixel_mapping != "linspace":
         raise UsageError(
-            "--precision float32 restates BEVDet's float32 lift, whose frustum is linspace; "
+            f"--precision {precision} restates {RESTATES[precision]}, whose frustum is linspace; "
             f"the rig's feature.pixel_mapping is {rig.feature.pixel_mapping} (use --precision float64)"
         )
 
 
-def block_coordinates_float32(rig: RigConfig, box: BevBox, trunc: bool, piece: Piece) -> tuple[F64, F64, F64, I64 | None]:
-    """:func:`block_coordinates` of a float32 build: the piece's points of BEVDet's float32 lift
-    (:func:`bevcompile.matrix.lift32.bevdet_points_float32`) and ``(p - min) / step`` in float32,
-    returned as float64 (exact), tested for range as :func:`block_coordinates` does."""
+def reduced_precision_points(rig: RigConfig, cam_index: int, precision: str, depth_slice: slice | None = None,
+                             pixels: npt.NDArray[np.integer[Any]] | None = None) -> npt.NDArray[np.float32]:
+    """The float32 frustum points of a reduced-precision build: BEVDet's float32 lift
+    (:func:`bevcompile.matrix.lift32.bevdet_points_float32`) or BEVDepth's float16 ``get_geometry``
+    (:func:`bevcompile.matrix.lift16.bevdepth_points_float16`; inf / NaN where float16 overflowed)."""
+    if precision == "float16":
+        return bevdepth_points_float16(rig, cam_index, depth_slice, pixels)
+    return bevdet_points_float32(rig, cam_index, depth_slice, pixels)
+
+
+def block_coordinates_float32(rig: RigConfig, box: BevBox, trunc: bool, piece: Piece, precision: str = "float32") -> tuple[F64, F64, F64, I64 | None]:
+    """:func:`block_coordinates` of a float32 (float16) build: the piece's points of BEVDet's float32
+    lift (BEVDepth's float16 ``get_geometry``, :func:`reduced_precision_points`) and ``(p - min) / step``
+    in float32, returned as float64 (exact), tested for range as :func:`block_coordinates` does (a
+    non-finite float16 point is out of range on every axis: dropped)."""
     plan, d0, d1, r0, r1 = piece
-    points = bevdet_points_float32(rig, plan.cam_index, slice(d0, d1), plan.pixel_index[r0:r1])
-    scaled = scaled_float32(points, (box.x_min, box.y_min, box.z_min), (box.dx, box.dy, box.dz)).reshape(-1, 3)
+    points = reduced_precision_points(rig, plan.cam_index, precision, slice(d0, d1), plan.pixel_index[r0:r1])
+    with np.errstate(invalid="ignore"):  # float16: inf - inf
+        scaled = scaled_float32(points, (box.x_min, box.y_min, box.z_min), (box.dx, box.dy, box.dz)).reshape(-1, 3)
     fx, fy, fz = (scaled[:, axis].astype(np.float64) for axis in range(3))
-    inside = coordinate_in_range(fz, box.nz, trunc)
-    inside &= coordinate_in_range(fx, box.nx, trunc)
-    inside &= coordinate_in_range(fy, box.ny, trunc)
+    with np.errstate(invalid="ignore"):  # NaN compares false: dropped
+        inside = coordinate_in_range(fz, box.nz, trunc)
+        inside &= coordinate_in_range(fx, box.nx, trunc)
+        inside &= coordinate_in_range(fy, box.ny, trunc)
     return fx, fy, fz, (None if inside.all() else np.flatnonzero(inside))
 
 
@@ -525,9 +540,10 @@ class FrustumStream:
 
     def __init__(self, rig: RigConfig, *, splat: str, rounding: str, k: int, jobs: int = 1, precision: str = "float64") -> None:
         self.rig = rig
-        self.float32 = precision == "float32"
+        self.precision = precision
+        self.float32 = precision != "float64"  # a restated upstream lift (float32 or float16 points)
         if self.float32:
-            check_float32_lift(rig)
+            check_float32_lift(rig, precision)
         self.bev = bev = BevBox.of(rig)
         self.trunc = rounding == "trunc"
         self.bilinear = splat == "bilinear"
@@ -550,7 +566,7 @@ class FrustumStream:
         self._mass = [np.zeros(self.n_pad) for _ in _CORNERS] if self.bilinear else []
 
         def plan(cam: int) -> CameraPlan:
-            margin = FLOAT32_CULL_MARGIN_M if self.float32 else CULL_MARGIN_M
+            margin = {"float32": FLOAT32_CULL_MARGIN_M, "float16": FLOAT16_CULL_MARGIN_M}.get(precision, CULL_MARGIN_M)
             p = plan_camera(bev, self.trunc, cam, camera_rays(rig, cam), self.depths, margin)
             # float32 points of rays that share their float64 x and y need not share theirs: no tie groups
             ties = None if self.float32 else _tie_groups(p, k, rig.depth.n_bins)
@@ -573,7 +589,7 @@ class FrustumStream:
 
     def _points(self, piece: Piece) -> tuple[F64, F64, I64 | None]:
         if self.float32:
-            fx, fy, _fz, sel = block_coordinates_float32(self.rig, self.bev, self.trunc, piece)
+            fx, fy, _fz, sel = block_coordinates_float32(self.rig, self.bev, self.trunc, piece, self.precision)
         else:
             fx, fy, _fz, sel = block_coordinates(self.bev, self.trunc, self.depths, piece)
         return fx, fy, sel

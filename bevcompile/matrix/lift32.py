@@ -17,8 +17,12 @@ from ..errors import UsageError
 from ..rig.config import Camera, RigConfig
 from ..rig.geometry import bev_from_cam_matrix
 
-PRECISIONS = ("float64", "float32")
-"""``--precision`` of the products that restate an upstream float32 op sequence (float64 first: the default)."""
+PRECISIONS = ("float64", "float32", "float16")
+"""``--precision`` of ``bevcompile matrix`` (float64 first: the default): ``float32`` restates BEVDet's
+(and BEVDepth's) float32 lift (:func:`bevdet_points_float32`), ``float16`` BEVDepth's ``get_geometry``
+under its float16 training (:func:`bevcompile.matrix.lift16.bevdepth_points_float16`)."""
+RESTATES = {"float32": "BEVDet's float32 lift", "float16": "BEVDepth's float16 get_geometry"}
+"""What each reduced ``--precision`` of ``bevcompile matrix`` restates (for messages)."""
 
 FLOAT32_CULL_MARGIN_M = 0.01
 """Per-ray depth culling margin of a float32 build: a float32 point of BEVDet's lift is within
@@ -26,18 +30,24 @@ FLOAT32_CULL_MARGIN_M = 0.01
 by the float64 rays never drops a point the float32 in-range test keeps."""
 
 
-def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str) -> Camera:
+def pinhole_for_float32(rig: RigConfig, cam_index: int, restates: str, *, flip: bool = False, precision: str = "float32") -> Camera:
     """Camera ``cam_index``, which a ``--precision float32`` restatement of an upstream op
-    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole).
+    sequence (``restates``: which one) needs without lens distortion (upstream is pinhole) and,
+    unless the restatement states the model's flip (``flip``: Fast-BEV's), without ``image_aug.flip``.
 
     Raises:
-        UsageError: the camera has a distortion model.
+        UsageError: the camera has a distortion model, or flips its image where ``flip`` is False.
     """
     camera = rig.cameras[cam_index]
     if camera.distortion.model != "none":
         raise UsageError(
-            f"--precision float32 restates {restates}; camera {camera.name} has a "
+            f"--precision {precision} restates {restates}; camera {camera.name} has a "
             f"{camera.distortion.model} lens (use --precision float64)"
+        )
+    if camera.image_aug.flip and not flip:
+        raise UsageError(
+            f"--precision {precision} restates {restates} without a flipped image; camera {camera.name} "
+            "has image_aug.flip (use --precision float64, which follows the flip)"
         )
     return camera
 

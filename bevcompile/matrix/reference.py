@@ -29,6 +29,7 @@ from ..grid.ipm import compute_sampling_grid, feature_px_to_norm
 from ..grid.reference import grid_sample
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix, feature_px_to_image_px, unproject_feature_to_bev, unproject_image_to_cam
+from .lift16 import bevdepth_points_float16
 from .lift32 import bevdet_points_float32, scaled_float32
 
 F64 = npt.NDArray[np.float64]
@@ -134,10 +135,14 @@ def _in_range(f: F64, n: int, rounding: str) -> npt.NDArray[np.bool_]:
 def frustum_cell_coordinates(rig: RigConfig, cam_index: int, precision: str = "float64") -> tuple[F64, F64, F64, npt.NDArray[np.bool_]]:
     """``(f_x, f_y, f_z, ok)`` ``(D, H_f, W_f)``: the cell coordinates ``(p - min) / step`` of one
     camera's frustum points (float64 values) and whether the pixel has a lens preimage. ``float32``:
-    the points of BEVDet's float32 lift and the division in float32 (:mod:`bevcompile.matrix.lift32`)."""
+    the points of BEVDet's float32 lift and the division in float32 (:mod:`bevcompile.matrix.lift32`);
+    ``float16``: those of BEVDepth's float16 ``get_geometry`` (:mod:`bevcompile.matrix.lift16`; NaN
+    or inf where float16 overflowed, which every range test drops)."""
     bev = rig.bev
-    if precision == "float32":
-        scaled = scaled_float32(bevdet_points_float32(rig, cam_index), (bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, bev.z.step))
+    if precision in ("float32", "float16"):
+        lifted = bevdepth_points_float16(rig, cam_index) if precision == "float16" else bevdet_points_float32(rig, cam_index)
+        with np.errstate(invalid="ignore"):
+            scaled = scaled_float32(lifted, (bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, bev.z.step))
         ok = np.ones(scaled.shape[1:3], dtype=bool)
         return scaled[..., 0].astype(np.float64), scaled[..., 1].astype(np.float64), scaled[..., 2].astype(np.float64), ok
     points, ok2 = frustum_points_bev(rig, cam_index)
@@ -387,7 +392,8 @@ def bev_pool(
     precision: str = "float64",
 ) -> F64:
     """BEVDet-style voxel pooling of the LSS outer product ``depth x feature``
-    (``precision="float32"``: the points of BEVDet's float32 lift, :func:`frustum_cell_coordinates`).
+    (``precision="float32"`` / ``"float16"``: the points of BEVDet's float32 lift / BEVDepth's float16
+    ``get_geometry``, :func:`frustum_cell_coordinates`).
 
     Convention:
         features ``(n_cam, C, H_f, W_f)``, depth_probs ``(n_cam, D, H_f, W_f)``.
@@ -409,7 +415,7 @@ def bev_pool(
     depths = np.asarray(rig.depth.values(), dtype=np.float64)
     uv = _feature_pixel_centres(rig)
     for cam_index, camera in enumerate(rig.cameras):
-        if precision == "float32":
+        if precision in ("float32", "float16"):
             cx, cy, cz, ok = frustum_cell_coordinates(rig, cam_index, precision)
         else:
             uv_all = np.broadcast_to(uv[None], (depths.size, *uv.shape))

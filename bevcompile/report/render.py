@@ -256,6 +256,9 @@ def render_store(
     store, reader, rig = _open_render_store(path)
     if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < rig.n_levels:
         raise UsageError(f"--level {level} is not a feature level of this store (0 to {rig.n_levels - 1})")
+    own_grid = rig.level(level).bev != rig.bev  # feature.levels[l].bev: the level's own cells (no matrix/ of them)
+    if own_grid:
+        rig = rig.level(level)
     grid_name = level_group("grid", level)
     out_path = _png_output(out, default_output(store, rig.name if level == 0 else f"{rig.name}_l{level}"))
     if reader.has_group(grid_name):
@@ -269,10 +272,10 @@ def render_store(
     else:
         # a matrix-only store: the coverage of the stored config's projection (the VALID RULE on
         # the float64 sampling grid: exactly what `bevcompile grid` would store as grid/valid)
-        valid = compute_sampling_grid(rig.level(level)).valid
+        valid = compute_sampling_grid(rig if own_grid else rig.level(level)).valid
         source = f"stored config's projection, no {grid_name}/"
     coverage, height_label = _select_coverage(rig, valid, height)
-    matrix = _matrix_panel(reader, rig)
+    matrix = None if own_grid else _matrix_panel(reader, rig)
 
     colours = camera_colours(rig.n_cam)
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI)
@@ -291,7 +294,7 @@ def render_store(
     inset.set_ylabel(view.label(view.up, short=True), fontsize=7)
 
     cax = fig.add_axes(COLORBAR_AXES_RECT)
-    learned = _learned_panel(reader, rig)
+    learned = None if own_grid else _learned_panel(reader, rig)
     if learned is not None:
         second = "learned - init camera mass, per camera"
         _draw_learned(fig, cax, rig, learned, colours)

@@ -141,7 +141,10 @@ class ImageAug:
     ``input_width x input_height``; its last ``pad_right`` columns and ``pad_bottom`` rows are
     zero padding appended after the crop (mmdet's ``PadMultiViewImage``), so the crop window is
     ``(input_width - pad_right) x (input_height - pad_bottom)`` and pixel coordinates are
-    unchanged by the padding.
+    unchanged by the padding. ``flip``: the crop is mirrored left-right before the network, as
+    Fast-BEV's ``img_transform`` states it: ``u_in = W_crop - (u_image * resize - crop_left)``,
+    ``W_crop = input_width - pad_right`` (one input pixel right of the exact mirror
+    ``W_crop - 1 - u``, as the model computes it); ``v_in`` unchanged.
     """
 
     resize: float
@@ -151,6 +154,12 @@ class ImageAug:
     input_height: int
     pad_right: int = 0
     pad_bottom: int = 0
+    flip: bool = False
+
+    @property
+    def crop_width(self) -> int:
+        """``W_crop = input_width - pad_right``: the width the flip mirrors."""
+        return self.input_width - self.pad_right
 
 
 @dataclass(frozen=True)
@@ -211,10 +220,14 @@ class Sensor:
 
 @dataclass(frozen=True)
 class FeatureLevel:
-    """One feature map the network produces: its ``stride`` and ``pixel_mapping``."""
+    """One feature map the network produces: its ``stride`` and ``pixel_mapping``, and ``bev``:
+    the BEV grid of this level when the config gives it one (``feature.levels[l].bev``, levels 1
+    and up: Fast-BEV's v3/v4 sample a coarser voxel grid per FPN level), else None (the level
+    samples ``bev:``)."""
 
     stride: int
     pixel_mapping: str
+    bev: BevSpec | None = None
 
 
 def feature_map_size(input_size: int, stride: int, size_rule: str) -> int:
@@ -386,15 +399,25 @@ class RigConfig:
 
     def level(self, index: int) -> RigConfig:
         """This rig seen through feature level ``index`` alone (its stride, pixel mapping and
-        feature map; everything else unchanged): what every per-level product is built from.
-        Level 0 of a single-level rig is the rig itself."""
+        feature map, and its own BEV grid when ``feature.levels[index].bev`` gives one; everything
+        else unchanged): what every per-level product is built from. Level 0 of a single-level rig
+        is the rig itself."""
         levels = self.feature.all_levels
         if not 0 <= index < len(levels):
             raise IndexError(f"feature level {index} of {len(levels)}")
         if len(levels) == 1:
             return self
         chosen = levels[index]
-        return replace(self, feature=FeatureSpec(chosen.stride, chosen.pixel_mapping, self.feature.size_rule))
+        return replace(
+            self,
+            feature=FeatureSpec(chosen.stride, chosen.pixel_mapping, self.feature.size_rule),
+            bev=chosen.bev if chosen.bev is not None else self.bev,
+        )
+
+    @property
+    def has_level_grids(self) -> bool:
+        """Whether a feature level has its own BEV grid (``feature.levels[l].bev``)."""
+        return any(level.bev is not None for level in self.feature.levels)
 
     @property
     def camera_names(self) -> tuple[str, ...]:
@@ -888,7 +911,7 @@ def _check_rotation(ctx: _Ctx, rotation: list[list[float]], field: str) -> None:
 # section parsers
 # --------------------------------------------------------------------------------------
 
-_AUG_KEYS = ("resize", "crop", "input_size", "pad")
+_AUG_KEYS = ("resize", "crop", "input_size", "pad", "flip")
 
 
 def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
@@ -916,6 +939,10 @@ def _parse_aug_fields(ctx: _Ctx, data: Any, field: str) -> dict[str, Any]:
             if v < 0:
                 raise ctx.fail(f"{field}.pad[{i}]", f"must be >= 0, got {v}")
         out["pad"] = pad
+    if "flip" in data:
+        if not isinstance(data["flip"], bool):
+            raise ctx.fail(f"{field}.flip", f"expected true or false, got {_type_name(data['flip'])}")
+        out["flip"] = data["flip"]
     return out
 
 
@@ -1065,7 +1092,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
     if "image_aug" in data:
         override = _parse_aug_fields(ctx, data["image_aug"], f"{field}.image_aug")
     from_preset = preset_aug(width, height) if preset_aug is not None else {}
-    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0]} | from_preset | shared_aug | override
+    merged: dict[str, Any] = {"resize": 1.0, "crop": [0.0, 0.0], "pad": [0, 0], "flip": False} | from_preset | shared_aug | override
     aug_field = f"{field}.image_aug" if override and not shared_aug else "image_aug"
     if "input_size" not in merged:
         raise ctx.fail(f"{aug_field}.input_size", "missing required field (network input [width, height])")
@@ -1095,7 +1122,7 @@ def _parse_camera(ctx: _Ctx, data: Any, field: str, shared_aug: dict[str, Any], 
             f"image of camera {shown(name)} ({width}x{height} * {resize:g} = {resized_w}x{resized_h})",
         )
     image_aug = ImageAug(
-        float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom)
+        float(resize), float(crop_left), float(crop_top), int(input_w), int(input_h), int(pad_right), int(pad_bottom), bool(merged["flip"])
     )
     return Camera(
         name=name,
@@ -1412,7 +1439,9 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
     for i, item in enumerate(items):
         field = f"feature.levels[{i}]"
         item = _mapping(ctx, item, field)
-        _check_keys(ctx, item, field, ("stride",), ("pixel_mapping",))
+        _check_keys(ctx, item, field, ("stride",), ("pixel_mapping", "bev"))
+        if "bev" in item and i == 0:
+            raise ctx.fail(f"{field}.bev", "level 0 samples bev: (give a level its own grid from feature.levels[1] on)")
         stride = _parse_stride(ctx, item["stride"], f"{field}.stride")
         if stride in seen:
             raise ctx.fail(f"{field}.stride", f"duplicate stride {stride} (also feature.levels[{seen[stride]}])")
@@ -1420,6 +1449,54 @@ def _parse_feature(ctx: _Ctx, data: Any) -> FeatureSpec:
         level_mapping = _parse_mapping(ctx, item["pixel_mapping"], f"{field}.pixel_mapping") if "pixel_mapping" in item else mapping
         levels.append(FeatureLevel(stride, level_mapping))
     return FeatureSpec(levels[0].stride, levels[0].pixel_mapping, size_rule, tuple(levels) if len(levels) > 1 else ())
+
+
+_LEVEL_BEV_KEYS = ("x", "y", "z", "heights")
+"""What ``feature.levels[l].bev`` may give: the level's own cells and heights (``frame`` is ``bev.frame``'s)."""
+
+
+def _parse_level_grids(ctx: _Ctx, data: Mapping[str, Any], feature: FeatureSpec, bev: BevSpec) -> FeatureSpec:
+    """``feature.levels[l].bev``: level ``l``'s own BEV grid, ``bev:``'s fields overridden key by
+    key (``x``, ``y``, ``z``, ``heights``), in ``bev.frame``; refused with a ``bev.region`` (the
+    region is a set of level 0's cells)."""
+    if not feature.levels:
+        return feature
+    items = data["levels"]
+    base: dict[str, Any] = {
+        "x": [bev.x.min, bev.x.max, bev.x.step],
+        "y": [bev.y.min, bev.y.max, bev.y.step],
+        "z": [bev.z.min, bev.z.max, bev.z.step],
+        "heights": list(bev.heights),
+    }
+    levels: list[FeatureLevel] = []
+    for i, (level, item) in enumerate(zip(feature.levels, items, strict=True)):
+        if "bev" not in item:
+            levels.append(level)
+            continue
+        field = f"feature.levels[{i}].bev"
+        given = _mapping(ctx, item["bev"], field)
+        _check_keys(ctx, given, field, (), _LEVEL_BEV_KEYS)
+        if not given:
+            raise ctx.fail(field, f"empty: give the level's own {', '.join(_LEVEL_BEV_KEYS)} (or leave bev out: the level samples bev:)")
+        if bev.region is not None:
+            raise ctx.fail(field, "a level's own BEV grid cannot be combined with bev.region (the region is a set of bev:'s cells)")
+        merged = base | dict(given)
+        x = _parse_axis(ctx, merged["x"], f"{field}.x" if "x" in given else "bev.x", allow_two=False)
+        y = _parse_axis(ctx, merged["y"], f"{field}.y" if "y" in given else "bev.y", allow_two=False)
+        z = _parse_axis(ctx, merged["z"], f"{field}.z" if "z" in given else "bev.z", allow_two=True)
+        heights = tuple(bev.heights)
+        if "heights" in given:
+            hs = _numbers(ctx, given["heights"], f"{field}.heights")
+            if not hs:
+                raise ctx.fail(f"{field}.heights", "must hold at least one height")
+            if len(set(hs)) != len(hs):
+                raise ctx.fail(f"{field}.heights", f"heights must be distinct, got {hs}")
+            heights = tuple(hs)
+        cells = x.n * y.n * len(heights)
+        if cells > MAX_BEV_CELLS:
+            raise ctx.fail(field, f"grid of {x.n} x {y.n} x {len(heights)} = {cells:,} cells exceeds the limit of {MAX_BEV_CELLS:,}")
+        levels.append(replace(level, bev=BevSpec(x, y, z, heights, bev.frame, None)))
+    return replace(feature, levels=tuple(levels))
 
 
 def _parse_interop(ctx: _Ctx, data: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
@@ -1618,6 +1695,7 @@ def parse_config(data: Any, source: str = "<config>", *, base_dir: str | Path | 
     if base_dir is None and not source.startswith("<"):
         base_dir = Path(source).parent
     bev = _parse_bev(ctx, data["bev"], sensors, Path(base_dir) if base_dir is not None else None)
+    feature = _parse_level_grids(ctx, data["feature"], feature, bev)
     depth = _parse_depth(ctx, data["depth"]) if "depth" in data else DepthSpec(1.0, 60.0, 1.0, 59)
     interop = _parse_interop(ctx, data["interop"]) if "interop" in data else ()
     return RigConfig(
@@ -1668,6 +1746,8 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         }
         if aug.pad_right or aug.pad_bottom or rig.preset is not None:  # only when used: configs without padding keep their hash
             entry["image_aug"]["pad"] = [aug.pad_right, aug.pad_bottom]
+        if aug.flip:  # only when set: configs without a flip keep their hash
+            entry["image_aug"]["flip"] = True
         cameras.append(entry)
     bev = rig.bev
     out: dict[str, Any] = {"name": rig.name}
@@ -1686,7 +1766,10 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
         ]
     feature = rig.feature
     if feature.levels:
-        out["feature"] = {"levels": [{"stride": lv.stride, "pixel_mapping": lv.pixel_mapping} for lv in feature.levels]}
+        out["feature"] = {"levels": [
+            {"stride": lv.stride, "pixel_mapping": lv.pixel_mapping} | ({"bev": _level_bev_dict(lv.bev)} if lv.bev is not None else {})
+            for lv in feature.levels
+        ]}
     else:
         out["feature"] = {"stride": feature.stride, "pixel_mapping": feature.pixel_mapping}
     if feature.size_rule != "exact" or rig.preset is not None:  # only when set: exact configs keep their hash
@@ -1705,6 +1788,16 @@ def config_to_dict(rig: RigConfig, *, descriptions: bool = True) -> dict[str, An
     if rig.interop:
         out["interop"] = {target: {k: list(v) if isinstance(v, tuple) else v for k, v in options} for target, options in rig.interop}
     return out
+
+
+def _level_bev_dict(bev: BevSpec) -> dict[str, Any]:
+    """A level's own BEV grid resolved (every field it may give; its frame is ``bev.frame``)."""
+    return {
+        "x": [bev.x.min, bev.x.max, bev.x.step],
+        "y": [bev.y.min, bev.y.max, bev.y.step],
+        "z": [bev.z.min, bev.z.max, bev.z.step],
+        "heights": list(bev.heights),
+    }
 
 
 def _region_dict(region: RegionSpec, descriptions: bool) -> dict[str, Any]:

@@ -16,7 +16,10 @@ Frames and pixel chain (see docs/conventions.md)::
 * camera: OpenCV (x right, y down, z = optical axis), metres.
 * pixels: ``(u, v)`` = (column, row); integer values are pixel centres (OpenCV).
 * image augmentation (BEVDet ``post_rot``/``post_tran``): ``u_in = u_image * resize - crop_left``;
-  right/bottom padding of the network input (``image_aug.pad``) leaves coordinates unchanged.
+  right/bottom padding of the network input (``image_aug.pad``) leaves coordinates unchanged;
+  ``image_aug.flip`` mirrors the crop as Fast-BEV's ``img_transform`` does,
+  ``u_in = W_crop - (u_image * resize - crop_left)`` with ``W_crop = input_width - pad_right``
+  (:func:`image_px_to_input_px`).
 * feature map, ``stride`` mapping: ``u_f = (u_in - (s - 1) / 2) / s``;
   ``linspace`` mapping: ``u_f = u_in * (W_f - 1) / (W_in - 1)``; ``corner`` mapping:
   ``u_f = u_in / s``; ``normalized`` mapping: ``u_f = u_in * W_f / W_in - 1/2`` (``= u_in/s - 1/2``
@@ -594,6 +597,29 @@ def _fisheye_solve_theta(distortion: Distortion, target: FloatArray, limits: Len
 # --------------------------------------------------------------------------------------
 
 
+def image_px_to_input_px(camera: Camera, uv_image_px: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Calibrated-image pixel -> network-input pixel (``image_aug``: resize, crop, flip).
+
+    Convention:
+        uv_image_px: ``(..., 2)`` float64 ``(u, v)``; returns ``(u_in, v_in)``, each ``(...)``
+        float64: ``u_in = u * resize - crop_left`` (``flip``: ``W_crop - (u * resize - crop_left)``,
+        ``W_crop = input_width - pad_right``, Fast-BEV's ``img_transform``), ``v_in = v * resize - crop_top``.
+    """
+    aug = camera.image_aug
+    uv = np.asarray(uv_image_px, dtype=np.float64)
+    u_in = uv[..., 0] * aug.resize - aug.crop_left
+    if aug.flip:
+        u_in = aug.crop_width - u_in
+    return u_in, uv[..., 1] * aug.resize - aug.crop_top
+
+
+def input_px_to_image_px(camera: Camera, u_in: FloatArray, v_in: FloatArray) -> FloatArray:
+    """Inverse of :func:`image_px_to_input_px`: ``(..., 2)`` float64 calibrated-image ``(u, v)``."""
+    aug = camera.image_aug
+    u = aug.crop_width - u_in if aug.flip else u_in
+    return np.stack([(u + aug.crop_left) / aug.resize, (v_in + aug.crop_top) / aug.resize], axis=-1)
+
+
 def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArray) -> FloatArray:
     """Calibrated-image pixel -> feature-map pixel (augmentation, then stride/linspace).
 
@@ -602,9 +628,7 @@ def image_px_to_feature_px(rig: RigConfig, camera: Camera, uv_image_px: FloatArr
         returns: ``(..., 2)`` float64 ``(u, v)`` feature-map pixels, centres at integers.
     """
     aug = camera.image_aug
-    uv = np.asarray(uv_image_px, dtype=np.float64)
-    u_in = uv[..., 0] * aug.resize - aug.crop_left
-    v_in = uv[..., 1] * aug.resize - aug.crop_top
+    u_in, v_in = image_px_to_input_px(camera, uv_image_px)
     s = rig.feature.stride
     mapping = rig.feature.pixel_mapping
     if mapping == "stride":
@@ -646,7 +670,7 @@ def feature_px_to_image_px(rig: RigConfig, camera: Camera, uv_feature_px: FloatA
         w_f, h_f = rig.feature_size
         u_in = uv[..., 0] * (aug.input_width - 1) / (w_f - 1)
         v_in = uv[..., 1] * (aug.input_height - 1) / (h_f - 1)
-    return np.stack([(u_in + aug.crop_left) / aug.resize, (v_in + aug.crop_top) / aug.resize], axis=-1)
+    return input_px_to_image_px(camera, u_in, v_in)
 
 
 def project_cam_to_image(camera: Camera, points_cam: FloatArray) -> tuple[FloatArray, BoolArray]:

@@ -311,8 +311,9 @@ _register(Preset(
     notes=(
         "BEVDepth pools with its own voxel_pooling CUDA op; the BEVPoolv2 arrays hold the same point -> voxel assignment.",
         "Precision: the released checkpoints were trained with PyTorch Lightning precision=16 (bevdepth/exps/base_cli.py @1f0d954), "
-        "so get_geometry's matmuls ran in float16 under autocast; this preset reproduces BEVDepth's float32 path (interop precision float32), "
-        "not float16.",
+        "so get_geometry's matmuls ran in float16 under autocast; this preset's interop arrays reproduce BEVDepth's float32 path (interop "
+        "precision float32); bevcompile matrix --precision float16 reproduces the float16 one (points that overflow float16 beyond ~41 m "
+        "are dropped, as BEVDepth's CPU run drops them): tests/matrix/test_lift16.py.",
     ),
 ))
 
@@ -434,6 +435,63 @@ _register(Preset(
     proof="tests/rig/test_presets.py::test_fastbev_presets_equal_fastbev_backproject_inplace",
     sample_poses=_MMDET3D_POSES,
     notes=(*_FASTBEV_NOTES, "One LUT per level (fastbev_lut, fastbev_lut_l1, fastbev_lut_l2); Fast-BEV concatenates the levels' volumes along channels."),
+))
+
+_FASTBEV_V4_CONFIG = ("configs/fastbev/exp/paper/fastbev_r50_v4_ms_20cbgs_s256x704_v200x200x6_c256_d6_f4.py", "d16b76fc6571ef06ff97dc0a4aac4d710438bbe1")
+_FASTBEV_CODE = ("mmdet3d/models/detectors/fastbev.py", "b0603230c89f7ef4d422672cb6fda476727aa78b")
+_FASTBEV_AUG = ("mmdet3d/datasets/pipelines/transforms_3d.py", "feacd875022cf2733fc1cf953f97fd735966a221")
+_THIRD = 1.0 / 3.0
+_FASTBEV_V4_HEIGHTS = [-4.0, -3.0, -2.0, -1.0, 0.0, 1.0]
+"""Fast-BEV R50 v4's voxel z: n 6 of 1 m from origin -1 (``point_cloud_range`` z -5 to 3): -4 + k."""
+
+_register(Preset(
+    name="fastbev-r50-v4",
+    title="Fast-BEV R50 v4 (image + BEV multi-scale)",
+    fields={
+        "camera_order": list(NUSCENES_ORDER),
+        "feature": {
+            "levels": [
+                {"stride": 4},
+                {"stride": 8, "bev": {"x": [-50.0 - _THIRD, 50.0 - _THIRD, 2.0 / 3.0], "y": [-50.0 - _THIRD, 50.0 - _THIRD, 2.0 / 3.0]}},
+                {"stride": 16, "bev": {"x": [-50.5, 49.5, 1.0], "y": [-50.5, 49.5, 1.0]}},
+            ],
+            "pixel_mapping": "corner",
+        },
+        "bev": {"x": [-50.25, 49.75, 0.5], "y": [-50.25, 49.75, 0.5], "z": [-4.5, 1.5, 1.0], "heights": list(_FASTBEV_V4_HEIGHTS), "frame": "LIDAR_TOP"},
+        "interop": {"fastbev-lut": {"overlap": "last", "precision": "float32", "xyz_layout": True}},
+    },
+    image_aug=fastbev_test_aug(704, 256, test_resize=0.0),
+    image_aug_rule="Fast-BEV test-time: resize = 704 / W, CENTRED crop (1600x900 -> resize 0.44, crop [0, 70]); "
+    "test-time augmentation: a second pass with image_aug flip: true",
+    sources=(
+        *_FASTBEV_SOURCES,
+        _src("feature", "multi_scale_id=[0, 1, 2]  # 4x/8x/16x; style='v4'  # img/bev ms; data_config input_size (256, 704), test_resize 0.0",
+             _FASTBEV, *_FASTBEV_V4_CONFIG),
+        _src("bev", "n_voxels=[[200, 200, 6], [150, 150, 6], [100, 100, 6]], voxel_size=[[0.5, 0.5, 1.0], [2/3, 2/3, 1.0], [1.0, 1.0, 1.0]]; "
+             "point_cloud_range = [-50, -50, -5, 50, 50, 3]", _FASTBEV, *_FASTBEV_V4_CONFIG),
+        _src("bev", "extract_feat: style v3/v4 (bev ms): n_voxels, voxel_size = self.n_voxels[lvl], self.voxel_size[lvl] (one voxel grid per level); "
+             "multi_scale_3d_scaler 'upsample' resizes levels 1, 2 to level 0's (X, Y) after the backprojection",
+             _FASTBEV, *_FASTBEV_CODE),
+        _src("image_aug.flip", "TestTimeAugImageMultiViewImage: for flip in [False, True]: data_config['test_flip'] = flip (the two passes' images "
+             "and extrinsics concatenated); img_transform: if flip: post_rot = [[-1, 0], [0, 1]] @ post_rot, post_tran = [[-1, 0], [0, 1]] @ post_tran "
+             "+ [crop[2] - crop[0], 0]; img.transpose(FLIP_LEFT_RIGHT)", _FASTBEV, *_FASTBEV_AUG),
+        _src("image_aug.flip", "test_cfg use_tta=True; test_pipeline TestTimeAugImageMultiViewImage(data_config, is_train=False)",
+             _FASTBEV, *_FASTBEV_V4_CONFIG),
+        _src("image_aug.flip", "aug_test: for tta_id in range(2): extract_feat(imgs[:, 24*tta_id:24*(tta_id+1)]) with "
+             "extrinsic_copy[24*tta_id:24*(tta_id+1)]; get_tta_bboxes merges the two passes' boxes", _FASTBEV, *_FASTBEV_CODE),
+    ),
+    proof="tests/rig/test_presets.py::test_fastbev_r50_v4_preset_equals_fastbev_per_level_and_flipped",
+    sample_poses=_MMDET3D_POSES,
+    notes=(
+        "Fast-BEV samples voxel CORNERS: level l's points are x = -50 + s_l i (s_l = 0.5, 2/3, 1 m; origin 0); the preset writes each level's "
+        "bev.x = [-50 - s_l / 2, 50 - s_l / 2, s_l], whose cell centres are those points (z: -4 to 1 m from origin -1, 6 x 1 m at every level).",
+        "One voxel grid per level (feature.levels[l].bev): fastbev_lut (200 x 200 x 6), fastbev_lut_l1 (150 x 150 x 6), fastbev_lut_l2 (100 x 100 x 6); "
+        "the network resizes levels 1 and 2 to 200 x 200 (bilinear, align_corners=False) after sampling them and concatenates the channels.",
+        "Level 1's step 2/3 m is not exact in float32: the float32 LUT restates get_points (float32(2/3) i + new_origin), not the float32 of the cell centres.",
+        "Test-time augmentation (use_tta=True): the network runs twice, on the images and on the images mirrored left-right, and merges the boxes. "
+        "The preset builds the first pass; add image_aug: {flip: true} (and another name) for the second, whose tables index the mirrored images' "
+        "features (u_in = 704 - u_in of the unmirrored crop, as Fast-BEV's img_transform states it).",
+    ),
 ))
 
 _PETR_HEAD = ("projects/mmdet3d_plugin/models/dense_heads/petr_head.py", "0677620645e3a4746c5ac6840f6b39432f098a80")

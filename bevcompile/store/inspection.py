@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..conventions import CONVENTIONS, REGION_CONVENTIONS
+from ..conventions import CONVENTIONS
 from ..errors import BevcompileError, StoreError, UsageError, hash_pair
 from ..files import JSONRefused, loads_strict
 from ..rig.config import RigConfig, config_sha256, parse_config
 from . import plugins as checks_api
 from .coords import coordinate_arrays, same_coordinate
 from .plugins import Check, CheckContext
+from .root import rig_conventions
 from .zarr_io import (
     GROUP_CONFIG_ATTR,
     GROUPS_ATTR,
@@ -711,8 +712,7 @@ def _root_checks(loaded: InspectedStore, attrs: Mapping[str, Any]) -> None:
             )
         loaded.rig = rig
     conventions = attrs.get("conventions")
-    region = loaded.rig is not None and loaded.rig.bev.region is not None
-    expected = dict(CONVENTIONS) | (dict(REGION_CONVENTIONS) if region else {})
+    expected = rig_conventions(loaded.rig) if loaded.rig is not None else dict(CONVENTIONS)
     if conventions == expected:
         report.add("conventions", ROOT, True, f"all {len(expected)} convention sentences match this tool's")
     elif not isinstance(conventions, Mapping):
@@ -1055,7 +1055,7 @@ def check_coordinates(loaded: InspectedStore) -> None:
     report = loaded.report
     for group, stored in loaded.coordinates.items():
         try:
-            expected = coordinate_arrays(loaded.rig, loaded.reader.axis_lengths(group))
+            expected = coordinate_arrays(loaded.rig, loaded.reader.axis_lengths(group), group)
         except StoreError:
             continue
         wrong = sorted(name for name, values in stored.items() if name not in expected or not same_coordinate(values, expected[name]))

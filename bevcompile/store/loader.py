@@ -345,6 +345,12 @@ class LoadedStore:
         """``(n_heights, ny, nx)``."""
         return len(self.rig.bev.heights), self.rig.bev.ny, self.rig.bev.nx
 
+    def level_bev_shape(self, level: int) -> tuple[int, int, int]:
+        """``(n_heights, ny, nx)`` of feature level ``level``'s grid (its own with
+        ``feature.levels[l].bev``, else :attr:`bev_shape`)."""
+        bev = self.rig.level(level).bev
+        return len(bev.heights), bev.ny, bev.nx
+
     def __repr__(self) -> str:
         return f"LoadedStore({str(self.path)!r}, name={self.name!r}, groups={list(self.group_names)})"
 

@@ -743,7 +743,7 @@ def write_groups(
                 root.attrs.update(_json_safe(dict(root_attrs), "root"))
             for name, data in groups.items():
                 stamped = GroupData(data.arrays, {**data.attrs, GROUP_CONFIG_ATTR: new_sha}, data.chunks, data.dims)
-                coords = coordinate_arrays(rig, _axis_lengths(stamped)) if rig is not None else {}
+                coords = coordinate_arrays(rig, _axis_lengths(stamped), name) if rig is not None else {}
                 sizes.update(_write_group(root, name, stamped, coords))
             root.attrs[GROUPS_ATTR] = sorted(root.group_keys())  # inspect fails a store that lost one
             del root

@@ -329,7 +329,7 @@ def test_export_interop_precision_float32_and_xyz_layout(tmp_path: Path, small: 
     assert "batch 1, float32)" in out and "Fast-BEV LUT (overlap last, float32)" in out and "interop/fastbev_lut_xyz" in out
     options = load(store)["interop"].attrs["build_options"]
     assert options["bevpoolv2"]["precision"] == "float32"
-    assert dict(options["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    assert dict(options["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "points": "get_points", "xyz_layout": True}
     xyz = np.load(tmp_path / "npy" / "fastbev_lut_xyz.npy")
     assert np.array_equal(xyz, np.transpose(np.load(tmp_path / "npy" / "fastbev_lut.npy"), (2, 1, 0)))
     assert runner.invoke(app, ["inspect", str(store), "--strict", "--quiet"]).exit_code == 0
@@ -349,11 +349,11 @@ def test_export_interop_defaults_to_the_config_interop_section(tmp_path: Path, s
     result = runner.invoke(app, ["export-interop", str(store), "--quiet"])
     assert result.exit_code == 0, result.output
     interop = load(store)["interop"]
-    assert dict(interop.attrs["build_options"]["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    assert dict(interop.attrs["build_options"]["fastbev-lut"]) == {"overlap": "last", "precision": "float32", "points": "get_points", "xyz_layout": True}
     assert "bevpoolv2_ranks_bev" not in interop and "fastbev_lut_xyz" in interop
     result = runner.invoke(app, ["export-interop", str(store), "--overlap", "first", "--quiet"])
     assert result.exit_code == 0, result.output
-    assert dict(load(store)["interop"].attrs["build_options"]["fastbev-lut"]) == {"overlap": "first", "precision": "float32", "xyz_layout": True}
+    assert dict(load(store)["interop"].attrs["build_options"]["fastbev-lut"]) == {"overlap": "first", "precision": "float32", "points": "get_points", "xyz_layout": True}
     result = runner.invoke(app, ["export-interop", str(store), "--to", "bevpoolv2", "--quiet"])
     assert result.exit_code == 0, result.output
     assert dict(load(store)["interop"].attrs["build_options"]["bevpoolv2"]) == {"frustum_mapping": "linspace", "rounding": "trunc", "z_bins": None, "batch": 1}

@@ -4,6 +4,7 @@ feature level (Fast-BEV's multi-stride volumes)."""
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,29 @@ def fastbev_upstream_lut(stride: int = 4, crop_top: int = 70) -> np.ndarray:
     rig = parse_config(fastbev_m0_data() | {"feature": {"stride": stride, "pixel_mapping": "corner"}})
     cameras = [dict(c, resize=0.44, crop=[0, crop_top]) for c in data["cameras"]]
     return upstream.fastbev_lut_torch(cameras, data["sensors"][0], stride, rig.feature_size, **FASTBEV_M0)
+
+
+FASTBEV_R50_V4 = [
+    {"n_voxels": [200, 200, 6], "voxel_size": [0.5, 0.5, 1.0], "point_cloud_range": [-50, -50, -5, 50, 50, 3]},
+    {"n_voxels": [150, 150, 6], "voxel_size": [2 / 3, 2 / 3, 1.0], "point_cloud_range": [-50, -50, -5, 50, 50, 3]},
+    {"n_voxels": [100, 100, 6], "voxel_size": [1.0, 1.0, 1.0], "point_cloud_range": [-50, -50, -5, 50, 50, 3]},
+]
+"""Fast-BEV R50 v4's voxel grid per FPN level (strides 4, 8, 16): ``n_voxels`` / ``voxel_size`` of
+configs/fastbev/exp/paper/fastbev_r50_v4_ms_20cbgs_s256x704_v200x200x6_c256_d6_f4.py (Sense-GVT/Fast-BEV
+@d16b76fc6571ef06ff97dc0a4aac4d710438bbe1), one per level (``extract_feat`` style v4)."""
+
+
+@functools.lru_cache(maxsize=8)
+def fastbev_v4_upstream_lut(level: int, flip: bool, crop_width: int = 704) -> np.ndarray:
+    """Fast-BEV's torch code path (tests/upstream.py) for R50 v4's level ``level`` on the nuScenes
+    car: 704x256 input, resize 0.44, centred crop top 70, stride 4 / 8 / 16 (feature maps 176x64,
+    88x32, 44x16), that level's voxel grid; ``flip``: the second pass of ``TestTimeAugImageMultiViewImage``
+    (``img_transform`` mirrors with ``b = crop[2] - crop[0] = crop_width``; 703 gives the exact
+    mirror ``W - 1 - u`` instead, for comparison). Its (X, Y, Z) LUT."""
+    data = rigs.nuscenes_data()
+    stride = (4, 8, 16)[level]
+    cameras = [dict(c, resize=0.44, crop=[0, 70], flip=flip, input_size=(crop_width, 256)) for c in data["cameras"]]
+    return upstream.fastbev_lut_torch(cameras, data["sensors"][0], stride, (704 // stride, 256 // stride), **FASTBEV_R50_V4[level])
 
 
 def test_fastbev_bmm_moves_only_voxels_on_a_rounding_edge() -> None:
@@ -129,9 +153,13 @@ def test_float32_needs_pinhole_cameras() -> None:
 def test_options_round_trip_and_keep_old_build_options() -> None:
     assert FastBevOptions().to_dict() == {"overlap": "first"}  # stores of before keep their bytes
     full = FastBevOptions("last", "float32", True)
-    assert full.to_dict() == {"overlap": "last", "precision": "float32", "xyz_layout": True}
+    assert full.to_dict() == {"overlap": "last", "precision": "float32", "points": "get_points", "xyz_layout": True}
     assert FastBevOptions.from_dict(full.to_dict()) == full
     assert FastBevOptions.from_dict({"overlap": "last"}) == FastBevOptions("last")
+    # a float32 store built before get_points was restated records no points: it rebuilds with the cell centres
+    assert FastBevOptions.from_dict({"overlap": "last", "precision": "float32"}).points == "cell_centres"
+    with pytest.raises(UsageError, match=r"fastbev-lut points must be one of get_points, cell_centres, got 'corners'"):
+        FastBevOptions.from_dict({"overlap": "last", "precision": "float32", "points": "corners"})
     with pytest.raises(UsageError, match=r"--precision must be one of float64, float32, got 'float16'"):
         FastBevOptions(precision="float16").validate()
 
@@ -298,3 +326,50 @@ def test_convention_region_interop_keeps_the_dense_grid_and_leaves_petr_alone() 
     assert inside[bev.ranks_bev.astype(np.int64) % inside.size].all()
     petr, petr_full = build_petr_coords(rig), build_petr_coords(full_rig)
     assert np.array_equal(petr.coords3d, petr_full.coords3d) and np.array_equal(petr.coords_mask, petr_full.coords_mask)
+
+
+def test_a_flipped_image_is_restated_in_float32_by_fastbev_only() -> None:
+    """``image_aug.flip`` in the float32 restatements: Fast-BEV's states it (its ``img_transform``);
+    BEVDet's lift (BEVPoolv2) and PETR's position embedding do not, and refuse it in one line
+    naming the camera and the way out; their float64 products follow the flip."""
+    from bevcompile.interop.bevpoolv2 import BevPoolOptions, build_bevpoolv2
+    from bevcompile.interop.petr import PetrOptions, build_petr_coords
+
+    data = rigs.small_rig_data(heights=(0.0,), bev_half_m=16.0, pixel_mapping="corner")
+    data["image_aug"]["flip"] = True
+    rig = parse_config(data)
+    assert build_fastbev_lut(rig, FastBevOptions("last", precision="float32")).n_seen > 0
+    assert build_bevpoolv2(rig, BevPoolOptions()).n_kept > 0 and build_petr_coords(rig, PetrOptions()).coords3d.size > 0
+    refusal = r"--precision float32 restates {} without a flipped image; camera FRONT has image_aug.flip \(use --precision float64, which follows the flip\)"
+    with pytest.raises(UsageError, match=refusal.format("BEVDet's pinhole lift")):
+        build_bevpoolv2(rig, BevPoolOptions(precision="float32"))
+    with pytest.raises(UsageError, match=refusal.format("PETR's pinhole position embedding")):
+        build_petr_coords(rig, PetrOptions(precision="float32"))
+
+
+def test_float32_points_restate_get_points_and_older_float32_stores_still_pass(tmp_path: Path) -> None:
+    """The float32 voxel points are ``get_points``' own float32 arithmetic: on the 0.8 m nuScenes
+    grid (not exact in float32) 78 of the 128 x (and y) points differ by one ulp from the float32 of
+    the cell centres, which moves 1 of the 16,384 LUT cells. A float32 store built before (its
+    build_options record no ``points``, its LUT the cell centres') still passes inspect and
+    ``--strict``: it is rebuilt with the arithmetic it was built with."""
+    from bevcompile.interop.fastbev import fastbev_points_float32
+
+    rig = rigs.nuscenes_rig()
+    centres = (rig.bev.x.min + (np.arange(rig.bev.nx) + 0.5) * rig.bev.x.step).astype(np.float32)
+    assert int(np.count_nonzero(fastbev_points_float32(rig.bev.x) != centres)) == 78
+    new = build_fastbev_lut(rig, FastBevOptions("last", "float32")).lut
+    old = build_fastbev_lut(rig, FastBevOptions("last", "float32", points="cell_centres")).lut
+    assert int(np.count_nonzero(new != old)) == 1
+    store = run_grid(rig, tmp_path).store
+    run_export_interop(store, {"fastbev-lut": FastBevOptions("last", "float32").to_dict()})
+    damage.rewrite_array(store, "interop/fastbev_lut", old)
+    meta_path = store / "interop" / "zarr.json"  # the group as the earlier tool wrote it: no points option, no points attribute
+    meta = json.loads(meta_path.read_text())
+    meta["attributes"]["build_options"]["fastbev-lut"] = {"overlap": "last", "precision": "float32"}
+    del meta["attributes"]["fastbev-lut"]["points"]
+    meta_path.write_text(json.dumps(meta, indent=2))
+    damage.reconsolidate(store)
+    assert inspect_store(store).passed and inspect_store(store, strict=True).passed
+    damage.rewrite_array(store, "interop/fastbev_lut", new)  # the get_points LUT under the old options: caught
+    assert ("fastbev_matches_rebuild", "interop/fastbev_lut") in [(c.name, c.array) for c in inspect_store(store).failures]

@@ -83,7 +83,7 @@ def test_matrix_precision_is_recorded_rebuilt_by_strict_and_checked(tmp_path: Pa
     ("args", "phrase"),
     [
         (["--mode", "grid"], "--precision float32 restates BEVDet's float32 lift: --mode frustum only (--mode grid)"),
-        (["--precision", "float16"], "--precision must be one of float64, float32, got 'float16'"),
+        (["--precision", "bfloat16"], "--precision must be one of float64, float32, float16, got 'bfloat16'"),
     ],
 )
 def test_bad_matrix_precision_is_a_usage_error(tmp_path: Path, args: list[str], phrase: str) -> None:

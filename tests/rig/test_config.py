@@ -644,3 +644,90 @@ def test_bad_feature_levels_are_named(tmp_path: Path, case: str, feature: Any, f
     with pytest.raises(ConfigError) as info:
         load_config(config)
     assert info.value.field == field and phrase in info.value.message, str(info.value)
+
+
+# -- per-level BEV grids (feature.levels[l].bev) and the image flip (image_aug.flip) ------------
+
+
+def _level_grid_data() -> dict[str, Any]:
+    """nuScenes with two feature levels, level 1 on its own coarser grid (1.6 m, two heights)."""
+    data = nuscenes_data()
+    data["feature"] = {"levels": [{"stride": 8}, {"stride": 16, "bev": {"x": [-48.0, 48.0, 1.6], "y": [-32.0, 32.0, 1.6], "heights": [0.0, 1.0]}}]}
+    return data
+
+
+def test_level_grids_round_trip_and_leave_other_configs_alone() -> None:
+    """``feature.levels[l].bev`` gives level ``l`` its own cells and heights (``bev:``'s fields
+    overridden key by key, ``bev.frame`` kept): ``rig.level(l)`` samples them, the resolved config
+    writes the level's full grid and re-parses to the same hash; a config without level grids keeps
+    its resolved form (no ``bev`` key under a level)."""
+    rig = parse_config(_level_grid_data())
+    assert rig.has_level_grids and rig.bev.nx == 128 and rig.level(0).bev == rig.bev
+    level = rig.level(1)
+    assert (level.bev.nx, level.bev.ny, level.bev.heights, level.bev.frame) == (60, 40, (0.0, 1.0), "ego")
+    assert level.bev.z == rig.bev.z and level.feature_size == (44, 16) and level.n_levels == 1
+    resolved = config_to_dict(rig)
+    assert resolved["feature"]["levels"][1]["bev"] == {"x": [-48.0, 48.0, 1.6], "y": [-32.0, 32.0, 1.6], "z": [-5.0, 3.0, 8.0], "heights": [0.0, 1.0]}
+    assert "bev" not in resolved["feature"]["levels"][0]
+    again = parse_config(resolved)
+    assert config_to_dict(again) == resolved and config_sha256(again) == config_sha256(rig) and again.level(1).bev == level.bev
+    plain = _level_grid_data()
+    del plain["feature"]["levels"][1]["bev"]
+    plain_rig = parse_config(plain)
+    assert not plain_rig.has_level_grids and plain_rig.level(1).bev == plain_rig.bev
+    assert all("bev" not in lv for lv in config_to_dict(plain_rig)["feature"]["levels"])
+
+
+LEVEL_GRID_CASES: list[tuple[str, Any, str, str]] = [
+    ("level-0", {0: {"x": [-10, 10, 1]}}, "feature.levels[0].bev", "level 0 samples bev: (give a level its own grid from feature.levels[1] on)"),
+    ("frame", {1: {"frame": "LIDAR_TOP"}}, "feature.levels[1].bev.frame", "unknown field (allowed here: heights, x, y, z)"),
+    ("empty", {1: {}}, "feature.levels[1].bev", "empty: give the level's own x, y, z, heights"),
+    ("not-a-mapping", {1: [1, 2]}, "feature.levels[1].bev", "expected a mapping, got list"),
+    ("bad-axis", {1: {"x": [-10, 10, 3]}}, "feature.levels[1].bev.x", "range 20 m is not a whole number of 3 m steps"),
+    ("bad-step", {1: {"y": [-10, 10, -1]}}, "feature.levels[1].bev.y[2]", "step must be > 0, got -1"),
+    ("heights", {1: {"heights": [0.0, 0.0]}}, "feature.levels[1].bev.heights", "heights must be distinct"),
+    ("no-heights", {1: {"heights": []}}, "feature.levels[1].bev.heights", "must hold at least one height"),
+    ("too-big", {1: {"x": [0, 100000, 0.01], "y": [0, 1000, 0.01]}}, "feature.levels[1].bev", "exceeds the limit of 100,000,000"),
+]
+
+
+@pytest.mark.parametrize(("case", "grids", "field", "phrase"), LEVEL_GRID_CASES, ids=[c[0] for c in LEVEL_GRID_CASES])
+def test_bad_level_grids_are_named(tmp_path: Path, case: str, grids: dict[int, Any], field: str, phrase: str) -> None:
+    data = _level_grid_data()
+    for index, grid in grids.items():
+        data["feature"]["levels"][index]["bev"] = grid
+    with pytest.raises(ConfigError) as info:
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
+    assert info.value.field == field and phrase in info.value.message, str(info.value)
+
+
+def test_level_grids_and_a_bev_region_are_refused_together(tmp_path: Path) -> None:
+    data = _level_grid_data()
+    data["bev"]["region"] = {"rings": [{"beyond_m": 20, "factor": 2}]}
+    with pytest.raises(ConfigError) as info:
+        load_config(write_yaml(tmp_path / "rig.yaml", data))
+    assert info.value.field == "feature.levels[1].bev"
+    assert info.value.message == "a level's own BEV grid cannot be combined with bev.region (the region is a set of bev:'s cells)"
+
+
+def test_image_flip_round_trips_and_is_recorded_only_when_set(tmp_path: Path) -> None:
+    """``image_aug.flip`` (top level or per camera, default false): the resolved config carries
+    ``flip: true`` only where it is set, so configs without a flip keep their hash."""
+    plain = parse_config(nuscenes_data())
+    assert not any(c.image_aug.flip for c in plain.cameras)
+    assert all("flip" not in c["image_aug"] for c in config_to_dict(plain)["cameras"])
+    data = nuscenes_data()
+    data["image_aug"]["flip"] = True
+    data["cameras"][2]["image_aug"] = {"flip": False}
+    rig = load_config(write_yaml(tmp_path / "rig.yaml", data))
+    assert [c.image_aug.flip for c in rig.cameras] == [True, True, False, True, True, True]
+    assert rig.cameras[0].image_aug.crop_width == 704
+    resolved = config_to_dict(rig)
+    assert [c["image_aug"].get("flip") for c in resolved["cameras"]] == [True, True, None, True, True, True]
+    again = parse_config(resolved)
+    assert config_sha256(again) == config_sha256(rig) != config_sha256(plain)
+    assert [c.image_aug for c in again.cameras] == [c.image_aug for c in rig.cameras]
+    data["image_aug"]["flip"] = "yes"
+    with pytest.raises(ConfigError) as info:
+        load_config(write_yaml(tmp_path / "bad.yaml", data))
+    assert info.value.field == "image_aug.flip" and info.value.message == "expected true or false, got str"

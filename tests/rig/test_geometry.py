@@ -25,6 +25,7 @@ from bevcompile.rig.geometry import (
     ego_from_cam_matrix,
     feature_px_to_image_px,
     image_px_to_feature_px,
+    image_px_to_input_px,
     intersect_feature_rays_with_plane,
     lens_limits,
     opencv_jacobian_det,
@@ -154,6 +155,45 @@ def test_convention_feature_pixel_mappings(mapping: str, input_of_feature_11_7: 
     image = feature_px_to_image_px(rig, camera, np.array([11.0, 7.0]))
     np.testing.assert_allclose(image * 0.5, input_of_feature_11_7, rtol=0, atol=1e-12)
     np.testing.assert_allclose(image_px_to_feature_px(rig, camera, image), [11.0, 7.0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pad_right", [0, 8])
+def test_convention_image_flip_is_fastbevs_img_transform(pad_right: int) -> None:
+    """``image_aug.flip``: input pixel ``u_in`` of the unflipped crop becomes ``W_crop - u_in``
+    (``W_crop = input width - pad right``), ``v_in`` unchanged: what Fast-BEV's ``img_transform``
+    computes (restated here in torch float32 from Sense-GVT/Fast-BEV
+    mmdet3d/datasets/pipelines/transforms_3d.py @feacd875022cf2733fc1cf953f97fd735966a221:
+    ``post_rot = [[-1, 0], [0, 1]] @ (resize I)``, ``post_tran = [[-1, 0], [0, 1]] @ (0 - crop) +
+    [crop[2] - crop[0], 0]``). The image itself is mirrored by ``Image.FLIP_LEFT_RIGHT`` (``np.fliplr``):
+    column ``c`` goes to ``W_crop - 1 - c``, so the flipped geometry puts a point ONE input pixel
+    right of where the mirrored image shows it; bevcompile follows the model, not the exact mirror."""
+    data = small_rig_data(pixel_mapping="corner")
+    data["image_aug"] = {"resize": 0.5, "crop": [0, 0], "input_size": [96 + pad_right, 64], "pad": [pad_right, 0]}
+    rig = parse_config(data)
+    data["image_aug"]["flip"] = True
+    flipped = parse_config(data)
+    camera, camera_f = rig.cameras[1], flipped.cameras[1]
+    uv_image = np.array([[0.0, 0.0], [17.25, 40.5], [95.5, 63.5], [191.0, 127.0]])
+    u_in, v_in = image_px_to_input_px(camera, uv_image)
+    u_f, v_f = image_px_to_input_px(camera_f, uv_image)
+    np.testing.assert_array_equal(u_f, 96.0 - u_in)
+    np.testing.assert_array_equal(v_f, v_in)
+    resize, crop, w_crop = 0.5, (0.0, 0.0), 96  # Fast-BEV's crop = (0, 0, 0 + fW, 0 + fH)
+    a = torch.Tensor([[-1, 0], [0, 1]])
+    post_rot = a.matmul(torch.eye(2) * resize)
+    post_tran = a.matmul(torch.zeros(2) - torch.Tensor(crop)) + torch.Tensor([w_crop, 0])
+    theirs = (torch.tensor(uv_image, dtype=torch.float32) @ post_rot.T + post_tran).numpy()
+    np.testing.assert_allclose(np.stack([u_f, v_f], axis=-1), theirs, rtol=0, atol=1e-5)
+    # the mirrored crop (PIL FLIP_LEFT_RIGHT) holds input column c at W_crop - 1 - c
+    crop_image = np.zeros((64, 96))
+    crop_image[30, 17] = 1.0
+    (row, col), = np.argwhere(np.fliplr(crop_image) == 1.0)
+    point = image_px_to_input_px(camera_f, np.array([17.0 / resize, 30.0 / resize]))
+    assert (col, row) == (96 - 1 - 17, 30) and (float(point[0]), float(point[1])) == (col + 1.0, 30.0)
+    # corner mapping: feature u_f = u_in / s of the flipped input; the inverse undoes the flip
+    feature = image_px_to_feature_px(flipped, camera_f, uv_image)
+    np.testing.assert_array_equal(feature[:, 0], (96.0 - u_in) / 8.0)
+    np.testing.assert_allclose(feature_px_to_image_px(flipped, camera_f, feature), uv_image, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize(("pad_bottom", "size_rule"), [(0, "exact"), (8, "exact"), (4, "ceil")])

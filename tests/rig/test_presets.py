@@ -310,6 +310,56 @@ def test_fastbev_presets_equal_fastbev_backproject_inplace(tmp_path: Path) -> No
         assert np.array_equal(arrays[f"fastbev_lut_xyz_l{level}"], theirs), stride
 
 
+def test_fastbev_r50_v4_preset_equals_fastbev_per_level_and_flipped(tmp_path: Path) -> None:
+    """calibration + ``preset: fastbev-r50-v4`` -> grid -> export-interop gives, at each of the
+    three levels, on that level's OWN voxel grid (``feature.levels[l].bev``: 200x200x6 @0.5 m,
+    150x150x6 @2/3 m, 100x100x6 @1 m), Fast-BEV's own torch float32 LUT (tests/upstream.py
+    fastbev_lut_torch: rts2proj, img_transform, _compute_projection, get_points, backproject_inplace;
+    the grids of configs/fastbev/exp/paper/fastbev_r50_v4_ms_20cbgs_s256x704_v200x200x6_c256_d6_f4.py
+    @d16b76f): 0 of 240,000 / 135,000 / 60,000 voxels differ. The second test-time pass
+    (``image_aug: {flip: true}``, TestTimeAugImageMultiViewImage's flip) gives Fast-BEV's flipped run:
+    0 differ at every level. Measured alternatives: the exact mirror ``W - 1 - u`` instead of
+    Fast-BEV's ``W - u`` changes 57,415 / 16,284 / 3,564 voxels of the flipped pass; level 1's points
+    made as the float32 of the cell centres instead of get_points' float32 arithmetic 1 (flipped pass);
+    the float64 LUT (nearest pixel, ties half up) 1 / 1 / 1 (unflipped) and 0 / 1 / 0 (flipped); the
+    flipped pass differs from the unflipped in 229,283 / 127,905 / 55,884."""
+    from ..interop.test_fastbev import fastbev_v4_upstream_lut
+
+    config = write_yaml(tmp_path / "fastbev.yaml", calibration_with("fastbev-r50-v4"))
+    assert runner.invoke(app, ["grid", str(config), "--out", str(tmp_path), "--quiet"]).exit_code == 0
+    result = runner.invoke(app, ["export-interop", str(tmp_path / "fastbev-r50-v4.zarr"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    interop = load(tmp_path / "fastbev-r50-v4.zarr")["interop"]
+    flipped = parse_config(calibration_with("fastbev-r50-v4", name="fastbev-r50-v4-flip", image_aug={"flip": True}))
+    assert all(c.image_aug.flip and (c.image_aug.resize, c.image_aug.crop_top) == (0.44, 70.0) for c in flipped.cameras)
+    options = FastBevOptions(**flipped.interop_options("fastbev-lut"))
+    flipped_arrays, _ = fastbev_level_arrays(flipped, options)
+    plain = parse_config(calibration_with("fastbev-r50-v4"))
+    f64 = {flip: fastbev_level_arrays(rig, FastBevOptions("last", "float64", True))[0] for flip, rig in ((False, plain), (True, flipped))}
+    measured: dict[str, list[int]] = {key: [] for key in ("mirror", "f64", "f64_flip", "flip_vs_plain")}
+    for level, n_voxels in enumerate((240_000, 135_000, 60_000)):
+        name = "fastbev_lut_xyz" + ("" if level == 0 else f"_l{level}")
+        theirs, theirs_flipped = fastbev_v4_upstream_lut(level, False), fastbev_v4_upstream_lut(level, True)
+        ours = np.asarray(interop[name])
+        assert ours.shape == theirs.shape == flipped_arrays[name].shape and ours.size == n_voxels
+        assert int(np.count_nonzero(ours != theirs)) == 0, level
+        assert int(np.count_nonzero(flipped_arrays[name] != theirs_flipped)) == 0, level
+        measured["mirror"].append(int(np.count_nonzero(fastbev_v4_upstream_lut(level, True, 703) != theirs_flipped)))
+        measured["f64"].append(int(np.count_nonzero(f64[False][name] != theirs)))
+        measured["f64_flip"].append(int(np.count_nonzero(f64[True][name] != theirs_flipped)))
+        measured["flip_vs_plain"].append(int(np.count_nonzero(theirs_flipped != theirs)))
+    assert measured == {"mirror": [57_415, 16_284, 3_564], "f64": [1, 1, 1], "f64_flip": [0, 1, 0], "flip_vs_plain": [229_283, 127_905, 55_884]}
+    centres, _ = fastbev_level_arrays(flipped, FastBevOptions(**(flipped.interop_options("fastbev-lut") | {"points": "cell_centres"})))
+    assert int(np.count_nonzero(centres["fastbev_lut_xyz_l1"] != fastbev_v4_upstream_lut(1, True))) == 1
+    # bevcompile presets NAME shows every value with its upstream repository, file and commit
+    shown = runner.invoke(app, ["presets", "fastbev-r50-v4"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    for source in PRESETS["fastbev-r50-v4"].sources:
+        assert f"{source.repo} {source.path} @{source.commit[:12]}" in text, source
+    assert "image_aug.flip: TestTimeAugImageMultiViewImage" in text and "fastbev_r50_v4_ms_20cbgs_s256x704_v200x200x6_c256_d6_f4.py @d16b76fc6571" in text
+
+
 def petr_lidar2img(data: dict[str, Any], names: tuple[str, ...], resize: float, crop: tuple[int, int], ego_poses: dict[str, Any] | None = None) -> list[np.ndarray]:
     """PETR's ``lidar2img`` per camera from the calibration as nuScenes stores it: mmdet3d's
     sensor2lidar (one static pose), PETR's dataset ``viewpad @ lidar2cam_rt.T`` and its
