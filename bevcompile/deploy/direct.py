@@ -24,6 +24,7 @@ int8, by the target's route (:data:`bevcompile.deploy.targets.INT8_ROUTES`):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -288,28 +289,9 @@ def replace_lift_float(lift: LiftMatrix) -> LiftMatrix:
 
 
 def _metadata(store: Any, options: ox.ExportOptions, profile: TargetProfile, form: str, route: str | None) -> dict[str, str]:
-    from .._version import __version__
-
-    w_f, h_f = store.feature_size
-    n_h, ny, nx = store.bev_shape
-    return {
-        "bevcompile.version": __version__,
-        "bevcompile.store_name": store.name,
-        "bevcompile.config_sha256": store.config_sha256,
-        "bevcompile.product": options.product,
-        "bevcompile.reduce": options.reduce if options.product == "gather" else "",
-        "bevcompile.weights": options.weights,
-        "bevcompile.rows": options.rows,
-        "bevcompile.exporter": "bevcompile",
-        "bevcompile.feature_size": f"[{w_f}, {h_f}]",
-        "bevcompile.bev_shape": f"[{n_h}, {ny}, {nx}]",
-        "bevcompile.cameras": ",".join(store.rig.camera_names),
-        "bevcompile.target": profile.name,
-        "bevcompile.form": form,
-        "bevcompile.input_rank": str(profile.input_rank),
-        "bevcompile.int8_route": route or "",
-        "bevcompile.guard": "true" if options.guard else "false",
-    }
+    return ox.metadata_entries(
+        store, dataclasses.replace(options, target=profile.name), "bevcompile", form=form, input_rank=str(profile.input_rank), int8_route=route or ""
+    )
 
 
 __all__ = ["calibration_inputs", "export_direct"]

@@ -1213,11 +1213,13 @@ def _float32_export(store: LoadedStore, args: tuple[Any, ...], names: list[str],
         tmp.unlink(missing_ok=True)
 
 
-def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, exporter: str) -> None:
-    """Record where the graph came from in the model's metadata_props."""
+def metadata_entries(store: LoadedStore, options: ExportOptions, exporter: str, *, form: str = "torch", **extra: str) -> dict[str, str]:
+    """The ``bevcompile.*`` metadata_props of an exported graph: where it came from (store, config
+    hash, product, weights, shapes) and how it was built (``form``; ``extra`` keys added as
+    ``bevcompile.<key>``)."""
     w_f, h_f = store.feature_size
     n_h, ny, nx = store.bev_shape
-    entries = {
+    return {
         "bevcompile.version": __version__,
         "bevcompile.store_name": store.name,
         "bevcompile.config_sha256": store.config_sha256,
@@ -1230,10 +1232,16 @@ def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, export
         "bevcompile.bev_shape": f"[{n_h}, {ny}, {nx}]",
         "bevcompile.cameras": ",".join(store.rig.camera_names),
         "bevcompile.target": options.target,
-        "bevcompile.form": "torch",
+        "bevcompile.form": form,
         "bevcompile.guard": "true" if options.guard else "false",
         "bevcompile.classes": str(options.classes) if options.classes else "",
+        **{f"bevcompile.{key}": value for key, value in extra.items()},
     }
+
+
+def _add_metadata(model: Any, store: LoadedStore, options: ExportOptions, exporter: str) -> None:
+    """Record where the graph came from in the model's metadata_props."""
+    entries = metadata_entries(store, options, exporter)
     del model.metadata_props[:]
     for key, value in entries.items():
         prop = model.metadata_props.add()

@@ -446,7 +446,7 @@ def _frustum_raw(
 ) -> npt.NDArray[np.float64]:
     """The raw weight of each entry ``(e_row, e_col)``: frustum mode, the splat weight of the column's
     point into the row; ray mode, the prior-weighted sum of its depth bins' (in increasing ``d``)."""
-    from .reference import frustum_points_of, splat_corners
+    from .reference import frustum_cell_coordinates_of, splat_cell_corners
 
     w_f, h_f = rig.feature_size
     plane = w_f * h_f
@@ -466,8 +466,8 @@ def _frustum_raw(
     for c in np.unique(cam):
         at = np.flatnonzero(cam == c)
         v, u = np.divmod(pix[at], w_f)
-        points, ok = frustum_points_of(rig, int(c), u, v, d[at])
-        cells, corner_w = splat_corners(rig, points, ok, options.splat, options.rounding)
+        fx, fy, fz, ok = frustum_cell_coordinates_of(rig, int(c), u, v, d[at], options.precision)
+        cells, corner_w = splat_cell_corners(rig, fx, fy, fz, ok, options.splat, options.rounding)
         hits = _rows_of_cells(cells, row_cells, table, n_cells) == rows[at, None]
         weight[at] = np.where(hits, corner_w, 0.0).sum(axis=1)
         if prior is not None:

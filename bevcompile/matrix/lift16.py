@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from ..rig.config import RigConfig
 from ..rig.geometry import bev_from_cam_matrix
-from .lift32 import pinhole_for_float32, torch_linspace_float32
+from .lift32 import frustum_float32, pinhole_for_float32
 
 F32 = npt.NDArray[np.float32]
 FLOAT16_CULL_MARGIN_M = 0.5
@@ -112,21 +112,7 @@ def bevdepth_points_float16(
     :func:`bevcompile.matrix.lift32.bevdet_points_float32` takes them (the same elementwise
     operations on fewer points: the same bits)."""
     camera = pinhole_for_float32(rig, cam_index, "BEVDepth's pinhole get_geometry", precision="float16")
-    w_in, h_in = rig.input_size
-    w_f, h_f = rig.feature_size
-    depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
-    if depth_slice is not None:
-        depths = depths[depth_slice]
-    lin_x = torch_linspace_float32(0.0, w_in - 1, w_f)
-    lin_y = torch_linspace_float32(0.0, h_in - 1, h_f)
-    if pixels is None:
-        xs, ys = lin_x[None, None, :], lin_y[None, :, None]
-        d = depths[:, None, None]
-        shape: tuple[int, ...] = (depths.size, h_f, w_f)
-    else:
-        xs, ys = lin_x[pixels % w_f][None, :], lin_y[pixels // w_f][None, :]
-        d = depths[:, None]
-        shape = (depths.size, int(np.size(pixels)))
+    xs, ys, d, shape = frustum_float32(rig, depth_slice, pixels)
     frustum = [np.broadcast_to(to_float16(c), shape) for c in (xs, ys, d, np.ones(1, dtype=np.float32))]
     aug = camera.image_aug
     p0, p1, p2, p3 = matmul_float16(ida_inverse_float32(aug.resize, aug.crop_left, aug.crop_top), frustum)

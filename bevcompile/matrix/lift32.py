@@ -79,21 +79,15 @@ def _sum_rounded_once_float32(a: float, b: npt.NDArray[np.float64]) -> npt.NDArr
     return np.where(tie & toward_other, other.astype(np.float32), out)
 
 
-def bevdet_points_float32(
-    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, pixels: npt.NDArray[np.integer[Any]] | None = None
-) -> npt.NDArray[np.float32]:
-    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
-    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
-    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
-    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
-    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
-    camera pose in the BEV frame.
+def frustum_float32(
+    rig: RigConfig, depth_slice: slice | None = None, pixels: npt.NDArray[np.integer[Any]] | None = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32], tuple[int, ...]]:
+    """The float32 frustum of ``create_frustum`` (BEVDet, BEVDepth): ``torch.linspace`` input-pixel
+    columns and rows, ``torch.arange`` depths (double, then cast).
 
-    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame, for depth
-    bins ``depth_slice`` (default all); with ``pixels`` (flat feature pixels ``v * W_f + u``),
-    ``(D', P, 3)`` of those pixels only (the same elementwise operations: the same bits)."""
-    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
-    f32 = np.float32
+    Convention: ``(xs, ys, d, shape)``, float32 arrays that broadcast to ``shape``: ``(D', H_f, W_f)``
+    for the depth bins ``depth_slice`` (default all), or ``(D', P)`` for the flat feature pixels
+    ``pixels`` (``v * W_f + u``); ``xs`` / ``ys`` in network-input pixels, ``d`` in metres."""
     w_in, h_in = rig.input_size
     w_f, h_f = rig.feature_size
     depths = np.asarray(rig.depth.values(), dtype=np.float64).astype(np.float32)  # torch.arange: double, then cast
@@ -109,6 +103,25 @@ def bevdet_points_float32(
         xs, ys = lin_x[pixels % w_f][None, :], lin_y[pixels // w_f][None, :]
         d = depths[:, None]
         shape = (depths.size, int(np.size(pixels)))
+    return xs, ys, d, shape
+
+
+def bevdet_points_float32(
+    rig: RigConfig, cam_index: int, depth_slice: slice | None = None, pixels: npt.NDArray[np.integer[Any]] | None = None
+) -> npt.NDArray[np.float32]:
+    """BEVDet's ``create_frustum`` + ``get_lidar_coor`` in its own float32 op sequence (dev3.0),
+    for one camera: the linspace frustum and ``arange`` depths in float32, ``points - post_trans``,
+    ``inverse(post_rots) @ points`` (``post_rots = float32(resize)``), ``(x d, y d, d)``,
+    ``(sensor2ego[:3, :3] @ inverse(cam2img)) @ points + sensor2ego[:3, 3]`` (3x3 products summed
+    in order, ``inverse(K)[0, 2] = -(cx * (1 / fx))`` as LAPACK gives), ``sensor2ego`` the float32
+    camera pose in the BEV frame.
+
+    Convention: returns float32 ``(D', H_f, W_f, 3)`` points (x, y, z) in the BEV frame, for depth
+    bins ``depth_slice`` (default all); with ``pixels`` (flat feature pixels ``v * W_f + u``),
+    ``(D', P, 3)`` of those pixels only (the same elementwise operations: the same bits)."""
+    camera = pinhole_for_float32(rig, cam_index, "BEVDet's pinhole lift")
+    f32 = np.float32
+    xs, ys, d, shape = frustum_float32(rig, depth_slice, pixels)
     aug = camera.image_aug
     inv_r = f32(1.0) / f32(aug.resize)
     px = xs - (f32(0.0) - f32(aug.crop_left))  # post_tran = 0 - crop (float32)

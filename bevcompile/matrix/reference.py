@@ -83,6 +83,29 @@ def frustum_points_of(rig: RigConfig, cam_index: int, u: I64, v: I64, depth_bin:
     return translation + depths[:, None] * ray_bev, ok
 
 
+def frustum_cell_coordinates_of(
+    rig: RigConfig, cam_index: int, u: I64, v: I64, depth_bin: I64, precision: str = "float64"
+) -> tuple[F64, F64, F64, npt.NDArray[np.bool_]]:
+    """:func:`frustum_cell_coordinates` of the feature pixels ``(u, v)`` at depth bins ``depth_bin``
+    of one camera only (``(n,)`` int arrays), elementwise: the same bits as the whole camera's.
+
+    Convention: returns ``(f_x, f_y, f_z, ok)`` ``(n,)``, the cell coordinates ``(p - min) / step``
+    (float64 values; float32 / float16 lifts as :func:`frustum_cell_coordinates` computes them)."""
+    bev = rig.bev
+    u, v, depth_bin = (np.asarray(a, dtype=np.int64) for a in (u, v, depth_bin))
+    if precision in ("float32", "float16"):
+        w_f = rig.feature_size[0]
+        pixels, which = np.unique(v * w_f + u, return_inverse=True)
+        lift = bevdepth_points_float16 if precision == "float16" else bevdet_points_float32
+        lifted = lift(rig, cam_index, pixels=pixels)  # (D, P, 3)
+        with np.errstate(invalid="ignore"):
+            scaled = scaled_float32(lifted, (bev.x.min, bev.y.min, bev.z.min), (bev.x.step, bev.y.step, bev.z.step))
+        picked = scaled[depth_bin, which.ravel()].astype(np.float64)
+        return picked[:, 0], picked[:, 1], picked[:, 2], np.ones(u.size, dtype=bool)
+    points, ok = frustum_points_of(rig, cam_index, u, v, depth_bin)
+    return (points[:, 0] - bev.x.min) / bev.x.step, (points[:, 1] - bev.y.min) / bev.y.step, (points[:, 2] - bev.z.min) / bev.z.step, ok
+
+
 def splat_corners(rig: RigConfig, points_bev: F64, ok: npt.NDArray[np.bool_], splat: str, rounding: str) -> tuple[I64, F64]:
     """The BEV cells points ``(n, 3)`` splat to and their weights, as
     :func:`reference_frustum_entries` decides them: ``(cells (n, c), weights (n, c))`` with
@@ -92,6 +115,12 @@ def splat_corners(rig: RigConfig, points_bev: F64, ok: npt.NDArray[np.bool_], sp
     fx = (points_bev[:, 0] - bev.x.min) / bev.x.step
     fy = (points_bev[:, 1] - bev.y.min) / bev.y.step
     fz = (points_bev[:, 2] - bev.z.min) / bev.z.step
+    return splat_cell_corners(rig, fx, fy, fz, ok, splat, rounding)
+
+
+def splat_cell_corners(rig: RigConfig, fx: F64, fy: F64, fz: F64, ok: npt.NDArray[np.bool_], splat: str, rounding: str) -> tuple[I64, F64]:
+    """:func:`splat_corners` of points given by their cell coordinates ``(p - min) / step`` ``(n,)``."""
+    bev = rig.bev
     with np.errstate(invalid="ignore"):
         inside = ok & _in_range(fx, bev.x.n, rounding) & _in_range(fy, bev.y.n, rounding) & _in_range(fz, bev.z.n, rounding)
     fx, fy = np.where(inside, fx, 0.5), np.where(inside, fy, 0.5)  # parked: masked below
