@@ -89,9 +89,16 @@ def _targets(arrays: Mapping[str, np.ndarray], attrs: Mapping[str, Any]) -> list
 
 
 def dimension_names_interop(name: str, ndim: int, attrs: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The ``dimension_names`` the writer gives ``interop/<name>`` (None: no array of that name)."""
+    """The ``dimension_names`` the writer gives ``interop/<name>`` (None: no array of that name): a
+    Fast-BEV level recorded with ``own_grid`` has its own axes."""
+    lut_attrs = attrs.get("fastbev-lut")
+    levels = lut_attrs.get("levels") if isinstance(lut_attrs, Mapping) else None
+    own = {
+        entry["level"] for entry in (levels if isinstance(levels, list) else [])
+        if isinstance(entry, Mapping) and entry.get("own_grid") is True and isinstance(entry.get("level"), int)
+    }
     try:
-        return interop_dimension_names(name)
+        return interop_dimension_names(name, own)
     except StoreError:
         return None
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,18 +51,22 @@ INTEROP_TARGETS = ("bevpoolv2", "fastbev-lut", "petr-coords3d")
 # --------------------------------------------------------------------------------------
 
 
-def interop_dimension_names(name: str, rig: RigConfig | None = None) -> tuple[str, ...]:
+def own_grid_levels(rig: RigConfig) -> frozenset[int]:
+    """The feature levels with their own BEV grid (``feature.levels[l].bev``; never level 0)."""
+    return frozenset(level for level in range(1, rig.n_levels) if rig.feature.levels[level].bev is not None)
+
+
+def interop_dimension_names(name: str, own_levels: Collection[int] = ()) -> tuple[str, ...]:
     """``interop/`` axes of the array ``name``: BEVPoolv2's kept ``point`` s and ``interval`` s,
     Fast-BEV's ``(height, y, x)`` voxels (``(x, y, height)`` in its own voxel order, ``_xyz``; the
-    same for every feature level ``_l<l>``, except a level with its own BEV grid in ``rig``
-    (``feature.levels[l].bev``), whose axes are ``height_l<l>``, ``y_l<l>``, ``x_l<l>``), PETR's
+    same for every feature level ``_l<l>``, except a level in ``own_levels`` (its own BEV grid,
+    ``feature.levels[l].bev``), whose axes are ``height_l<l>``, ``y_l<l>``, ``x_l<l>``), PETR's
     ``(camera, coord, feature_y, feature_x)``."""
     if name.startswith(BEVPOOL_PREFIX):
         return ("interval",) if name.startswith(BEVPOOL_PREFIX + "interval_") else ("point",)
     if name.startswith((FASTBEV_LUT_ARRAY, FASTBEV_N_VIEWS_ARRAY)):
         level = level_of_array(name)
-        own = rig is not None and 0 < level < rig.n_levels and rig.feature.levels[level].bev is not None
-        height, y, x = level_axis_names(level) if own else ("height", "y", "x")
+        height, y, x = level_axis_names(level) if level in own_levels else ("height", "y", "x")
         return (x, y, height) if name.startswith(FASTBEV_LUT_XYZ_ARRAY) else (height, y, x)
     if name == PETR_COORDS_ARRAY:
         return ("camera", "petr_coord", "feature_y", "feature_x")
@@ -314,7 +318,7 @@ def run_export_interop(
     report = write_groups(
         store.path,
         root_attrs=root_attributes(rig),
-        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: interop_dimension_names(name, rig) for name in arrays})},
+        groups={"interop": GroupData(arrays=arrays, attrs=attrs, dims={name: interop_dimension_names(name, own_grid_levels(rig)) for name in arrays})},
         replace_groups=("interop",),
     )
     npy_files: list[Path] = []

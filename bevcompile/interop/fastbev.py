@@ -395,7 +395,8 @@ def fastbev_attrs(luts: list[FastBevLut], rig: RigConfig) -> dict[str, Any]:
         attrs["levels"] = [
             {"level": i, "arrays": [f"fastbev_lut{'' if i == 0 else f'_l{i}'}"], "feature_size": list(lut.feature_size),
              "n_seen": lut.n_seen, "n_overlap": lut.n_overlap}
-            | ({"shape": list(lut.lut.shape), "heights": list(rig.level(i).bev.heights)} if rig.has_level_grids else {})
+            | ({"shape": list(lut.lut.shape), "heights": list(rig.level(i).bev.heights), "own_grid": rig.feature.levels[i].bev is not None}
+               if rig.has_level_grids else {})
             for i, lut in enumerate(luts)
         ]
     return attrs

@@ -687,7 +687,7 @@ LEVEL_GRID_CASES: list[tuple[str, Any, str, str]] = [
     ("bad-step", {1: {"y": [-10, 10, -1]}}, "feature.levels[1].bev.y[2]", "step must be > 0, got -1"),
     ("heights", {1: {"heights": [0.0, 0.0]}}, "feature.levels[1].bev.heights", "heights must be distinct"),
     ("no-heights", {1: {"heights": []}}, "feature.levels[1].bev.heights", "must hold at least one height"),
-    ("too-big", {1: {"x": [0, 100000, 0.01], "y": [0, 1000, 0.01]}}, "feature.levels[1].bev", "exceeds the limit of 100,000,000"),
+    ("too-big", {1: {"x": [0, 10000, 0.01], "y": [0, 1000, 0.01]}}, "feature.levels[1].bev", "exceeds the limit of 100,000,000"),
 ]
 
 
