@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -50,13 +51,14 @@ def export_onnx_command(
         ),
     ] = None,
     target: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--target", metavar="NAME|PROFILE.toml",
             help="generic (today's torch-traced graphs) or a target profile (bevcompile targets): the graph is built op by op within its limits, "
-            "or refused with the limit it breaks.",
+            "or refused with the limit it breaks. Default: for ell/tiles the target matrix --target recorded, else generic.",
+            show_default=False,
         ),
-    ] = "generic",
+    ] = None,
     form: Annotated[
         str | None,
         typer.Option("--form", metavar="gather|windows|tiles", help="A graph form instead of the target's first that fits (see docs/deploy.md).", show_default=False),
@@ -121,6 +123,8 @@ def export_onnx_command(
     )
     from ..deploy.targets import FORMS, LAYOUTS, load_profile
 
+    if target is None:
+        target = recorded_target(store, canonical_choice(product, PRODUCTS))
     profile = load_profile(target if target.endswith(".toml") or "/" in target else target.lower())
     if weights is None:  # fp16 weights where the target computes in fp16 (and not float32)
         weights = "float16" if "float16" in profile.compute and "float32" not in profile.compute else "float32"
@@ -159,6 +163,27 @@ def export_onnx_command(
         return
     if not quiet:
         _print_export(result)
+
+
+def recorded_target(store: Path, product: str) -> str:
+    """The target ``matrix --target`` recorded for an ``ell`` / ``tiles`` export (``generic`` for
+    the gather product, or a matrix built without one). A recorded name that is not a bundled
+    profile (it came from a profile file) is a usage error naming it."""
+    if product not in ("ell", "tiles"):
+        return "generic"
+    from ..deploy.targets import profile_names
+    from ..store.loader import load
+
+    loaded = load(store)
+    if not loaded.has_group("matrix"):
+        return "generic"  # the export says what is missing
+    options = loaded["matrix"].attrs.get("build_options")
+    name = options.get("target") if isinstance(options, Mapping) else None
+    if not isinstance(name, str):
+        return "generic"
+    if name not in profile_names():
+        raise UsageError(f"{store}: matrix/ was built for target {name!r}, not a bundled profile: pass --target PROFILE.toml (or --target generic)")
+    return str(name)
 
 
 def _print_export(result: object) -> None:

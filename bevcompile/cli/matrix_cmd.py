@@ -112,6 +112,15 @@ def matrix(
             "float16 geometry overflows are dropped); linspace feature mapping, pinhole cameras. Recorded in build_options.",
         ),
     ] = "float64",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", metavar="NAME|PROFILE.toml",
+            help="The NPU target profile the matrix is for (bevcompile targets): recorded in build_options (the entries do not "
+            "depend on it); export-onnx --product ell/tiles builds for it when given no --target.",
+            show_default=False,
+        ),
+    ] = None,
     force: ForceOption = False,
     jobs: JobsOption = None,
     quiet: QuietOption = False,
@@ -125,9 +134,15 @@ def matrix(
     n_jobs = resolve_jobs(jobs)
     rig = load_config(config)
     prior = DepthPrior() if uniform else read_depth_prior(depth_prior, rig)
+    target_name = None
+    if target is not None:
+        from ..deploy.targets import load_profile
+
+        target_name = load_profile(target if target.endswith(".toml") or "/" in target else target.lower()).name
     options = MatrixOptions.from_command(
         mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
         compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token, fp16_rows=fp16_rows, precision=precision,
+        target=target_name,
     )
     label = "sampling BEV cells" if options.mode == "grid" else "pass 1/2: lifting frustum points"
     unit = "samples" if options.mode == "grid" else "points"

@@ -55,6 +55,7 @@ is bit-identical to the straightforward build in :mod:`bevcompile.matrix.referen
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -165,6 +166,10 @@ K_PAD_RULE = "k_pad = round_up(K, align) when K > 0 (shape independent of the ca
 # --------------------------------------------------------------------------------------
 
 
+TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A target profile name as ``build_options.target`` records it."""
+
+
 @dataclass(frozen=True)
 class MatrixOptions:
     """Every option of a matrix build (stored as ``matrix/`` ``attrs["build_options"]``)."""
@@ -190,6 +195,10 @@ class MatrixOptions:
     ``float16``: BEVDepth's ``get_geometry`` as its float16 training computes it
     (:func:`bevcompile.matrix.lift16.bevdepth_points_float16`, same conditions; points whose float16
     geometry overflows are dropped, as BEVDepth's CPU run drops them)."""
+    target: str | None = None
+    """The NPU target profile the matrix is built for (``bevcompile targets``; ``matrix --target``):
+    recorded only, the entries do not depend on it; ``export-onnx`` of ``ell`` / ``tiles`` builds for
+    it when no ``--target`` is given."""
 
     def validate(self) -> MatrixOptions:
         """Raise :class:`UsageError` (one line) for any invalid option; return self."""
@@ -222,6 +231,8 @@ class MatrixOptions:
             Fp16Rule.parse(self.fp16_rows)
         elif self.fp16_rows is not None:
             raise UsageError(f"--fp16-rows applies to --quantize mixed only (--quantize {self.quantize or 'none'})")
+        if self.target is not None and not (isinstance(self.target, str) and TARGET_NAME.fullmatch(self.target)):
+            raise UsageError(f"target must be a target profile name (letters, digits, _ . -; bevcompile targets), got {self.target!r}")
         if self.precision in RESTATES and self.mode != "frustum":
             raise UsageError(f"--precision {self.precision} restates {RESTATES[self.precision]}: --mode frustum only (--mode {self.mode})")
         return self
@@ -239,6 +250,8 @@ class MatrixOptions:
             del out["fp16_rows"]
         if self.precision == "float64":  # the default is not recorded: stores built before --precision keep their bytes
             del out["precision"]
+        if self.target is None:  # likewise
+            del out["target"]
         return out
 
     @classmethod
@@ -257,6 +270,7 @@ class MatrixOptions:
         depth_prior: str = UNIFORM,
         fp16_rows: str | None = None,
         precision: str = "float64",
+        target: str | None = None,
     ) -> MatrixOptions:
         """Validated options from the values of ``bevcompile matrix`` as a user gives them
         (enumerated values in any case; ``quantize`` ``none`` = no int8; ``fp16_rows`` a rule as
@@ -276,6 +290,7 @@ class MatrixOptions:
             depth_prior=depth_prior,
             fp16_rows=None if fp16_rows is None else Fp16Rule.parse(fp16_rows).token,
             precision=canonical_choice(precision, PRECISIONS),
+            target=target,
         ).validate()
 
     @classmethod

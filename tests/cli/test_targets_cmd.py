@@ -164,3 +164,40 @@ def test_a_fifo_named_as_profile_or_calibration_is_refused_at_once(ray_store: Pa
     result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "ell", "--target", "rk3588", "--weights", "int8",
                                  "--calibration", str(npy), "--channels", "8", "--out", str(tmp_path / "x.onnx")])
     assert result.exit_code == 2 and "is a FIFO, not a regular file" in result.stderr
+
+
+def test_matrix_records_its_target_and_export_builds_for_it(tmp_path: Path) -> None:
+    """matrix --target rk3588 records the profile's name in build_options (the entries are those of the
+    build without it) and export-onnx --product ell/tiles builds for it when given no --target (the gather
+    product, and --target generic, keep today's graphs); an unknown target is one line, exit 2, nothing written."""
+    from bevcompile.store.loader import load
+
+    from ..rigs import small_rig_data, write_yaml
+
+    config = write_yaml(tmp_path / "rig.yaml", small_rig_data(heights=(0.0,)))
+    base = ["matrix", str(config), "--mode", "ray", "--topk", "8", "--align", "8", "--quiet"]
+    assert runner.invoke(app, [*base, "--out", str(tmp_path / "plain")]).exit_code == 0
+    made = runner.invoke(app, [*base, "--out", str(tmp_path / "rk"), "--target", "RK3588"])
+    assert made.exit_code == 0, made.output
+    (plain,), (rk,) = (list((tmp_path / d).glob("*.zarr")) for d in ("plain", "rk"))
+    options = dict(load(rk)["matrix"].attrs["build_options"])
+    assert options.pop("target") == "rk3588" and options == dict(load(plain)["matrix"].attrs["build_options"])
+    for name in ("coo_row", "coo_col", "coo_val", "ell_index", "ell_weight"):
+        assert np.asarray(load(rk)["matrix"][name]).tobytes() == np.asarray(load(plain)["matrix"][name]).tobytes(), name
+    assert runner.invoke(app, ["inspect", str(rk), "--strict", "--quiet"]).exit_code == 0
+
+    def exported(store: Path, *extra: str) -> dict[str, str]:
+        out = tmp_path / f"{store.parent.name}-{len(extra)}.onnx"
+        result = runner.invoke(app, ["export-onnx", str(store), "--channels", "8", "--out", str(out), "--quiet", *extra])
+        assert result.exit_code == 0, result.output
+        return {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+
+    assert exported(rk, "--product", "ell")["bevcompile.target"] == "rk3588"
+    assert exported(rk, "--product", "ell", "--target", "generic")["bevcompile.form"] == "torch"
+    assert exported(plain, "--product", "ell")["bevcompile.form"] == "torch"
+    from bevcompile.cli.export_cmd import recorded_target
+
+    assert recorded_target(rk, "gather") == "generic" and recorded_target(rk, "tiles") == "rk3588"
+    bad = runner.invoke(app, [*base, "--out", str(tmp_path / "bad"), "--target", "rk9999"])
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "--target must be one of" in bad.stderr
+    assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").glob("*.zarr"))
