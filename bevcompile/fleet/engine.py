@@ -293,6 +293,8 @@ def run_fleet(
     distributed = _import_distributed()
     client = engine.client
     futures: dict[Any, str] = {}
+    final: FleetIndex | None = None
+    written = False
     try:
         shared = client.scatter(ctx, broadcast=True, hash=False)
         reference = manifest.vehicle(manifest.reference)
@@ -313,17 +315,26 @@ def run_fleet(
             if time.monotonic() - last_write > INDEX_INTERVAL_S:
                 index().write(out)
                 last_write = time.monotonic()
+        final = index()  # every vehicle read: the index is written before the engine closes
+        path = final.write(out)
+        written = True
     except BaseException as exc:
-        _stop(engine, distributed, cancel_name, futures, results, on_result)
-        stopped = index()
-        stopped.write(out)
+        if final is None:
+            _stop(engine, distributed, cancel_name, futures, results, on_result)
+            final = index()
+        if not written:
+            final.write(out)
         with contextlib.suppress(AttributeError, TypeError):
-            setattr(exc, INDEX_ATTR, stopped)  # what the CLI says about the interrupted fleet
+            setattr(exc, INDEX_ATTR, final)  # what the CLI says about the interrupted fleet
         raise
     finally:
-        engine.close()
-    final = index()
-    path = final.write(out)
+        try:
+            engine.close()
+        except BaseException as exc:  # an interrupt while the engine closes: the index says what was done
+            if final is not None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(exc, INDEX_ATTR, final)
+            raise
     return FleetRun(final, path, time.perf_counter() - t0)
 
 

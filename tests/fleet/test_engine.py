@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -175,8 +175,10 @@ def test_the_default_local_cluster_builds_then_resumes(tmp_path: Path) -> None:
     assert index["counts"]["resumed"] == 4 and index["counts"]["built"] == 0 and index["engine"]["workers"] == 1
 
 
-def test_ctrl_c_stops_the_fleet_and_leaves_every_store_whole(tmp_path: Path) -> None:
-    manifest = write_fleet(tmp_path / "fleet", 16)
+def _interrupt_when(tmp_path: Path, n: int, ready: Callable[[int], bool]) -> tuple[subprocess.Popen[str], str, int]:
+    """Run ``bevcompile fleet`` of ``n`` vehicles, Ctrl-C it (SIGINT to its process group, as a
+    terminal does) once ``ready(stores on disk)``; ``(process, stderr, stores seen then)``."""
+    manifest = write_fleet(tmp_path / "fleet", n)
     out = tmp_path / "out"
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "bevcompile"), "fleet", str(manifest), "--out", str(out), "--workers", "2"],
@@ -184,26 +186,47 @@ def test_ctrl_c_stops_the_fleet_and_leaves_every_store_whole(tmp_path: Path) -> 
     )
     try:
         deadline = time.monotonic() + 3 * START_TIMEOUT_S  # a loaded CI machine starts the workers slowly
-        while len(list(out.glob("*.zarr"))) < 2 and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        # the Ctrl-C must reach a running fleet: not its start (the workers start with SIGINT ignored), not its end
-        running = process.poll() is None and len(list(out.glob("*.zarr"))) >= 2
-        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+        while not ready(len(list(out.glob("*.zarr")))) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen = len(list(out.glob("*.zarr"))) if process.poll() is None else -1
+        os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=CANCEL_BOUND_S)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    assert running, f"the fleet was not running 2 stores in when interrupted (exit {process.returncode}): {stderr}"
+    return process, stderr, seen
+
+
+def test_ctrl_c_stops_the_fleet_and_leaves_every_store_whole(tmp_path: Path) -> None:
+    n = 40  # the Ctrl-C must reach a running fleet: its start ignores it (the workers must not see it), its end is tested below
+    process, stderr, seen = _interrupt_when(tmp_path, n, lambda stores: stores >= 2)
+    assert 2 <= seen < n, f"the fleet was not running when interrupted ({seen} of {n} stores; exit {process.returncode}): {stderr}"
     assert process.returncode == 130, stderr
     assert stderr.startswith("error: interrupted; ") and stderr.count("\n") == 1
     assert "every store is whole (old or new, never half)" in stderr
+    out = tmp_path / "out"
     index = json.loads((out / "fleet.json").read_text())
     built = {v["id"] for v in index["vehicles"] if v["status"] == "built"}
     stores = {p.name.removesuffix(".zarr") for p in out.glob("*.zarr")}
     assert built == stores and index["counts"]["cancelled"] + index["counts"]["pending"] > 0
     assert all(inspect_store(out / f"{vehicle}.zarr").passed for vehicle in stores)
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging folder, no temporary
+
+
+def test_ctrl_c_after_the_last_vehicle_says_what_was_done(tmp_path: Path) -> None:
+    """A Ctrl-C after every store is in place, while the index is written and the workers shut down,
+    said "interrupted before any vehicle was started; nothing was written" (exit 130) or was lost.
+    Now: exit 130 and the count of what was done, from the index on disk; or, when it came after
+    the command had finished, exit 0 and the summary."""
+    n = 4
+    process, stderr, _ = _interrupt_when(tmp_path, n, lambda stores: stores >= n)
+    index = json.loads((tmp_path / "out" / "fleet.json").read_text())
+    assert index["counts"]["built"] == n, index["counts"]
+    if process.returncode == 130:
+        assert stderr.startswith(f"error: interrupted; {n} of {n} vehicles done ({n} built), 0 failed, 0 cancelled; "), stderr
+    else:
+        assert process.returncode == 0 and not stderr, (process.returncode, stderr)
 
 
 CANCEL_BOUND_S = 120.0
