@@ -52,7 +52,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -545,19 +545,26 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
         offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
         tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
         scale = np.asarray(group["tile_row_scale"])
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for t, block in enumerate(tile_blocks(np.asarray(group["tile_weight_int8"]), offsets, r)):
-            deq = dequantize_rows_int8(block, scale[t * r : (t + 1) * r])
-            i, j = np.nonzero(deq)
-            parts.append((t * r + i, tile_cols[offsets[t] + j], deq[i, j]))
-        rows = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        cols = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-        vals = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)
+        blocks = tile_blocks(np.asarray(group["tile_weight_int8"]), offsets, r)
+        rows, cols, vals = _tile_entries((dequantize_rows_int8(b, scale[t * r : (t + 1) * r]) for t, b in enumerate(blocks)), tile_cols, offsets, r)
     keep = rows < layout.n_rows
     w_mat = sp.csr_matrix(
         (vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols)
     )
     return _apply_matrix(store, layout, w_mat, features, depth, out_rows)
+
+
+def _tile_entries(blocks: Iterable[np.ndarray], tile_cols: np.ndarray, offsets: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nonzero entries ``(rows, cols, values)`` of dense tile blocks (tile ``t``: rows
+    ``t * r + i``, columns ``tile_cols[offsets[t] + j]``)."""
+    parts = []
+    for t, block in enumerate(blocks):
+        i, j = np.nonzero(block)
+        parts.append((t * r + i, tile_cols[offsets[t] + j], block[i, j]))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    rows, cols, values = (np.concatenate([p[k] for p in parts]) for k in range(3))
+    return rows, cols, values
 
 
 def _mixed_matrix(store: LoadedStore, form: str) -> Any:
@@ -586,13 +593,7 @@ def _mixed_matrix(store: LoadedStore, form: str) -> Any:
         offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
         flat = mixed_tile_values(np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"]), offsets, r, rows_fp16, np.asarray(group["fp16_row_tile_weight"]))
         tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
-        parts = []
-        for t, block in enumerate(tile_blocks(flat, offsets, r)):
-            i, j = np.nonzero(block)
-            parts.append((t * r + i, tile_cols[offsets[t] + j], block[i, j]))
-        rows = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        cols = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-        vals = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, np.float32)
+        rows, cols, vals = _tile_entries(tile_blocks(flat, offsets, r), tile_cols, offsets, r)
     keep = rows < layout.n_rows
     return sp.csr_matrix((vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols))
 
