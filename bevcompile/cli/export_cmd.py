@@ -123,6 +123,7 @@ def export_onnx_command(
     )
     from ..deploy.targets import FORMS, LAYOUTS, load_profile
 
+    defaulted = target is None
     if target is None:
         target = recorded_target(store, canonical_choice(product, PRODUCTS))
     profile = load_profile(target if target.endswith(".toml") or "/" in target else target.lower())
@@ -163,6 +164,15 @@ def export_onnx_command(
         return
     if not quiet:
         _print_export(result)
+        if defaulted and result.target == "generic" and options.weights != "lut" and not options.classes:
+            stdout_console.print(GENERIC_HINT, highlight=False, markup=False)
+
+
+GENERIC_HINT = (
+    "note: this is the generic graph traced from the torch modules, 4-26x GridSample's time in onnxruntime on the bundled rig; "
+    "--target onnxruntime (or openvino) builds the forms that take 0.3-1.1x (docs/deploy.md); --target generic keeps this one"
+)
+"""Printed after a generic export the user did not ask for by name (``--target`` not given)."""
 
 
 def recorded_target(store: Path, product: str) -> str:

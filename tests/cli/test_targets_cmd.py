@@ -201,3 +201,19 @@ def test_matrix_records_its_target_and_export_builds_for_it(tmp_path: Path) -> N
     bad = runner.invoke(app, [*base, "--out", str(tmp_path / "bad"), "--target", "rk9999"])
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and "--target must be one of" in bad.stderr
     assert not (tmp_path / "bad").exists() or not list((tmp_path / "bad").glob("*.zarr"))
+
+
+def test_a_generic_export_nobody_asked_for_says_how_to_get_the_fast_forms(ray_store: Path, tmp_path: Path) -> None:
+    """export-onnx without --target (and no target recorded) writes today's generic graph and says, in
+    one last line, what it costs and which --target builds the fast forms; --target generic (asked for
+    by name), --quiet and --json print no such line."""
+    from bevcompile.cli.export_cmd import GENERIC_HINT
+
+    def run(*extra: str) -> str:
+        result = runner.invoke(app, ["export-onnx", str(ray_store), "--product", "gather", "--channels", "4", "--out", str(tmp_path / "g.onnx"), *extra])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    assert run().rstrip().splitlines()[-1] == GENERIC_HINT
+    assert "--target onnxruntime" in GENERIC_HINT and "GridSample" in GENERIC_HINT
+    assert GENERIC_HINT not in run("--target", "generic") and GENERIC_HINT not in run("--json") and not run("--quiet").strip()
