@@ -175,6 +175,24 @@ def test_the_default_local_cluster_builds_then_resumes(tmp_path: Path) -> None:
     assert index["counts"]["resumed"] == 4 and index["counts"]["built"] == 0 and index["engine"]["workers"] == 1
 
 
+def _sigint_as_a_terminal_gives_it() -> None:
+    """In the child, before exec: SIGINT at its default and unblocked, as a shell gives a foreground
+    job. The test process's own disposition is not the terminal's: a native library loaded by an
+    earlier test in the same worker may ignore SIGINT at the OS level (Python's getsignal does not
+    see that), and an ignored SIGINT is inherited through exec, so Python never installs its
+    KeyboardInterrupt handler (the fleet then ran to its end, exit 0: CI, 2026-12-07)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _sigint_state(pid: int) -> tuple[str, str]:
+    """Whether process ``pid`` ignores / blocks SIGINT at the OS level (``/proc/PID/status``): ``("0", "0")`` neither."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    bit = 1 << (signal.SIGINT - 1)
+    ignored, blocked = (str(int(bool(int(fields[k].strip(), 16) & bit))) for k in ("SigIgn", "SigBlk"))
+    return ignored, blocked
+
+
 def _interrupt_when(tmp_path: Path, n: int, ready: Callable[[int], bool]) -> tuple[subprocess.Popen[str], str, int]:
     """Run ``bevcompile fleet`` of ``n`` vehicles, Ctrl-C it (SIGINT to its process group, as a
     terminal does) once ``ready(stores on disk)``; ``(process, stderr, stores seen then)``."""
@@ -183,12 +201,15 @@ def _interrupt_when(tmp_path: Path, n: int, ready: Callable[[int], bool]) -> tup
     process = subprocess.Popen(
         [str(Path(sys.executable).parent / "bevcompile"), "fleet", str(manifest), "--out", str(out), "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path,
+        preexec_fn=_sigint_as_a_terminal_gives_it,
     )
     try:
         deadline = time.monotonic() + 3 * START_TIMEOUT_S  # a loaded CI machine starts the workers slowly
         while not ready(len(list(out.glob("*.zarr")))) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         seen = len(list(out.glob("*.zarr"))) if process.poll() is None else -1
+        if process.poll() is None:
+            assert _sigint_state(process.pid) == ("0", "0"), f"the fleet ignores or blocks SIGINT: {_sigint_state(process.pid)}"
         os.killpg(process.pid, signal.SIGINT)
         _, stderr = process.communicate(timeout=CANCEL_BOUND_S)
     finally:
