@@ -276,16 +276,12 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
 
 def replace_weights(options: ox.ExportOptions) -> ox.ExportOptions:
     """The options as the torch path's helpers (memory estimate, tolerance) read them."""
-    from dataclasses import replace
-
-    return replace(options, weights="float32" if options.weights == "float16" else options.weights)
+    return dataclasses.replace(options, weights="float32" if options.weights == "float16" else options.weights)
 
 
 def replace_lift_float(lift: LiftMatrix) -> LiftMatrix:
     """The int8 lift as float values only (``value`` already holds ``q * scale``)."""
-    from dataclasses import replace
-
-    return replace(lift, q=None, row_scale=None, precision="float32")
+    return dataclasses.replace(lift, q=None, row_scale=None, precision="float32")
 
 
 def _metadata(store: Any, options: ox.ExportOptions, profile: TargetProfile, form: str, route: str | None) -> dict[str, str]:

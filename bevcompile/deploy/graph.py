@@ -169,14 +169,20 @@ def _planes(out_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return 1, 1, out_shape[0]
 
 
+def window_patch_ladder(out_shape: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The patch sizes the windows form tries for an output of ``out_shape``, largest first, each
+    clipped to the output and listed once (:data:`LINE_PATCHES` for a one-row output)."""
+    _, h, w = _planes(out_shape)
+    candidates = [(1, p) for p in LINE_PATCHES] if h == 1 else list(WINDOW_PATCHES)
+    return list(dict.fromkeys((min(a, h), min(b, w)) for a, b in candidates))
+
+
 def choose_window_patch(lift: LiftMatrix, weight_bytes: int | None, max_nodes: int | None, value_bytes: int) -> tuple[WindowStats | None, list[WindowStats]]:
     """The largest patch whose blocks fit ``weight_bytes`` and whose graph fits ``max_nodes``;
-    ``(None, tried)`` when none does. ``value_bytes``: bytes per stored block value. ``lift``: one
-    row per output position (:meth:`LiftMatrix.by_output`)."""
-    _, h, w = _planes(lift.out_shape)
-    candidates = [(1, p) for p in LINE_PATCHES] if h == 1 else list(WINDOW_PATCHES)
+    ``(None, tried)`` when none does (else ``tried`` ends with the chosen one). ``value_bytes``: bytes
+    per stored block value. ``lift``: one row per output position (:meth:`LiftMatrix.by_output`)."""
     tried: list[WindowStats] = []
-    for patch in dict.fromkeys((min(a, h), min(b, w)) for a, b in candidates):
+    for patch in window_patch_ladder(lift.out_shape):
         stats = window_stats(lift, patch)
         tried.append(stats)
         fits_bytes = weight_bytes is None or stats.block_values * value_bytes <= weight_bytes
@@ -352,10 +358,7 @@ def _flat_features(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     if plan.layout == "channel-last":
         perm = [0, 1, 3, 4, 2] if plan.input_rank == 5 else [0, 2, 3, 1]
         return wr.reshape(wr.node("Transpose", [x], "features_nhwc", perm=perm), [n, p, c], "features_flat")
-    if plan.input_rank == 4:
-        x = wr.reshape(x, [n, lift.n_cam, c, h_f * w_f])
-    else:
-        x = wr.reshape(x, [n, lift.n_cam, c, h_f * w_f])
+    x = wr.reshape(x, [n, lift.n_cam, c, h_f * w_f])  # rank 4 and 5 alike
     return wr.reshape(wr.node("Transpose", [x], "features_cfirst", perm=[0, 2, 1, 3]), [n, c, p], "features_flat")
 
 
@@ -483,18 +486,27 @@ def _gather_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
                 summed = wr.node("Mul", [summed, wr.const(f"row_scale_{tag}", scale_rows.reshape(1, -1, 1) if last else scale_rows.reshape(1, 1, -1))], f"rows_scaled_{tag}")
             parts.append(wr.act(summed))
             order.append(rows)
-    all_rows = np.concatenate(order) if order else np.zeros(0, np.int64)
+    return _in_output_order(wr, lift, plan, parts, order, last)
+
+
+def _in_output_order(wr: Writer, lift: LiftMatrix, plan: Plan, parts: list[str], order: list[np.ndarray], last: bool) -> str:
+    """The computed row blocks ``parts`` (rows ``order[i]`` each; indices ``>= n_rows`` are a tile's
+    padding rows) concatenated, one Gather of rows into output order when that order is not
+    already theirs (a zero row appended for the positions no row feeds), then ``(N, C, ...)``."""
+    n, c = plan.batch, plan.channels
+    computed = np.concatenate(order) if order else np.zeros(0, np.int64)
+    position = np.full(lift.n_rows + 1, computed.size, np.int64)  # rows with no entries -> the zero row
+    real = computed < lift.n_rows
+    position[computed[real]] = np.flatnonzero(real)
     out_rows = lift.out_rows()
-    position = np.full(lift.n_rows + 1, all_rows.size, np.int64)  # rows with no entries -> the zero row
-    position[all_rows] = np.arange(all_rows.size)
     take = position[np.where(out_rows >= 0, out_rows, lift.n_rows)]
-    needs_zero = bool((take == all_rows.size).any())
+    needs_zero = bool((take == computed.size).any())
     if needs_zero or not parts:
         parts.append(wr.const("zero_row", np.zeros((n, 1, c) if last else (n, c, 1), np.float32)))
     rows_out = parts[0] if len(parts) == 1 else wr.node("Concat", parts, "rows", axis=1 if last else 2)
-    identity = take.size == all_rows.size + needs_zero and np.array_equal(take, np.arange(take.size))
+    identity = take.size == computed.size + needs_zero and np.array_equal(take, np.arange(take.size))
     if not identity:
-        rows_out = _gather_rows(wr, rows_out, take, 1 if last else 2, limit)
+        rows_out = _gather_rows(wr, rows_out, take, 1 if last else 2, plan.max_indices)
     if last:
         rows_out = wr.node("Transpose", [rows_out], "bev_cfirst", perm=[0, 2, 1])
     return wr.reshape(rows_out, output_shape(lift, plan), "bev_shaped")
@@ -503,31 +515,6 @@ def _gather_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
 # --------------------------------------------------------------------------------------
 # form: tiles
 # --------------------------------------------------------------------------------------
-
-
-def tile_column_sets(lift: LiftMatrix, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(tile, cols_start, cols)``: the sorted distinct columns of every tile of ``r`` rows
-    (columns: the depth index in frustum mode, else the pixel). ``cols[cols_start[t]:cols_start[t+1]]``
-    are tile ``t``'s; ``tile`` int64 ``(nnz,)`` the tile of each entry."""
-    col_key = lift.depth if lift.depth is not None else lift.pixel
-    tile = lift.row // r
-    n_tiles = -(-lift.n_rows // r)
-    span = col_key_max(lift) + 1
-    pairs = np.unique(tile * span + col_key)
-    cols = pairs % span
-    cols_start = np.searchsorted(pairs // span, np.arange(n_tiles + 1))
-    return tile, cols_start, cols
-
-
-def col_key_max(lift: LiftMatrix) -> int:
-    key = lift.depth if lift.depth is not None else lift.pixel
-    return int(key.max()) if key.size else 0
-
-
-def tile_keys(tile: np.ndarray, cols_start: np.ndarray, cols: np.ndarray, span: int) -> np.ndarray:
-    """The sorted ``tile * span + col`` keys of :func:`tile_column_sets` (one per distinct column)."""
-    tiles = np.repeat(np.arange(cols_start.size - 1, dtype=np.int64), np.diff(cols_start))
-    return tiles * span + cols
 
 
 def _tiles_form(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
@@ -547,10 +534,15 @@ def _tiles_body(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
     x = _flat_features(wr, lift, plan)
     d = _flat_depth(wr, lift, plan) if lift.frustum else None
     n_tiles = -(-lift.n_rows // r)
-    tile, cols_start, cols = tile_column_sets(lift, r)
+    # the sorted distinct columns of every tile (columns: the depth index in frustum mode, else the
+    # pixel): cols[cols_start[t]:cols_start[t + 1]]; entry_cols: each entry's index into cols
+    col_key = lift.depth if lift.depth is not None else lift.pixel
+    tile = lift.row // r
+    span = int(col_key.max()) + 1 if col_key.size else 1
+    keys, entry_cols = np.unique(tile * span + col_key, return_inverse=True)
+    cols = keys % span
+    cols_start = np.searchsorted(keys // span, np.arange(n_tiles + 1))
     ncols = np.diff(cols_start)
-    span = int(col_key_max(lift)) + 1
-    entry_cols = np.searchsorted(tile_keys(tile, cols_start, cols, span), tile * span + (lift.depth if lift.depth is not None else lift.pixel))
     bounds = row_buckets(ncols, plan.buckets)
     parts: list[str] = []
     order: list[np.ndarray] = []
@@ -597,20 +589,7 @@ def _tiles_body(wr: Writer, lift: LiftMatrix, plan: Plan) -> str:
             y = wr.node("Mul", [y, wr.const(f"tile_row_scale_{tag}", rows_scale.reshape(1, -1, 1))], f"tile_rows_scaled_{tag}")
         parts.append(wr.act(y))
         order.append((tiles_b[:, None] * r + np.arange(r)[None, :]).reshape(-1))
-    computed = np.concatenate(order) if order else np.zeros(0, np.int64)
-    position = np.full(lift.n_rows + 1, computed.size, np.int64)
-    real = computed < lift.n_rows
-    position[computed[real]] = np.flatnonzero(real)
-    out_rows = lift.out_rows()
-    take = position[np.where(out_rows >= 0, out_rows, lift.n_rows)]
-    needs_zero = bool((take == computed.size).any()) or not parts
-    if needs_zero:
-        parts.append(wr.const("zero_row", np.zeros((n, 1, c), np.float32)))
-    out = parts[0] if len(parts) == 1 else wr.node("Concat", parts, "rows", axis=1)
-    if not (take.size == computed.size + needs_zero and np.array_equal(take, np.arange(take.size))):
-        out = _gather_rows(wr, out, take, 1, plan.max_indices)
-    out = wr.node("Transpose", [out], "bev_cfirst", perm=[0, 2, 1])
-    return wr.reshape(out, output_shape(lift, plan), "bev_shaped")
+    return _in_output_order(wr, lift, plan, parts, order, last=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -766,6 +745,9 @@ class GraphCost:
     max_gather_axis: int
     index_runs: int
     op_histogram: dict[str, int] = field(default_factory=dict)
+    transposes_3d: list[tuple[int, int]] = field(default_factory=list)
+    """The last two input dims of every rank-3 Transpose, in node order (what
+    ``transpose.max_product`` limits); not in :meth:`to_json`."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -800,6 +782,7 @@ def graph_cost(model: Any) -> GraphCost:
     gathered = macs = gathers = runs = 0
     max_idx = max_axis = 0
     histogram: dict[str, int] = {}
+    transposes: list[tuple[int, int]] = []
     for node in inferred.graph.node:
         histogram[node.op_type] = histogram.get(node.op_type, 0) + 1
         out = shapes.get(node.output[0], [])
@@ -823,14 +806,13 @@ def graph_cost(model: Any) -> GraphCost:
                 macs += size * int(a[-1])
         elif node.op_type in ("Mul", "ReduceSum", "Add"):
             macs += size if node.op_type != "ReduceSum" else int(np.prod(shapes.get(node.input[0], [0])))
+        elif node.op_type == "Transpose" and len(shapes.get(node.input[0], [])) == 3:
+            transposes.append((shapes[node.input[0]][1], shapes[node.input[0]][2]))
     return GraphCost(
         nodes=len(inferred.graph.node), constant_bytes=constant_bytes, gathered_bytes=gathered, macs=macs, gathers=gathers,
         max_gather_indices=max_idx, max_gather_axis=max_axis, index_runs=runs, op_histogram=dict(sorted(histogram.items())),
+        transposes_3d=transposes,
     )
-
-
-def with_plan(plan: Plan, **changes: Any) -> Plan:
-    return replace(plan, **changes)
 
 
 __all__ = [

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import StoreError, UsageError
 from ..grid.gather import bilinear_corners, lut_weights
 from ..grid.ipm import norm_to_feature_px
+from ..matrix.layout import tile_blocks, tile_entries
 from ..store.loader import LoadedStore, MatrixLayout, matrix_layout
 
 PRECISIONS = ("float32", "float16", "int8", "mixed")
@@ -303,18 +304,7 @@ def matrix_lift(store: LoadedStore, form: str, rows: str = "dense", precision: s
         name = "tile_weight_int8" if int8 else "tile_weight"
         if int8 and name not in group:
             raise StoreError(f"{store.path}: --weights int8 needs the int8 tiles; rebuild it with `bevcompile matrix --quantize int8 --tile-rows R`")
-        flat = np.asarray(group[name])
-        parts_r, parts_c, parts_v = [], [], []
-        for t in range(offsets.size - 1):
-            a, b = int(offsets[t]), int(offsets[t + 1])
-            block = flat[r * a : r * b].reshape(r, b - a)
-            i, j = np.nonzero(block)
-            parts_r.append(t * r + i)
-            parts_c.append(tile_cols[a + j])
-            parts_v.append(block[i, j])
-        r_all = np.concatenate(parts_r) if parts_r else np.zeros(0, np.int64)
-        col = np.concatenate(parts_c) if parts_c else np.zeros(0, np.int64)
-        raw = np.concatenate(parts_v) if parts_v else np.zeros(0, flat.dtype)
+        r_all, col, raw = tile_entries(tile_blocks(np.asarray(group[name]), offsets, r), tile_cols, offsets, r)
         if int8:
             q = raw.astype(np.int8)
             scale = np.asarray(group["tile_row_scale"], np.float32)

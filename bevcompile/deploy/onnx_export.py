@@ -52,7 +52,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -529,7 +529,7 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
     """
     import scipy.sparse as sp
 
-    from ..matrix.layout import dequantize_rows_int8, tile_blocks
+    from ..matrix.layout import dequantize_rows_int8, tile_blocks, tile_entries
 
     layout = matrix_layout(store)
     group = store["matrix"]
@@ -546,7 +546,7 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
         tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
         scale = np.asarray(group["tile_row_scale"])
         blocks = tile_blocks(np.asarray(group["tile_weight_int8"]), offsets, r)
-        rows, cols, vals = _tile_entries((dequantize_rows_int8(b, scale[t * r : (t + 1) * r]) for t, b in enumerate(blocks)), tile_cols, offsets, r)
+        rows, cols, vals = tile_entries((dequantize_rows_int8(b, scale[t * r : (t + 1) * r]) for t, b in enumerate(blocks)), tile_cols, offsets, r)
     keep = rows < layout.n_rows
     w_mat = sp.csr_matrix(
         (vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols)
@@ -554,25 +554,12 @@ def reference_matrix_lift_int8(store: LoadedStore, features: np.ndarray, depth: 
     return _apply_matrix(store, layout, w_mat, features, depth, out_rows)
 
 
-def _tile_entries(blocks: Iterable[np.ndarray], tile_cols: np.ndarray, offsets: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The nonzero entries ``(rows, cols, values)`` of dense tile blocks (tile ``t``: rows
-    ``t * r + i``, columns ``tile_cols[offsets[t] + j]``)."""
-    parts = []
-    for t, block in enumerate(blocks):
-        i, j = np.nonzero(block)
-        parts.append((t * r + i, tile_cols[offsets[t] + j], block[i, j]))
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    rows, cols, values = (np.concatenate([p[k] for p in parts]) for k in range(3))
-    return rows, cols, values
-
-
 def _mixed_matrix(store: LoadedStore, form: str) -> Any:
     """The stored mixed (int8 + fp16 rows) product as a float64 CSR ``(n_rows, n_cols)``
     (:func:`bevcompile.matrix.precision.mixed_ell_values` / ``mixed_tile_values``)."""
     import scipy.sparse as sp
 
-    from ..matrix.layout import tile_blocks
+    from ..matrix.layout import tile_blocks, tile_entries
     from ..matrix.precision import mixed_ell_values, mixed_tile_values
 
     layout = matrix_layout(store)
@@ -593,7 +580,7 @@ def _mixed_matrix(store: LoadedStore, form: str) -> Any:
         offsets = np.asarray(group["tile_col_offsets"], dtype=np.int64)
         flat = mixed_tile_values(np.asarray(group["tile_weight_int8"]), np.asarray(group["tile_row_scale"]), offsets, r, rows_fp16, np.asarray(group["fp16_row_tile_weight"]))
         tile_cols = np.asarray(group["tile_cols"], dtype=np.int64)
-        rows, cols, vals = _tile_entries(tile_blocks(flat, offsets, r), tile_cols, offsets, r)
+        rows, cols, vals = tile_entries(tile_blocks(flat, offsets, r), tile_cols, offsets, r)
     keep = rows < layout.n_rows
     return sp.csr_matrix((vals[keep].astype(np.float64), (rows[keep], cols[keep])), shape=(layout.n_rows, layout.n_cols))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
-from .graph import GraphCost, Plan, build_graph, choose_window_patch, graph_cost
+from .graph import GraphCost, Plan, build_graph, choose_window_patch, graph_cost, window_patch_ladder
 from .lift import LiftMatrix
 from .targets import TargetProfile
 
@@ -64,16 +64,10 @@ def limit_violations(profile: TargetProfile, model: Any, cost: GraphCost) -> lis
                 f"the constants) > compiled.max_ratio {ratio:g}"
             )
     transpose = p.int_limit("transpose.max_product")
-    if transpose is not None:
-        import onnx
-
-        inferred = onnx.shape_inference.infer_shapes(model)
-        shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in list(inferred.graph.input) + list(inferred.graph.value_info)}
-        for node in inferred.graph.node:
-            dims = shapes.get(node.input[0], [])
-            if node.op_type == "Transpose" and len(dims) == 3 and dims[1] * dims[2] > transpose:
-                out.append(f"a Transpose of {dims[1]:,} x {dims[2]:,} > transpose.max_product {transpose:,}")
-                break
+    if transpose is not None:  # the shapes graph_cost inferred: no second shape inference
+        over_limit = next(((a, b) for a, b in cost.transposes_3d if a * b > transpose), None)
+        if over_limit is not None:
+            out.append(f"a Transpose of {over_limit[0]:,} x {over_limit[1]:,} > transpose.max_product {transpose:,}")
     rank = p.int_limit("rank.max")
     if rank is not None:
         io = list(model.graph.input) + list(model.graph.output)
@@ -103,15 +97,8 @@ def _window_patches(profile: TargetProfile, lift: LiftMatrix, plan: Plan) -> tup
             ]
         fewest = min(tried, key=lambda s: s.nodes())
         return [], [f"even {fewest.patch[0]}x{fewest.patch[1]} patches need {fewest.nodes():,} nodes > nodes.max {nodes or 0:,}"]
-    patches = [first.patch]
-    for stats in tried[tried.index(first) + 1 :] if first in tried else []:
-        patches.append(stats.patch)
-    from .graph import LINE_PATCHES, WINDOW_PATCHES, _planes
-
-    _, h, w = _planes(lift.out_shape)
-    ladder = [(1, p) for p in LINE_PATCHES] if h == 1 else list(WINDOW_PATCHES)
-    later = [p for p in dict.fromkeys((min(a, h), min(b, w)) for a, b in ladder) if p[0] * p[1] < first.patch[0] * first.patch[1]]
-    return list(dict.fromkeys(patches + later))[:4], []
+    later = [p for p in window_patch_ladder(lift.out_shape) if p[0] * p[1] < first.patch[0] * first.patch[1]]
+    return [first.patch, *later][:4], []
 
 
 def plan_for_target(

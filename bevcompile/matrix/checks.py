@@ -37,6 +37,7 @@ from .build import (
     round_up,
     tile_blocks,
 )
+from .layout import tile_entries
 from .learned import INIT_ARRAY, INIT_SOURCE, LearnedRecord, coo_slots, learned_products, value_change
 from .precision import (
     decode_fp16,
@@ -687,18 +688,7 @@ def _check_tiles(
     out.add("tiles_in_range", "tile_cols", in_range, f"every tile column in [0, {n_cols})")
     sorted_ok = all(np.all(np.diff(cols[offsets[t] : offsets[t + 1]]) >= 0) for t in range(n_tiles))
     out.add("tiles_sorted", "tile_cols", sorted_ok, "each tile's columns non-decreasing")
-    # reconstruct the COO from the blocks
-    rec_row: list[I64] = []
-    rec_col: list[I64] = []
-    rec_val: list[np.ndarray] = []
-    for t, block in enumerate(tile_blocks(weight, offsets, r)):
-        i, j = np.nonzero(block)
-        rec_row.append(t * r + i)
-        rec_col.append(cols[offsets[t] + j])
-        rec_val.append(block[i, j])
-    t_row = np.concatenate(rec_row) if rec_row else np.zeros(0, np.int64)
-    t_col = np.concatenate(rec_col) if rec_col else np.zeros(0, np.int64)
-    t_val = np.concatenate(rec_val) if rec_val else np.zeros(0, np.float32)
+    t_row, t_col, t_val = tile_entries(tile_blocks(weight, offsets, r), cols, offsets, r)  # the COO the blocks hold
     order = np.lexsort((t_col, t_row))
     nz = val != 0  # a learned entry that became 0 is a 0 in its block, like padding
     row, col, val = row[nz], col[nz], val[nz]

@@ -4,7 +4,7 @@ re-exported by :mod:`bevcompile.matrix.build` (the README's matrix/ contract des
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -207,6 +207,26 @@ def tile_blocks(
     for t in range(tile_col_offsets.size - 1):
         a, b = int(tile_col_offsets[t]), int(tile_col_offsets[t + 1])
         yield tile_weight[tile_rows * a : tile_rows * b].reshape(tile_rows, b - a)
+
+
+def tile_entries(
+    blocks: Iterable[npt.NDArray[Any]], tile_cols: npt.NDArray[np.integer[Any]], tile_col_offsets: npt.NDArray[np.integer[Any]], tile_rows: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """The non-zero entries of the tile ``blocks`` (:func:`tile_blocks`, or values derived from
+    them block by block) as COO, tile by tile.
+
+    Convention: returns ``(rows, cols, values)`` ``(nnz,)``: row ``t * R + i`` and column
+    ``tile_cols[tile_col_offsets[t] + j]`` of the non-zero ``blocks[t][i, j]``, row-major within a
+    tile (empty: int64, int64, float32)."""
+    rows, cols, values = [], [], []
+    for t, block in enumerate(blocks):
+        i, j = np.nonzero(block)
+        rows.append(t * tile_rows + i)
+        cols.append(tile_cols[tile_col_offsets[t] + j])
+        values.append(block[i, j])
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate(rows), np.concatenate(cols), np.concatenate(values)
 
 
 def tile_scales_and_int8(
