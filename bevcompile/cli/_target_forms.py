@@ -19,31 +19,27 @@ import numpy as np
 def _run_target(inputs: Any, target: str, weights: str) -> np.ndarray:
     import onnxruntime as ort
 
-    from ..deploy.direct import _feeds
-    from ..deploy.graph import QDQ_SESSION_LEVEL, build_graph, calibrate_activation_scales
+    from ..deploy.direct import _feeds, calibration_inputs, planned_model
+    from ..deploy.graph import QDQ_SESSION_LEVEL
     from ..deploy.lift import product_lift
-    from ..deploy.onnx_export import make_inputs
-    from ..deploy.plan import plan_for_target
+    from ..deploy.onnx_export import ExportOptions
     from ..deploy.targets import load_profile
 
     store = inputs.store
-    profile = load_profile(target)
     int8 = weights == "int8-qdq"
     lift = product_lift(store, "ell", precision="int8" if int8 else weights)
-    c = int(inputs.features.shape[1])
-    candidate, _ = plan_for_target(profile, lift, channels=c, batch=1, opset=17, weights=weights, qdq_activations=int8, product="ell")
+    options = ExportOptions(product="ell", channels=int(inputs.features.shape[1]), weights=weights)  # opset 17, batch 1, 8 seeded samples
+    candidate, _, model = planned_model(
+        load_profile(target), lift, options, weights=weights, full_qdq=int8, samples=lambda: calibration_inputs(store, options, lift.frustum)
+    )
     assert candidate.plan is not None
-    model = candidate.model
-    if int8:
-        samples = [_feeds(make_inputs(store, c, 1, 1 + i, lift.frustum), candidate.plan.input_rank) for i in range(8)]
-        scales = calibrate_activation_scales(model, candidate.activations, samples)
-        model, _ = build_graph(lift, candidate.plan, scales)
+    c = options.channels
     feeds = {"features": np.asarray(inputs.features, np.float32)[None]}
     if lift.frustum:
         feeds["depth"] = np.asarray(inputs.depth_probs, np.float32)[None]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, QDQ_SESSION_LEVEL)
-    out = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, _feeds(feeds, candidate.plan.input_rank))[0]
+    session_options = ort.SessionOptions()
+    session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, QDQ_SESSION_LEVEL)
+    out = ort.InferenceSession(model.SerializeToString(), session_options, providers=["CPUExecutionProvider"]).run(None, _feeds(feeds, candidate.plan.input_rank))[0]
     return np.asarray(out.reshape(c, -1).T)  # (ny * nx, C)
 
 

@@ -41,7 +41,7 @@ from . import onnx_export as ox
 from .graph import QDQ_SESSION_LEVEL, build_graph, calibrate_activation_scales
 from .lift import LiftMatrix, product_lift
 from .onnx_graph import _require_onnx, scan_graph
-from .plan import plan_for_target
+from .plan import Candidate, plan_for_target
 from .targets import TargetProfile, load_profile
 
 CALIBRATION_MAX_BYTES = 16 << 30
@@ -118,7 +118,7 @@ def _write_calibration_set(folder: Path, samples: list[dict[str, np.ndarray]], r
         np.save(folder / f"{key}.npy", np.stack(values))
 
 
-def _references(store: Any, options: ox.ExportOptions, lift: LiftMatrix, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
+def _references(store: Any, options: ox.ExportOptions, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
     """``(same-weights reference, float reference, name)`` in float64, from the store's arrays."""
     features, depth = inputs["features"], inputs.get("depth")
     if options.product == "gather":
@@ -187,20 +187,19 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     progress(1)
 
     t0 = time.perf_counter()
-    candidate, refused = plan_for_target(
-        profile, lift, channels=options.channels, batch=options.batch, opset=options.opset, weights=graph_weights,
-        qdq_activations=full_qdq, form=options.form, layout=options.layout, tile_rows=options.tile_rows, product=options.product, guard=options.guard,
-    )
+    samples: list[dict[str, np.ndarray]] = []
+
+    def calibration() -> list[dict[str, np.ndarray]]:  # read once, and only after the plan fits
+        if not samples:
+            samples.extend(calibration_inputs(store, options, lift.frustum))
+        return samples
+
+    candidate, refused, model = planned_model(profile, lift, options, weights=graph_weights, full_qdq=full_qdq, samples=calibration)
     plan = candidate.plan
     assert plan is not None
     inputs = ox.make_inputs(store, options.channels, options.batch, options.seed, lift.frustum)
-    samples: list[dict[str, np.ndarray]] = []
-    model = candidate.model
-    if full_qdq or toolchain_quantises:
-        samples = calibration_inputs(store, options, lift.frustum)
-    if full_qdq:
-        scales = calibrate_activation_scales(model, candidate.activations, [_feeds(s, plan.input_rank) for s in samples])
-        model, _ = build_graph(lift, plan, scales)
+    if toolchain_quantises:
+        calibration()
     metadata = _metadata(store, options, profile, plan.form, route)
     for key, value in metadata.items():
         prop = model.metadata_props.add()
@@ -219,7 +218,7 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     failures: list[str] = []
     failures += [f"forbidden op {f}" for f in scan.forbidden]
     failures += [f"non-static shape {d}" for d in scan.dynamic[:10]]
-    same, float_ref, _ = _references(store, options, lift, inputs)
+    same, float_ref, _ = _references(store, options, inputs)
     t0 = time.perf_counter()
     session_options = ort.SessionOptions()
     if full_qdq or options.weights == "int8-qdq":
@@ -274,6 +273,27 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     return result
 
 
+def planned_model(
+    profile: TargetProfile, lift: LiftMatrix, options: ox.ExportOptions, *, weights: str, full_qdq: bool,
+    samples: Callable[[], list[dict[str, np.ndarray]]],
+) -> tuple[Candidate, list[tuple[str, list[str]]], Any]:
+    """``(candidate, refused forms, model)``: the target's form for ``lift`` (:func:`plan_for_target`
+    with the options' form, layout, tile rows and guard) and its graph; with ``full_qdq``, rebuilt
+    with every activation's scale calibrated on ``samples()`` (``(N, n_cam, ...)`` inputs, asked
+    for only then)."""
+    candidate, refused = plan_for_target(
+        profile, lift, channels=options.channels, batch=options.batch, opset=options.opset, weights=weights,
+        qdq_activations=full_qdq, form=options.form, layout=options.layout, tile_rows=options.tile_rows, product=options.product, guard=options.guard,
+    )
+    plan = candidate.plan
+    assert plan is not None
+    model = candidate.model
+    if full_qdq:
+        scales = calibrate_activation_scales(model, candidate.activations, [_feeds(s, plan.input_rank) for s in samples()])
+        model, _ = build_graph(lift, plan, scales)
+    return candidate, refused, model
+
+
 def replace_weights(options: ox.ExportOptions) -> ox.ExportOptions:
     """The options as the torch path's helpers (memory estimate, tolerance) read them."""
     return dataclasses.replace(options, weights="float32" if options.weights == "float16" else options.weights)
@@ -290,4 +310,4 @@ def _metadata(store: Any, options: ox.ExportOptions, profile: TargetProfile, for
     )
 
 
-__all__ = ["calibration_inputs", "export_direct"]
+__all__ = ["calibration_inputs", "export_direct", "planned_model"]
