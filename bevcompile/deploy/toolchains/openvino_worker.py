@@ -1,10 +1,10 @@
 """OpenVINO worker (runs in the openvino toolchain venv; imports numpy and openvino only).
 
 ``python openvino_worker.py SPEC.json`` — SPEC: ``onnx``, ``inputs`` (.npz), ``input_names``,
-``out_dir``, ``config`` (compile properties, e.g. ``{"INFERENCE_PRECISION_HINT": "f32"}``), optional
-``repeat`` / ``warmup`` (the median latency of ``repeat`` timed runs).
+``out_dir``, ``config`` (compile properties, e.g. ``{"INFERENCE_PRECISION_HINT": "f32"}``).
 Writes ``out_dir/result.json`` (the runtime precision of every executed layer, the compile and
-inference times, the peak RSS) and ``out_dir/output.npy``.
+inference times, the peak RSS) and ``out_dir/output.npy``. With ``models`` (ONNX files) instead of
+``onnx``: their interleaved latency (:func:`latency`, ``repeat`` timed rounds after ``warmup``).
 """
 
 import os
@@ -67,17 +67,6 @@ def main() -> None:
         outputs = request.infer({name: feeds[name] for name in spec["input_names"]})
         result["infer_seconds"] = time.time() - t1
         out = next(iter(outputs.values()))
-        repeat = int(spec.get("repeat", 0))
-        if repeat:  # latency: warm-ups, then the median of `repeat` timed runs (benchmarks/deploy_latency.py)
-            inputs = {name: feeds[name] for name in spec["input_names"]}
-            for _ in range(int(spec.get("warmup", 5))):
-                request.infer(inputs)
-            times = []
-            for _ in range(repeat):
-                t2 = time.perf_counter()
-                request.infer(inputs)
-                times.append(time.perf_counter() - t2)
-            result["latency_ms"] = sorted(times)[len(times) // 2] * 1e3
         np.save(os.path.join(out_dir, "output.npy"), np.asarray(out, np.float32))
         layers = []
         for op in compiled.get_runtime_model().get_ordered_ops():

@@ -25,6 +25,8 @@ def is_limit_line(line: str) -> bool:
     if "REGTASK" in line:
         return True
     return bool(LEVEL.match(line)) and any(re.search(p, line, re.I) for p in LIMIT_PATTERNS)
+
+
 LAYER = re.compile(r"RKNN: \[[\d:.]+\] (\d+)\s+(\w+)\s+(\w+)\s+(CPU|NPU)\s+(\S+)\s+(\S+)")
 
 
@@ -79,8 +81,9 @@ def _build(spec: dict, out_dir: str, result: dict, t0: float) -> None:
 
 def _report(result: dict, text: str, out_dir: str, t0: float) -> None:
     lines = text.splitlines()
-    result["limit_lines"] = [line[:300] for line in lines if is_limit_line(line)][:20]
-    result["n_limit_lines"] = sum(1 for line in lines if is_limit_line(line))
+    limit_lines = [line for line in lines if is_limit_line(line)]
+    result["limit_lines"] = [line[:300] for line in limit_lines[:20]]
+    result["n_limit_lines"] = len(limit_lines)
     result["n_fallback_lines"] = sum(1 for line in lines if any(re.search(p, line, re.I) for p in FALLBACK_PATTERNS))
     result["error_lines"] = [line[:300] for line in lines if re.match(r"^(\x1b\[[0-9;]*m)?E\b", line)][:20]
     result["layers"] = [
