@@ -118,27 +118,14 @@ def _write_calibration_set(folder: Path, samples: list[dict[str, np.ndarray]], r
         np.save(folder / f"{key}.npy", np.stack(values))
 
 
-def _references(store: Any, options: ox.ExportOptions, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, str]:
-    """``(same-weights reference, float reference, name)`` in float64, from the store's arrays."""
-    features, depth = inputs["features"], inputs.get("depth")
-    if options.product == "gather":
-        float_ref = ox.reference_grid_gather(store, features, options.reduce)
-        if options.rows == "compact":
-            float_ref = _compact_gather(store, float_ref)
-        same = float_ref if options.weights == "float32" else ox.reference_gather_lut(store, features, options.reduce, weights="float16")
-        if options.rows == "compact" and options.weights != "float32":
-            same = _compact_gather(store, same)
-        return same, float_ref, "numpy grid_sample on grid/norm"
-    float_ref = ox.reference_matrix_lift(store, features, depth, options.rows)
-    if options.weights in ("int8", "int8-qdq"):
-        same = ox.reference_matrix_lift_int8(store, features, depth, options.product, options.rows)
-    elif options.weights == "mixed":
-        same = ox.reference_matrix_lift_mixed(store, features, depth, options.product, options.rows)
-    elif options.weights in ("float16", "fp16"):
-        same = ox.reference_matrix_lift(store, features, depth, options.rows, weights="float16")
-    else:
-        same = float_ref
-    return same, float_ref, "W @ X from the float32 COO"
+def _references(store: Any, options: ox.ExportOptions, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``(same-weights reference, float reference)``: :func:`~bevcompile.deploy.onnx_export.export_references`,
+    at the kept cells for a gather ``--rows compact``."""
+    same, float_ref = ox.export_references(store, options, inputs["features"], inputs.get("depth"))
+    if options.product == "gather" and options.rows == "compact":
+        compact_float = _compact_gather(store, float_ref)
+        return (compact_float if same is float_ref else _compact_gather(store, same)), compact_float
+    return same, float_ref
 
 
 def _compact_gather(store: Any, dense: np.ndarray) -> np.ndarray:
@@ -218,7 +205,7 @@ def export_direct(store_path: Any, out: Any, options: ox.ExportOptions, *, progr
     failures: list[str] = []
     failures += [f"forbidden op {f}" for f in scan.forbidden]
     failures += [f"non-static shape {d}" for d in scan.dynamic[:10]]
-    same, float_ref, _ = _references(store, options, inputs)
+    same, float_ref = _references(store, options, inputs)
     t0 = time.perf_counter()
     session_options = ort.SessionOptions()
     if full_qdq or options.weights == "int8-qdq":

@@ -607,6 +607,29 @@ def reference_class_lift(
     return reference_matrix_lift(store, onehot, depth, rows, weights="float16" if weights == "fp16" else "float32")
 
 
+def export_references(store: LoadedStore, options: ExportOptions, features: np.ndarray, depth: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(same-weights reference, float reference)`` of an export, float64, from the store's arrays:
+    the float reference is numpy's grid_sample on ``grid/norm`` (gather) or ``W @ X`` of the float32
+    COO; the same-weights one uses the weights the graph holds (``lut``, float16, int8, mixed), the
+    float reference itself for float32. Every export path (torch modules, ``--target``) checks
+    against these."""
+    if options.product == "gather":
+        float_ref = reference_grid_gather(store, features, options.reduce)
+        if options.weights == "lut":
+            return reference_gather_lut(store, features, options.reduce), float_ref
+        if options.weights in ("float16", "fp16"):
+            return reference_gather_lut(store, features, options.reduce, weights="float16"), float_ref
+        return float_ref, float_ref
+    float_ref = reference_matrix_lift(store, features, depth, options.rows)
+    if options.weights in ("int8", "int8-qdq"):
+        return reference_matrix_lift_int8(store, features, depth, options.product, options.rows), float_ref
+    if options.weights == "mixed":
+        return reference_matrix_lift_mixed(store, features, depth, options.product, options.rows), float_ref
+    if options.weights in ("float16", "fp16"):
+        return reference_matrix_lift(store, features, depth, options.rows, weights="float16"), float_ref
+    return float_ref, float_ref
+
+
 def _apply_matrix(
     store: LoadedStore, layout: MatrixLayout, w_mat: Any, features: np.ndarray, depth: np.ndarray | None, rows: str = "dense"
 ) -> np.ndarray:
@@ -979,20 +1002,7 @@ def export_onnx(
         float_reference = reference_class_lift(store, inputs["labels"], options.classes, inputs.get("depth"), options.rows, "float32")
         reference = reference_class_lift(store, inputs["labels"], options.classes, inputs.get("depth"), options.rows, options.weights, options.product)
     else:
-        if options.product == "gather":
-            float_reference = reference_grid_gather(store, inputs["features"], options.reduce)
-        else:
-            float_reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows)
-        if options.weights == "lut":
-            reference = reference_gather_lut(store, inputs["features"], options.reduce)
-        elif options.weights in ("int8", "int8-qdq"):
-            reference = reference_matrix_lift_int8(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
-        elif options.weights == "fp16":
-            reference = reference_matrix_lift(store, inputs["features"], inputs.get("depth"), options.rows, weights="float16")
-        elif options.weights == "mixed":
-            reference = reference_matrix_lift_mixed(store, inputs["features"], inputs.get("depth"), options.product, options.rows)
-        else:
-            reference = float_reference
+        reference, float_reference = export_references(store, options, inputs["features"], inputs.get("depth"))
     tolerance = export_tolerance(store, options)
     step(1)
 

@@ -193,7 +193,7 @@ def check_target(
     plan_rank = int(result.plan["input_rank"]) if result.plan else 5
     feeds = _feeds(inputs, plan_rank)
     np.savez(str(workdir / "inputs.npz"), **feeds)  # type: ignore[arg-type]
-    same, float_ref, _ = _references(store, options, inputs)
+    same, float_ref = _references(store, options, inputs)
     out_dir = workdir / "out"
     spec: dict[str, Any] = {"onnx": str(onnx_path), "inputs": str(workdir / "inputs.npz"), "input_names": list(feeds), "out_dir": str(out_dir)}
     if profile.toolchain == "rknn":
