@@ -121,19 +121,18 @@ def export_onnx_command(
         export_onnx,
         export_stages,
     )
-    from ..deploy.targets import FORMS, LAYOUTS, load_profile
+    from ..deploy.targets import FORMS, LAYOUTS, canonical_target, load_profile
 
     defaulted = target is None
-    if target is None:
-        target = recorded_target(store, canonical_choice(product, PRODUCTS))
-    profile = load_profile(target if target.endswith(".toml") or "/" in target else target.lower())
+    target = canonical_target(recorded_target(store, canonical_choice(product, PRODUCTS)) if target is None else target)
+    profile = load_profile(target)
     if weights is None:  # fp16 weights where the target computes in fp16 (and not float32)
         weights = "float16" if "float16" in profile.compute and "float32" not in profile.compute else "float32"
     options = ExportOptions(
         product=canonical_choice(product, PRODUCTS), opset=opset, channels=channels, batch=batch,
         reduce=canonical_choice(reduce or "sum", REDUCTIONS), seed=seed, exporter=canonical_choice(exporter, EXPORTERS),
         weights=canonical_choice(weights, WEIGHTS), rows=canonical_choice(rows, ROWS),
-        target=target if target.endswith(".toml") or "/" in target else target.lower(), form=canonical_choice(form, FORMS),
+        target=target, form=canonical_choice(form, FORMS),
         layout=canonical_choice(layout, LAYOUTS), tile_rows=tile_rows,
         calibration=tuple(str(p) for p in calibration or ()), calibration_samples=calibration_samples,
         guard=guard, classes=classes or 0,

@@ -136,9 +136,9 @@ def matrix(
     prior = DepthPrior() if uniform else read_depth_prior(depth_prior, rig)
     target_name = None
     if target is not None:
-        from ..deploy.targets import load_profile
+        from ..deploy.targets import canonical_target, load_profile
 
-        target_name = load_profile(target if target.endswith(".toml") or "/" in target else target.lower()).name
+        target_name = load_profile(canonical_target(target)).name
     options = MatrixOptions.from_command(
         mode=mode, topk=topk, align=align, splat=splat, normalize=normalize, tile_rows=tile_rows, quantize=quantize,
         compact_rows=compact_rows, rounding=rounding, depth_prior=prior.token, fp16_rows=fp16_rows, precision=precision,

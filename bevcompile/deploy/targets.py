@@ -260,12 +260,22 @@ def profile_names() -> list[str]:
     return sorted(entry.name.removesuffix(".toml") for entry in _profile_dir().iterdir() if entry.name.endswith(".toml"))
 
 
+def is_profile_file(name_or_path: str) -> bool:
+    """``--target`` names a profile file (``*.toml`` or a path), not a bundled profile."""
+    return name_or_path.endswith(".toml") or "/" in name_or_path
+
+
+def canonical_target(name_or_path: str) -> str:
+    """``--target`` as given: a bundled name in lower case (``RK3588`` -> ``rk3588``), a file path as is."""
+    return name_or_path if is_profile_file(name_or_path) else name_or_path.lower()
+
+
 def load_profile(name_or_path: str) -> TargetProfile:
     """A bundled profile by name (``rk3588``) or a profile file (``path/to/x.toml``).
 
     :class:`UsageError` for an unknown name, :class:`TargetError` for a file that cannot be parsed.
     """
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
+    if is_profile_file(name_or_path):
         path = Path(name_or_path)
         if not path.exists():
             raise UsageError(f"--target {name_or_path}: no such profile file (a bundled name is one of {', '.join(profile_names())})")
@@ -304,6 +314,8 @@ __all__ = [
     "Note",
     "TargetError",
     "TargetProfile",
+    "canonical_target",
+    "is_profile_file",
     "load_profile",
     "load_profiles",
     "parse_profile",
